@@ -1,0 +1,16 @@
+"""The package imports and carries one version, the one its metadata reports."""
+
+import importlib.metadata
+
+import pytest
+
+import fused_swiglu
+
+
+def test_version_is_the_single_source():
+    assert isinstance(fused_swiglu.__version__, str) and fused_swiglu.__version__.count(".") >= 2
+    try:
+        installed = importlib.metadata.version("fused-swiglu")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("fused-swiglu is not installed: running from the source tree, no metadata to compare")
+    assert installed == fused_swiglu.__version__

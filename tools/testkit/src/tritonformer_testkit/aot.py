@@ -1,0 +1,127 @@
+"""Ahead-of-time compile check: a kernel specialization to a cubin, with no GPU.
+
+Every Triton of the matrix compiles here for sm_80 and sm_90; a kernel that stops compiling
+under one version fails its package's compile test on a CPU-only machine. Triton 2.2 builds a
+launcher stub after the cubin, which needs libcuda: there the compile stops after the cubin.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Dict, List, Mapping, Tuple
+from unittest import mock
+
+import triton
+
+from .runtime import aot_blocker, triton_version
+
+ARCHS = (80, 90)
+
+# (kernel name, arch) of every cubin compiled in this process, for the end-of-run summary.
+COMPILED: List[Tuple[str, int]] = []
+
+
+def base_jit_function(kernel):
+    """The JITFunction under any autotune / heuristics wrappers."""
+    while not isinstance(kernel, triton.runtime.JITFunction):
+        if not hasattr(kernel, "fn"):
+            raise TypeError(f"{kernel!r} is not a Triton kernel (no JITFunction inside)")
+        kernel = kernel.fn
+    return kernel
+
+
+def autotune_configs(kernel) -> List[Dict[str, Any]]:
+    """Each autotune config of `kernel` as {constexprs..., num_warps, num_stages}; [] if not autotuned."""
+    while kernel is not None and not isinstance(kernel, triton.runtime.JITFunction):
+        if isinstance(kernel, triton.runtime.Autotuner):
+            return [
+                dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+                for config in kernel.configs
+            ]
+        kernel = getattr(kernel, "fn", None)
+    return []
+
+
+def _check_arguments(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any]) -> None:
+    params = list(fn.arg_names)
+    constexpr_names = {params[i] for i in fn.constexprs}
+    missing = [p for p in params if p not in signature and p not in constexprs]
+    unknown = [p for p in list(signature) + list(constexprs) if p not in params]
+    misplaced = [p for p in signature if p in constexpr_names]
+    if missing or unknown or misplaced:
+        raise ValueError(
+            f"{fn.__name__}: arguments missing {missing}, unknown {unknown}, constexpr given a runtime type {misplaced}"
+        )
+
+
+def _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    full_signature = {name: ("constexpr" if name in constexprs else signature[name]) for name in fn.arg_names}
+    aligned = {
+        (i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if full_signature[name].startswith("*")
+    }
+    source = ASTSource(fn, signature=full_signature, constexprs=dict(constexprs), attrs=aligned)
+    compiled = triton.compile(
+        source,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    return compiled.asm["cubin"]
+
+
+_Triton2Specialization = collections.namedtuple(
+    "instance_descriptor", ["divisible_by_16", "equal_to_1", "ids_of_folded_args", "divisible_by_8"]
+)
+
+
+def _compile_triton2(fn, signature, constexprs, arch, num_warps, num_stages):
+    from triton.compiler import compiler as triton_compiler
+
+    index = {name: i for i, name in enumerate(fn.arg_names)}
+    pointers = tuple(index[name] for name, ty in signature.items() if ty.startswith("*"))
+    # The JIT keys the signature and the constants by argument position.
+    with (
+        mock.patch.object(triton_compiler, "make_stub", lambda *args, **kwargs: None),
+        mock.patch.object(triton_compiler, "CompiledKernel", lambda fn, so_path, metadata, asm: asm),
+    ):
+        asm = triton_compiler.compile(
+            fn,
+            signature={index[name]: ty for name, ty in signature.items()},
+            constants={index[name]: value for name, value in constexprs.items()},
+            configs=[_Triton2Specialization(pointers, (), (), ())],
+            cc=arch,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            device_type="cuda",
+        )
+    return asm["cubin"]
+
+
+def compile_to_cubin(
+    kernel,
+    *,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    arch: int,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> bytes:
+    """Compile one specialization of `kernel` for sm_`arch` and return the cubin.
+
+    signature: a Triton type for each runtime argument, e.g. {"x_ptr": "*bf16", "n_cols": "i32"}.
+    constexprs: a value for each tl.constexpr argument, e.g. {"BLOCK_N": 1024}.
+    Pointers are marked 16-byte aligned, as the JIT marks torch allocations.
+    """
+    blocker = aot_blocker()
+    if blocker:
+        raise RuntimeError(blocker)
+    fn = base_jit_function(kernel)
+    _check_arguments(fn, signature, constexprs)
+    compile_fn = _compile_triton3 if triton_version() >= (3, 0) else _compile_triton2
+    cubin = compile_fn(fn, signature, constexprs, arch, num_warps, num_stages)
+    if not cubin:
+        raise AssertionError(f"{fn.__name__}: empty cubin for sm_{arch}")
+    COMPILED.append((fn.__name__, arch))
+    return cubin

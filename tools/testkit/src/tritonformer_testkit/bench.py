@@ -1,0 +1,110 @@
+"""Benchmark helpers: do_bench medians, recorded for pytest-benchmark and one table per run.
+
+A benchmark test measures one (group, shape, provider) point with `measure`. Our kernels use
+the provider name OURS; every other provider is an anchor. At the end of the run the plugin
+prints one markdown table per group with each anchor's time over ours (>1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Optional
+
+import torch
+import triton
+
+OURS = "tritonformer"
+
+
+@dataclasses.dataclass
+class BenchRow:
+    group: str
+    shape: str
+    provider: str
+    ms: float
+    bytes: Optional[float] = None
+    flops: Optional[float] = None
+    peak_mib: Optional[float] = None
+
+    @property
+    def gbps(self) -> Optional[float]:
+        return None if self.bytes is None else self.bytes / self.ms / 1e6
+
+    @property
+    def tflops(self) -> Optional[float]:
+        return None if self.flops is None else self.flops / self.ms / 1e9
+
+
+ROWS: List[BenchRow] = []
+
+
+def median_ms(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median time of fn in milliseconds, CUDA events, L2 flushed between calls (Triton's do_bench)."""
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def peak_extra_mib(fn: Callable[[], object]) -> float:
+    """Memory fn allocates beyond what is already held, at its peak, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def measure(
+    benchmark,
+    *,
+    group: str,
+    shape: str,
+    provider: str,
+    fn: Callable[[], object],
+    bytes: Optional[float] = None,
+    flops: Optional[float] = None,
+    memory: bool = False,
+) -> BenchRow:
+    """Time fn with do_bench's median, record it, and hand the same fn to pytest-benchmark.
+
+    bytes / flops: the floor's counts (each input read once, each output written once; usual
+    flop conventions), from which GB/s or TFLOP/s are derived. memory: also record peak extra MiB.
+    """
+    fn()  # compile / autotune outside the timing
+    row = BenchRow(group, shape, provider, median_ms(fn), bytes, flops)
+    if memory:
+        row.peak_mib = peak_extra_mib(fn)
+    ROWS.append(row)
+    if benchmark is not None:
+        benchmark.extra_info.update({k: v for k, v in dataclasses.asdict(row).items() if v is not None})
+
+        def synchronized():
+            fn()
+            torch.cuda.synchronize()
+
+        benchmark.pedantic(synchronized, rounds=5, warmup_rounds=1)
+    return row
+
+
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def markdown_tables(rows: List[BenchRow]) -> str:
+    """One markdown table per group: ms, GB/s or TFLOP/s, MiB, and anchor time / our time."""
+    by_group: Dict[str, List[BenchRow]] = {}
+    for row in rows:
+        by_group.setdefault(row.group, []).append(row)
+    out = []
+    for group, group_rows in by_group.items():
+        ours = {r.shape: r for r in group_rows if r.provider == OURS}
+        out.append(f"### {group}\n")
+        out.append("| shape | provider | ms | GB/s | TFLOP/s | peak extra MiB | time / ours |")
+        out.append("|---|---|---:|---:|---:|---:|---:|")
+        for r in group_rows:
+            ratio = r.ms / ours[r.shape].ms if r.shape in ours else None
+            out.append(
+                f"| {r.shape} | {r.provider} | {r.ms:.4f} | {_fmt(r.gbps, '.0f')} | {_fmt(r.tflops, '.1f')} "
+                f"| {_fmt(r.peak_mib, '.0f')} | {_fmt(ratio, '.2f')} |"
+            )
+        out.append("")
+    return "\n".join(out)
