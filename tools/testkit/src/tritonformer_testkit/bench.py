@@ -3,11 +3,15 @@
 A benchmark test measures one (group, shape, provider) point with `measure`. Our kernels use
 the provider name OURS; every other provider is an anchor. At the end of the run the plugin
 prints one markdown table per group with each anchor's time over ours (>1: ours is faster).
+Beside the do_bench median, each row carries the summed device time of the kernels one call
+launches (profiler) and the host time to issue one call: where the median exceeds the kernel
+time and nears the host time, the Python launch path is what is being measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -25,6 +29,10 @@ class BenchRow:
     bytes: Optional[float] = None
     flops: Optional[float] = None
     peak_mib: Optional[float] = None
+    # Host time to issue one call (no sync): when it nears `ms`, the launch path, not the GPU, bounds it.
+    host_us: Optional[float] = None
+    # Sum of the device time of the kernels one call launches (profiler), without gaps between them.
+    kernel_ms: Optional[float] = None
 
     @property
     def gbps(self) -> Optional[float]:
@@ -53,6 +61,34 @@ def peak_extra_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def host_us_per_call(fn: Callable[[], object], calls: int = 50) -> float:
+    """Microseconds the host spends issuing one call, with the GPU kept busy ahead of it."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def kernel_ms_per_call(fn: Callable[[], object], calls: int = 10) -> float:
+    """Device time of the kernels one call launches, summed, from the profiler (no launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    device_us = sum(
+        getattr(event, "device_time_total", None) or event.cuda_time_total
+        for event in prof.key_averages()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    )
+    return device_us / calls / 1e3
+
+
 def measure(
     benchmark,
     *,
@@ -71,6 +107,8 @@ def measure(
     """
     fn()  # compile / autotune outside the timing
     row = BenchRow(group, shape, provider, median_ms(fn), bytes, flops)
+    row.host_us = host_us_per_call(fn)
+    row.kernel_ms = kernel_ms_per_call(fn)
     if memory:
         row.peak_mib = peak_extra_mib(fn)
     ROWS.append(row)
@@ -98,13 +136,16 @@ def markdown_tables(rows: List[BenchRow]) -> str:
     for group, group_rows in by_group.items():
         ours = {r.shape: r for r in group_rows if r.provider == OURS}
         out.append(f"### {group}\n")
-        out.append("| shape | provider | ms | GB/s | TFLOP/s | peak extra MiB | time / ours |")
-        out.append("|---|---|---:|---:|---:|---:|---:|")
+        out.append(
+            "| shape | provider | ms | GB/s | TFLOP/s | peak extra MiB | time / ours | kernels ms | host us/call |"
+        )
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in group_rows:
             ratio = r.ms / ours[r.shape].ms if r.shape in ours else None
             out.append(
                 f"| {r.shape} | {r.provider} | {r.ms:.4f} | {_fmt(r.gbps, '.0f')} | {_fmt(r.tflops, '.1f')} "
-                f"| {_fmt(r.peak_mib, '.0f')} | {_fmt(ratio, '.2f')} |"
+                f"| {_fmt(r.peak_mib, '.0f')} | {_fmt(ratio, '.2f')} | {_fmt(r.kernel_ms, '.4f')} "
+                f"| {_fmt(r.host_us, '.0f')} |"
             )
         out.append("")
     return "\n".join(out)

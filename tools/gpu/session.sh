@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU session on the lent machine: tests under the installed Triton and under Triton 2.2,
+# then the benchmarks, logs under $OUT. Run from the repository root:
+#   bash tools/gpu/session.sh [tests3] [tests22] [bench] [-- pytest args]
+# Carried in .carry/ (never committed): triton22-cp312.tar.xz (a stripped Triton 2.2.0 for
+# Python 3.12, unpacked to /tmp/t22) and wheels (*.whl, e.g. liger-kernel) installed to /tmp/site.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+steps=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do steps+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+
+if ls .carry/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -f .carry/triton22-cp312.tar.xz ] && [ ! -d /tmp/t22/triton ]; then
+  mkdir -p /tmp/t22 && tar -xJf .carry/triton22-cp312.tar.xz -C /tmp/t22
+fi
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests3)
+      python3 -m pytest -q --summary-json "$OUT/summary-3x.json" "$@" 2>&1 | tee "$OUT/tests-3x.log" | tail -40 ;;
+    tests22)
+      PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -q --summary-json "$OUT/summary-22.json" "$@" \
+        2>&1 | tee "$OUT/tests-22.log" | tail -40 ;;
+    bench)
+      python3 -m pytest -q packages/*/benchmarks --bench-table "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
