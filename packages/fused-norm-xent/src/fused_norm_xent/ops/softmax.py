@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from .._compat import custom_bwd, custom_fwd
 from .._validation import check_device, check_dim, check_tensor
@@ -32,15 +32,24 @@ class LaunchConfig:
     num_warps: int
 
 
+@functools.cache
 def launch_config(n_cols: int) -> LaunchConfig:
-    """Block shape and warps for rows of `n_cols`; the same rule for forward and backward."""
+    """Block shape and warps for rows of `n_cols`; the same rule for forward and backward.
+
+    Cached, and plain integer arithmetic: triton.next_power_of_2 / triton.cdiv cost microseconds
+    per call on Triton 3.x, which a memory-bound kernel on small rows cannot afford.
+    """
     if n_cols > MAX_SINGLE_BLOCK_COLS:
         return LaunchConfig(chunked=True, block_m=1, block_n=CHUNK_COLS, num_warps=8)
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = 1 << (n_cols - 1).bit_length()
     block_m = max(1, min(ELEMENTS_PER_PROGRAM // block_n, 64))
     # About 16 fp32 elements per thread: enough loads in flight, no register spills.
     num_warps = max(1, min(block_m * block_n // 512, 16))
     return LaunchConfig(chunked=False, block_m=block_m, block_n=block_n, num_warps=num_warps)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
@@ -56,7 +65,7 @@ def softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
             LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
-        _softmax_fwd_kernel[(triton.cdiv(n_rows, cfg.block_m),)](
+        _softmax_fwd_kernel[(_cdiv(n_rows, cfg.block_m),)](
             x, y, x.stride(0), x.stride(1), y.stride(0), n_rows, n_cols,
             LOG=log, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         )  # fmt: skip
@@ -76,7 +85,7 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
             LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
-        _softmax_bwd_kernel[(triton.cdiv(n_rows, cfg.block_m),)](
+        _softmax_bwd_kernel[(_cdiv(n_rows, cfg.block_m),)](
             y, dy, dx, y.stride(0), dy.stride(0), dy.stride(1), dx.stride(0), n_rows, n_cols,
             LOG=log, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         )  # fmt: skip
@@ -85,13 +94,14 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
 
 def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     """(..., n) view with `dim` last, flattened to (rows, n); a copy only when no view exists."""
-    moved = x.movedim(dim, -1)
+    moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)
     return moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1])
 
 
 def _from_rows(rows: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
-    moved_shape = like.movedim(dim, -1).shape
-    return rows.view(moved_shape).movedim(-1, dim)
+    if dim == like.dim() - 1:
+        return rows.view(like.shape)
+    return rows.view(like.movedim(dim, -1).shape).movedim(-1, dim)
 
 
 class SoftmaxFunction(torch.autograd.Function):
