@@ -1,0 +1,163 @@
+"""What the two models share beyond their compute: the forward skeleton, init, sampling, counts.
+
+`Transformer` (kernel packages) and `TorchTransformer` (plain PyTorch) each build the same
+modules under the same names and implement `hidden_states`, `cross_entropy` and
+`linear_cross_entropy`; everything here works on either.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from .config import TransformerConfig
+
+# Modules whose output is added to the residual stream: GPT-2 scales their init by 1/sqrt(2L).
+RESIDUAL_PROJECTIONS = ("attn.proj", "mlp.fc2", "mlp.down")
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model: `logits, loss = model(idx, targets)`."""
+
+    config: TransformerConfig
+    embed: nn.Embedding
+    lm_head: nn.Module
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, S) token ids -> (B, S, d_model) after the final norm."""
+        raise NotImplementedError
+
+    def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss of logits (N, V) against targets (N,), skipping ignore_index."""
+        raise NotImplementedError
+
+    def linear_cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss of lm_head(hidden (N, d)) against targets (N,), never holding all (N, V) logits."""
+        raise NotImplementedError
+
+    def forward(
+        self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
+    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """idx (B, S) int64 token ids; targets (B, S) int64 next tokens (ignore_index: no loss).
+
+        Returns (logits (B, S, vocab_size), loss) where loss is the mean cross-entropy over the
+        targets that are not ignore_index, or None without targets. With config.fused_loss and
+        targets, logits are never materialized and None is returned in their place.
+        """
+        h = self.hidden_states(idx)  # (B, S, d)
+        if targets is None:
+            return self.lm_head(h), None
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets has shape {tuple(targets.shape)}; expected idx's {tuple(idx.shape)}")
+        if self.config.fused_loss:
+            return None, self.linear_cross_entropy(h.flatten(0, 1), targets.flatten())  # (B*S, d), (B*S,)
+        logits = self.lm_head(h)  # (B, S, V)
+        return logits, self.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def _check_idx(self, idx: torch.Tensor) -> None:
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 (or int32) tensor of token ids, got {getattr(idx, 'dtype', idx)}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (batch, seq_len), got shape {tuple(idx.shape)}")
+        if idx.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
+
+    def _run_blocks(self, blocks: nn.ModuleList, *state):
+        """Each block in turn; with activation checkpointing, recomputed in backward."""
+        checkpointing = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
+        for block in blocks:
+            if checkpointing:
+                state = torch.utils.checkpoint.checkpoint(block, *state, use_reentrant=False)
+            else:
+                state = block(*state)
+            if not isinstance(state, tuple):
+                state = (state,)
+        return state
+
+    # ----------------------------------------------------------------------------------------
+    # Initialization, counts
+    # ----------------------------------------------------------------------------------------
+
+    def init_weights(self) -> None:
+        """GPT-2 init: N(0, 0.02) for linears and embeddings, residual projections 0.02/sqrt(2L),
+        zero biases, unit norm weights."""
+        std = 0.02
+        residual_std = std / math.sqrt(2 * self.config.n_layer)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+            elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter):
+                if module.weight.dim() == 1:  # a norm
+                    nn.init.ones_(module.weight)
+                elif module.weight is not self.embed.weight:  # the tied head keeps the embedding's init
+                    is_residual = any(name.endswith(suffix) for suffix in RESIDUAL_PROJECTIONS)
+                    nn.init.normal_(module.weight, 0.0, residual_std if is_residual else std)
+            if isinstance(getattr(module, "bias", None), nn.Parameter):
+                nn.init.zeros_(module.bias)
+
+    def num_params(self, matmul_only: bool = True) -> int:
+        """Parameter count; matmul_only leaves out the embedding tables, which are lookups.
+
+        A tied head counts once (it is a matmul), an untied one is counted with the matmuls.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if matmul_only:
+            if not self.config.tie_embeddings:
+                total -= self.embed.weight.numel()
+            if getattr(self, "pos_embed", None) is not None:
+                total -= self.pos_embed.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Model flops of one token's forward + backward: 6N + 12 * L * d * S (PaLM, appendix B)."""
+        c = self.config
+        return 6 * self.num_params(matmul_only=True) + 12 * c.n_layer * c.d_model * seq_len
+
+    # ----------------------------------------------------------------------------------------
+    # Sampling
+    # ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        generator: Optional[torch.Generator] = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, S) by max_new_tokens sampled tokens; returns (B, S + max_new_tokens).
+
+        temperature 0 picks the most likely token; top_k keeps only the k most likely. The
+        context is cropped to the last max_seq_len tokens. Runs in eval mode (no dropout) and
+        restores the previous mode.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                context = idx[:, -self.config.max_seq_len :]  # (B, <= max_seq_len)
+                h = self.hidden_states(context)[:, -1]  # (B, d): the last position only
+                logits = self.lm_head(h).float()  # (B, V)
+                if temperature == 0:
+                    next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
+                        logits = logits.masked_fill(logits < kth, float("-inf"))
+                    probs = torch.softmax(logits, dim=-1)
+                    next_token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+                idx = torch.cat((idx, next_token.to(idx.dtype)), dim=1)
+        finally:
+            self.train(was_training)
+        return idx

@@ -1,0 +1,42 @@
+"""Every torch-version difference this package meets, in one place.
+
+The GPU matrix pairs Triton 2.2 with torch 2.2 and the newest Triton with the newest torch, so
+the model runs on torch >= 2.2; the newer APIs it prefers are picked here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+# scaled_dot_product_attention(enable_gqa=True) shares key/value heads without copies (torch >= 2.5).
+SDPA_HAS_GQA = TORCH_VERSION >= (2, 5)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch's RMSNorm (F.rms_norm, torch >= 2.4), or the same formula in torch ops before it."""
+    if hasattr(F, "rms_norm"):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # torch < 2.4: the formula nn.RMSNorm computes, in the input's dtype.
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight  # pragma: no cover
+
+
+def grad_scaler(device_type: str, enabled: bool = True):
+    """torch.amp.GradScaler (torch >= 2.3) or torch.cuda.amp.GradScaler before it."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device_type, enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)  # pragma: no cover - torch < 2.3
+
+
+def fully_shard():
+    """FSDP2's fully_shard: public from torch 2.6, under _composable from 2.4; None before."""
+    try:
+        from torch.distributed.fsdp import fully_shard as shard
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard as shard
+        except ImportError:
+            return None
+    return shard

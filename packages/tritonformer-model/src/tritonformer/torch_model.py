@@ -1,0 +1,170 @@
+"""TorchTransformer: the GPT in plain PyTorch (cuBLAS linears, SDPA attention, torch norms).
+
+The twin of `Transformer`: the same modules under the same names, so one state_dict loads into
+both. It is the baseline the benchmarks race and the reference the tests compare against.
+
+Shapes: B batch, S sequence, d d_model, H query heads, Hkv key/value heads, D head_dim,
+V vocab_size, F d_ff.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import positions
+from ._base import CausalLM
+from ._compat import SDPA_HAS_GQA, rms_norm
+from .config import TransformerConfig
+
+# Tokens per chunk of the fused_loss path: about 2^25 logits (128 MiB in fp32) at a time.
+LOSS_CHUNK_LOGITS = 2**25
+
+
+class RMSNorm(nn.Module):
+    """torch.nn.RMSNorm's parameters and formula (it exists only from torch 2.4)."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def make_norm(config: TransformerConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.use_linear_bias)
+
+
+class Attention(nn.Module):
+    """Causal self-attention: fused qkv projection, RoPE or ALiBi, SDPA, output projection."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.qkv = nn.Linear(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=c.qkv_bias)
+        self.proj = nn.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        B, S, _ = x.shape
+        H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
+        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, S, H*D), 2 x (B, S, Hkv*D)
+        q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)
+        if c.position == "rope":
+            angles = positions.rope_angles(S, D, c.rope_base, device=x.device)  # (S, D)
+            q, k = positions.apply_rope(q, angles), positions.apply_rope(k, angles)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H or Hkv, S, D)
+        if Hkv != H and not SDPA_HAS_GQA:  # torch < 2.5: repeat each kv head for its query group
+            k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
+        gqa = {"enable_gqa": True} if Hkv != H and SDPA_HAS_GQA else {}
+        if c.position == "alibi":
+            slopes = torch.tensor(positions.alibi_slopes(H), device=x.device)  # (H,)
+            bias = positions.alibi_causal_bias(slopes, S).to(q.dtype)  # (H, S, S), causal mask included
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, **gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)  # (B, H, S, D)
+        y = y.transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    """fc2(act(fc1(x))) with GELU or ReLU."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
+        if config.mlp == "relu":
+            self.act = nn.ReLU()
+        else:
+            self.act = nn.GELU(approximate=config.gelu_approximate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))  # (B, S, d) -> (B, S, F) -> (B, S, d)
+
+
+class SwiGLUMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) (LLaMA)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
+        self.up = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, S, d) -> (B, S, F) -> (B, S, d)
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_attn = make_norm(config)
+        self.attn = Attention(config)
+        self.norm_mlp = make_norm(config)
+        self.mlp = SwiGLUMLP(config) if config.mlp == "swiglu" else MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm_attn(x)))
+        x = x + self.drop(self.mlp(self.norm_mlp(x)))
+        return x
+
+
+class TorchTransformer(CausalLM):
+    """The GPT in plain PyTorch; `logits, loss = model(idx, targets)`."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm_f = make_norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.init_weights()
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        self._check_idx(idx)
+        x = self.embed(idx)  # (B, S, d)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))  # + (S, d)
+        (x,) = self._run_blocks(self.blocks, self.drop(x))
+        return self.norm_f(x)
+
+    def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, targets, ignore_index=self.config.ignore_index)
+
+    def linear_cross_entropy(
+        self, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: Optional[int] = None
+    ) -> torch.Tensor:
+        """The loss of lm_head(hidden) in chunks of tokens, each recomputed in backward, so that
+        at most one chunk's logits (chunk_tokens, V) exist at a time."""
+        if chunk_tokens is None:
+            chunk_tokens = max(1, LOSS_CHUNK_LOGITS // self.config.vocab_size)
+        ignore_index = self.config.ignore_index
+
+        def chunk_loss_sum(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(F.linear(h, w), t, ignore_index=ignore_index, reduction="sum")
+
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]  # (n, d), (n,)
+            total = total + torch.utils.checkpoint.checkpoint(
+                chunk_loss_sum, h, self.lm_head.weight, t, use_reentrant=False
+            )
+        return total / (targets != ignore_index).sum()

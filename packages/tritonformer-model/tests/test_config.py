@@ -1,0 +1,81 @@
+"""TransformerConfig: defaults, presets, and clear errors for bad options."""
+
+import pytest
+import torch
+
+from tritonformer import PRESETS, TorchTransformer, TransformerConfig
+
+
+def test_derived_defaults():
+    c = TransformerConfig(d_model=96, n_head=6)
+    assert c.n_kv_head == 6 and c.head_dim == 16 and c.d_ff == 384
+    swiglu = TransformerConfig(d_model=2048, n_head=16, mlp="swiglu")
+    assert swiglu.d_ff == 5632  # 8/3 * 2048 rounded up to 256: TinyLlama's width
+    # Defaulted options follow a replaced option; explicit ones stay.
+    assert c.replace(n_head=3).n_kv_head == 3
+    assert c.replace(d_model=48).d_ff == 192
+    assert c.replace(n_kv_head=2).replace(n_head=4).n_kv_head == 2
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_builds(name):
+    config = TransformerConfig.preset(name)
+    with torch.device("meta"):
+        model = TorchTransformer(config)
+    assert model.config is config
+
+
+@pytest.mark.parametrize(
+    "name, millions", [("160M", 160), ("410M", 410), ("840M", 840), ("1.4B", 1400), ("llama-1.4B", 1400)]
+)
+def test_seed_sizes_have_their_parameter_counts(name, millions):
+    with torch.device("meta"):
+        model = TorchTransformer(TransformerConfig.preset(name))
+    assert abs(model.num_params(matmul_only=False) / 1e6 - millions) / millions < 0.04
+
+
+def test_seed_flags():
+    assert TransformerConfig.preset("410M").use_linear_bias is False
+    alibi = TransformerConfig.preset("410M", attn_bias=True, use_linear_bias=True)
+    assert alibi.position == "alibi" and alibi.attn_bias and alibi.use_linear_bias
+    assert TransformerConfig.preset("410M", attn_bias=False).position == "learned"
+
+
+def test_round_trip_through_a_dict():
+    config = TransformerConfig.preset("tiny-llama", dropout=0.1)
+    assert TransformerConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (dict(d_model=100, n_head=3), ValueError, "d_model=100 is not divisible by n_head=3"),
+        (dict(n_head=12, n_kv_head=5), ValueError, "n_head=12 is not divisible by n_kv_head=5"),
+        (dict(position="sinusoidal"), ValueError, "unknown position='sinusoidal'"),
+        (dict(norm="batchnorm"), ValueError, "unknown norm='batchnorm'"),
+        (dict(mlp="geglu"), ValueError, "unknown mlp='geglu'"),
+        (dict(gelu_approximate="erf"), ValueError, "unknown gelu_approximate='erf'"),
+        (dict(n_layer=0), ValueError, "n_layer must be positive"),
+        (dict(d_model=64.0), TypeError, "d_model must be an int"),
+        (dict(vocab_size=True), TypeError, "vocab_size must be an int"),
+        (dict(dropout=1.0), ValueError, "dropout must be a probability"),
+        (dict(norm_eps=0), ValueError, "norm_eps must be positive"),
+        (dict(tie_embeddings="yes"), TypeError, "tie_embeddings must be a bool"),
+        (dict(ignore_index=3), ValueError, "ignore_index=3 must be an int outside"),
+        (dict(d_model=60, n_head=4, position="rope"), ValueError, "head_dim=15 must be even"),
+    ],
+)
+def test_bad_options_raise_clear_errors(options, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace("[", r"\[")):
+        TransformerConfig(**options)
+
+
+def test_unknown_option_names():
+    with pytest.raises(TypeError, match="n_heads"):
+        TransformerConfig(n_heads=4)
+    with pytest.raises(ValueError, match="unknown TransformerConfig option.*n_heads"):
+        TransformerConfig.from_dict({"n_heads": 4})
+    with pytest.raises(ValueError, match="unknown preset 'gpt5'"):
+        TransformerConfig.preset("gpt5")
+    with pytest.raises(ValueError, match="unknown mlp='gelu2'"):
+        TransformerConfig.preset("tiny").replace(mlp="gelu2")
