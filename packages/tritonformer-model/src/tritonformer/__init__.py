@@ -9,8 +9,9 @@ Both: `logits, loss = model(idx, targets)`, `model.generate(idx, max_new_tokens)
 
 from . import positions
 from .config import PRESETS, TransformerConfig
+from .model import Transformer
 from .torch_model import TorchTransformer
 
 __version__ = "0.1.0"
 
-__all__ = ["PRESETS", "TorchTransformer", "TransformerConfig", "__version__", "positions"]
+__all__ = ["PRESETS", "TorchTransformer", "Transformer", "TransformerConfig", "__version__", "positions"]

@@ -1,0 +1,338 @@
+"""tritonformer-bench: training-step throughput of the GPT against PyTorch, on a CUDA GPU.
+
+    tritonformer-bench                                   # the issue's two headline configs
+    tritonformer-bench --sweep seed                      # the seed's table (model size x context)
+    tritonformer-bench --config 410M:2048:8 llama-1.4B:2048:4 --out-dir bench-out
+
+For each config (PRESET:CONTEXT:BATCH) and provider, one training step (forward + backward of
+the loss on random tokens, bf16 autocast, fp32 weights; `--optimizer` adds a fused AdamW step)
+is timed over `--steps` steps after `--warmup` steps, with CUDA events:
+
+- tritonformer: `Transformer` (the kernel packages), with its fused linear+cross-entropy loss
+  (`--fused-loss` says which providers use it);
+- tritonformer+compile: the same under torch.compile (kernels as custom ops);
+- torch: `TorchTransformer` eager (cuBLAS, SDPA); torch.compile: the same compiled;
+- hf-llama, hf-llama+liger: Hugging Face `LlamaForCausalLM` (SDPA) of the same shape, plain
+  and with Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`)
+  import.
+
+Model flops per token: 6N + 12 * L * d * S (N the parameters of the matmuls, the tied or
+untied head included, the embedding tables not). Writes bench.csv, bench.md and bench.png (if
+matplotlib imports) to --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import gc
+import pathlib
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .config import PRESETS, TransformerConfig
+from .train import build_model, parse_value
+
+PROVIDERS = ("tritonformer", "tritonformer+compile", "torch", "torch.compile", "hf-llama", "hf-llama+liger")
+HEADLINE = ("410M:2048:8", "llama-1.4B:2048:4")
+# The seed's table (GPT-2 style, no linear biases), plus its LLaMA-style counterparts.
+SEED_SWEEP = (
+    "160M:2048:8", "410M:2048:4", "410M:4096:2", "410M:4096:4", "840M:2048:2", "840M:4096:1", "1.4B:2048:2",
+    "llama-410M:2048:8", "llama-1.4B:2048:4",
+)  # fmt: skip
+ANCHOR = "torch.compile"
+
+
+@dataclasses.dataclass
+class Point:
+    preset: str
+    context: int
+    batch: int
+
+    @classmethod
+    def parse(cls, text: str) -> Point:
+        try:
+            preset, context, batch = text.split(":")
+            point = cls(preset, int(context), int(batch))
+        except ValueError:
+            raise ValueError(f"a config is PRESET:CONTEXT:BATCH, e.g. 410M:2048:8; got {text!r}") from None
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r} in {text!r}; known: {', '.join(PRESETS)}")
+        return point
+
+    def __str__(self):
+        return f"{self.preset}:{self.context}:{self.batch}"
+
+
+@dataclasses.dataclass
+class Result:
+    point: str
+    provider: str
+    status: str  # "ok", "OOM", "skipped: why", "error: what"
+    params_millions: Optional[float] = None
+    step_ms: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    model_tflops: Optional[float] = None
+    peak_gib: Optional[float] = None
+    loss: Optional[str] = None  # "fused" (no full logits) or "logits"
+
+
+def hf_llama(config: TransformerConfig, liger: bool) -> torch.nn.Module:
+    """A Hugging Face LlamaForCausalLM with the config's shape (SDPA attention), Liger-patched on request."""
+    import transformers
+
+    if liger:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama()  # patches the Llama classes of this process
+    hf_config = transformers.LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=config.d_ff,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        num_key_value_heads=config.n_kv_head,
+        max_position_embeddings=config.max_seq_len,
+        rms_norm_eps=config.norm_eps,
+        rope_theta=config.rope_base,
+        tie_word_embeddings=config.tie_embeddings,
+        attention_bias=config.qkv_bias,
+        mlp_bias=config.use_linear_bias,
+        attn_implementation="sdpa",
+    )
+    return transformers.LlamaForCausalLM(hf_config)
+
+
+def hf_skip_reason(config: TransformerConfig, liger: bool) -> Optional[str]:
+    llama = config.position == "rope" and config.norm == "rmsnorm" and config.mlp == "swiglu"
+    if not llama:
+        return "not a LLaMA-style config (rope, rmsnorm, swiglu)"
+    try:
+        import transformers  # noqa: F401
+    except ImportError as error:
+        return f"transformers does not import ({error})"
+    if liger:
+        try:
+            import liger_kernel  # noqa: F401
+        except ImportError as error:
+            return f"liger_kernel does not import ({error})"
+    return None
+
+
+def time_training_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device) -> tuple:
+    """(ms per step, peak GiB allocated during the timed steps); on a CPU (a smoke test) no peak."""
+    for _ in range(warmup):
+        step()
+    if device.type != "cuda":
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - started) / steps * 1e3, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**30
+
+
+def run_point(point: Point, provider: str, args: argparse.Namespace) -> Result:
+    overrides = dict(args.overrides)
+    overrides["max_seq_len"] = max(point.context, PRESETS[point.preset]["max_seq_len"])
+    ours = provider.startswith("tritonformer")
+    fused = args.fused_loss == "all" or (args.fused_loss == "ours" and ours)
+    overrides.setdefault("fused_loss", fused)
+    config = TransformerConfig.preset(point.preset, **overrides)
+    result = Result(str(point), provider, "ok", loss="fused" if config.fused_loss else "logits")
+    hf = provider.startswith("hf-llama")
+    if hf:
+        reason = hf_skip_reason(config, liger=provider.endswith("liger"))
+        if reason:
+            result.status = f"skipped: {reason}"
+            return result
+    if "compile" in provider and not hasattr(torch, "compile"):
+        result.status = "skipped: this torch has no torch.compile"
+        return result
+
+    device = torch.device(args.device)
+    with torch.device("meta"):  # the same shape's counts, for every provider
+        reference = build_model("torch", config)
+    result.params_millions = reference.num_params(matmul_only=False) / 1e6
+    flops_per_token = reference.flops_per_token(point.context)
+    model = forward = optimizer = None
+    try:
+        torch.manual_seed(0)
+        with device:
+            if hf:
+                model = hf_llama(config, liger=provider.endswith("liger"))
+                result.loss = "logits (HF)" if provider == "hf-llama" else "fused (Liger)"
+            else:
+                model = build_model("triton" if ours else "torch", config)
+        forward = torch.compile(model) if "compile" in provider else model
+        idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
+        targets = torch.roll(idx, -1, dims=1)
+        fused_adam = {"fused": True} if device.type == "cuda" else {}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused_adam) if args.optimizer else None
+
+        def step():
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = forward(input_ids=idx, labels=idx).loss if hf else forward(idx, targets)[1]
+            loss.backward()
+            if optimizer is not None:
+                optimizer.step()
+            model.zero_grad(set_to_none=True)
+
+        ms, peak = time_training_steps(step, args.warmup, args.steps, device)
+        tokens = point.batch * point.context
+        result.step_ms, result.peak_gib = ms, peak
+        result.tokens_per_s = tokens / ms * 1e3
+        result.model_tflops = flops_per_token * tokens / ms / 1e9
+    except torch.cuda.OutOfMemoryError:
+        result.status = "OOM"
+    except NotImplementedError as error:  # a kernel package API the Triton model needs is missing
+        result.status = f"skipped: {error}"
+    finally:
+        model = forward = optimizer = None  # free the GPU memory before the next provider
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if hasattr(torch, "_dynamo"):
+            torch._dynamo.reset()
+    return result
+
+
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def markdown(results: List[Result], environment: str) -> str:
+    anchors: Dict[str, Result] = {r.point: r for r in results if r.provider == ANCHOR and r.status == "ok"}
+    lines = [
+        f"{environment}\n",
+        f"| config (preset:context:batch) | provider | params (M) | loss | step ms | tokens/s | model TFLOP/s "
+        f"| peak GiB | vs {ANCHOR} |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if r.status != "ok":
+            lines.append(f"| {r.point} | {r.provider} | {_fmt(r.params_millions, '.0f')} | {r.status} ||||||")
+            continue
+        anchor = anchors.get(r.point)
+        ratio = anchor.step_ms / r.step_ms if anchor else None
+        lines.append(
+            f"| {r.point} | {r.provider} | {_fmt(r.params_millions, '.0f')} | {r.loss} | {r.step_ms:.1f} "
+            f"| {r.tokens_per_s:,.0f} | {r.model_tflops:.1f} | {_fmt(r.peak_gib, '.1f')} | {_fmt(ratio, '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(results: List[Result], path: pathlib.Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[field.name for field in dataclasses.fields(Result)])
+        writer.writeheader()
+        for r in results:
+            writer.writerow(dataclasses.asdict(r))
+
+
+def plot(results: List[Result], path: pathlib.Path, title: str) -> Optional[str]:
+    """A grouped bar chart of model TFLOP/s; returns why not when matplotlib does not import."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        return f"matplotlib is not importable ({error}): no PNG written (pip install matplotlib)"
+    points = list(dict.fromkeys(r.point for r in results))
+    providers = list(dict.fromkeys(r.provider for r in results))
+    width = 0.8 / max(1, len(providers))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(points) * max(1, len(providers)) / 3), 4.5))
+    for i, provider in enumerate(providers):
+        values = {r.point: r.model_tflops for r in results if r.provider == provider and r.status == "ok"}
+        xs = [j + i * width for j, p in enumerate(points) if p in values]
+        ax.bar(xs, [values[p] for p in points if p in values], width, label=provider)
+    ax.set_xticks([j + width * (len(providers) - 1) / 2 for j in range(len(points))])
+    ax.set_xticklabels(points, rotation=15)
+    ax.set_ylabel("model TFLOP/s (6N + 12 L d S per token)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def environment_line(device: torch.device) -> str:
+    import triton
+
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke test, not a benchmark)"
+    return f"{where}, torch {torch.__version__}, triton {triton.__version__}, bf16 autocast, fp32 weights"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="tritonformer-bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", nargs="*", default=None, metavar="PRESET:CONTEXT:BATCH",
+                   help=f"points to time (default: {' '.join(HEADLINE)})")  # fmt: skip
+    p.add_argument("--sweep", choices=("headline", "seed"), default="headline", help="a named set of points")
+    p.add_argument("--providers", nargs="*", default=list(PROVIDERS), choices=PROVIDERS)
+    p.add_argument("--fused-loss", choices=("ours", "all", "none"), default="ours",
+                   help="which providers compute the loss with fused linear+cross-entropy")  # fmt: skip
+    p.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="OPTION=VALUE",
+                   help="TransformerConfig options for every point, e.g. activation_checkpointing=true")  # fmt: skip
+    p.add_argument("--optimizer", action="store_true", help="include a fused AdamW step in each timed step")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--out-dir", default="bench-out")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this command (no peak memory)")
+    args = p.parse_args(argv)
+    overrides = {}
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        overrides[key] = parse_value(value)
+    args.overrides = overrides
+    names = args.config if args.config else (SEED_SWEEP if args.sweep == "seed" else HEADLINE)
+    args.points = [Point.parse(name) for name in names]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("tritonformer-bench times training steps on a CUDA GPU; none is available here", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    environment = environment_line(device)
+    print(environment, flush=True)
+    # Liger patches the Llama classes of the whole process: its rows run after every plain one.
+    runs = [(point, provider) for point in args.points for provider in args.providers]
+    runs.sort(key=lambda run: run[1] == "hf-llama+liger")
+    by_run = {}
+    for point, provider in runs:
+        result = by_run[str(point), provider] = run_point(point, provider, args)
+        print(f"{point} {provider}: {result.status} {_fmt(result.model_tflops, '.1f')} TFLOP/s "
+              f"{_fmt(result.peak_gib, '.1f')} GiB", flush=True)  # fmt: skip
+    results = [by_run[str(point), provider] for point in args.points for provider in args.providers]
+    write_csv(results, out / "bench.csv")
+    table = markdown(results, environment)
+    (out / "bench.md").write_text(table)
+    print(table)
+    why_not = plot(results, out / "bench.png", environment)
+    print(why_not or f"wrote {out / 'bench.csv'}, {out / 'bench.md'} and {out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Transformer: the GPT on the Tritonformer kernel packages' public APIs.
+
+The same modules under the same names as `TorchTransformer`, so one state_dict loads into
+both; every computation runs in the kernel packages:
+
+    linear layers           fused_gemm.Linear (bias and GELU/ReLU epilogues fused into fc1)
+    attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA)
+    rotary embedding        fused_rope.apply_rotary_pos_emb (bshd, rotate-half)
+    SwiGLU MLP              fused_swiglu (gate and up matmuls + activation in one kernel)
+    norms                   fused_norm_xent.add_dropout_norm: residual add + dropout + norm
+    loss                    fused_norm_xent.cross_entropy / linear_cross_entropy (fused_loss)
+
+Token and position lookups are nn.Embedding. A config that needs a kernel API the installed
+packages do not export yet cannot run on Triton: the constructor raises NotImplementedError
+naming each missing API (there is no silent fallback to PyTorch).
+
+The residual stream follows flash-attention's fused pre-norm blocks: each block receives the
+previous branch's output h and the residual stream before it, and one kernel computes
+residual = residual + dropout(h) and x = norm(residual) together.
+
+Shapes: B batch, S sequence, d d_model, H query heads, Hkv key/value heads, D head_dim,
+V vocab_size, F d_ff.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+import fused_attention
+import fused_gemm
+import fused_norm_xent
+import fused_rope
+import fused_swiglu
+
+from . import positions
+from ._base import CausalLM
+from .config import TransformerConfig
+
+
+def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, str]]:
+    """(package module, public name, what it is for) for every kernel API this config uses."""
+    apis = [
+        (fused_gemm, "Linear", "the linear layers"),
+        (fused_attention, "flash_attention", "attention"),
+        (fused_norm_xent, "add_dropout_norm", "the residual + dropout + norm of each block"),
+        (fused_norm_xent, "LayerNorm" if config.norm == "layernorm" else "RMSNorm", "the norm parameters"),
+    ]
+    if config.fused_loss:
+        apis.append((fused_norm_xent, "linear_cross_entropy", "fused_loss=True"))
+    apis.append((fused_norm_xent, "cross_entropy", "the loss"))
+    if config.position == "rope":
+        apis.append((fused_rope, "apply_rotary_pos_emb", "position='rope'"))
+    if config.mlp == "swiglu":
+        apis.append((fused_swiglu, "swiglu", "mlp='swiglu'"))
+    return apis
+
+
+def check_kernel_apis(config: TransformerConfig) -> None:
+    """Raise NotImplementedError naming every kernel API the config needs that is not exported."""
+    missing = [
+        f"{package.__name__}.{name} ({purpose})"
+        for package, name, purpose in required_kernel_apis(config)
+        if not hasattr(package, name)
+    ]
+    if missing:
+        raise NotImplementedError(
+            "Transformer cannot run this config on the Triton kernels yet; the kernel packages do not export "
+            + ", ".join(missing)
+            + ". There is no fallback to PyTorch (TorchTransformer is the plain-PyTorch model)."
+        )
+
+
+def make_norm(config: TransformerConfig) -> nn.Module:
+    """The norm's parameters (weight, and bias for LayerNorm with use_linear_bias)."""
+    if config.norm == "rmsnorm":
+        return fused_norm_xent.RMSNorm(config.d_model, eps=config.norm_eps)
+    return fused_norm_xent.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.use_linear_bias)
+
+
+def add_dropout_norm(
+    h: torch.Tensor, residual: Optional[torch.Tensor], norm: nn.Module, p: float, config: TransformerConfig
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + dropout(h)), residual + dropout(h)) in one kernel; residual None: just h."""
+    return fused_norm_xent.add_dropout_norm(
+        h, residual, norm.weight, getattr(norm, "bias", None), p, prenorm=True, norm=config.norm, eps=config.norm_eps
+    )
+
+
+class Attention(nn.Module):
+    """Causal self-attention: fused qkv projection, RoPE or ALiBi, flash attention, output projection."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.qkv = fused_gemm.Linear(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=c.qkv_bias)
+        self.proj = fused_gemm.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
+        self.alibi_slopes = positions.alibi_slopes(c.n_head) if c.position == "alibi" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        B, S, _ = x.shape
+        H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
+        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, S, H*D), 2 x (B, S, Hkv*D)
+        q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)  # strided views of qkv
+        if c.position == "rope":
+            freqs = positions.rope_angles(S, D, c.rope_base, device=x.device)[:, None, None, :]  # (S, 1, 1, D)
+            q = fused_rope.apply_rotary_pos_emb(q, freqs, tensor_format="bshd")
+            k = fused_rope.apply_rotary_pos_emb(k, freqs, tensor_format="bshd")
+        slopes = None
+        if self.alibi_slopes is not None:
+            slopes = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=x.device)  # (H,)
+        y = fused_attention.flash_attention(q, k, v, causal=True, alibi_slopes=slopes)  # (B, S, H, D)
+        return self.proj(y.reshape(B, S, H * D))
+
+
+class MLP(nn.Module):
+    """fc2(act(fc1(x))): the activation is fc1's fused epilogue."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        act = "relu" if config.mlp == "relu" else ("gelu_tanh" if config.gelu_approximate == "tanh" else "gelu")
+        self.fc1 = fused_gemm.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias, activation=act)
+        self.fc2 = fused_gemm.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x))  # (B, S, d) -> (B, S, F) -> (B, S, d)
+
+
+class SwiGLUMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)): gate, up and the activation in one fused_swiglu kernel."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
+        self.up = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
+        self.down = fused_gemm.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(fused_swiglu.swiglu(x, self.gate.weight, self.up.weight))  # (B, S, F) -> (B, S, d)
+
+
+class Block(nn.Module):
+    """Pre-norm block on the fused residual stream: (h, residual) -> (h', residual')."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.norm_attn = make_norm(config)
+        self.attn = Attention(config)
+        self.norm_mlp = make_norm(config)
+        self.mlp = SwiGLUMLP(config) if config.mlp == "swiglu" else MLP(config)
+
+    def forward(self, h: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        p = self.config.dropout if self.training else 0.0
+        x, residual = add_dropout_norm(h, residual, self.norm_attn, p, self.config)  # x = norm(residual)
+        h = self.attn(x)
+        x, residual = add_dropout_norm(h, residual, self.norm_mlp, p, self.config)
+        return self.mlp(x), residual
+
+
+class Transformer(CausalLM):
+    """The GPT on the Triton kernel packages; `logits, loss = model(idx, targets)`."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        config.validate()
+        check_kernel_apis(config)
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm_f = make_norm(config)
+        self.lm_head = fused_gemm.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.init_weights()
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        self._check_idx(idx)
+        h = self.embed(idx)  # (B, S, d)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))  # + (S, d)
+        h, residual = self._run_blocks(self.blocks, h, None)
+        p = self.config.dropout if self.training else 0.0
+        x, _ = add_dropout_norm(h, residual, self.norm_f, p, self.config)
+        return x
+
+    def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return fused_norm_xent.cross_entropy(logits, targets, ignore_index=self.config.ignore_index)
+
+    def linear_cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return fused_norm_xent.linear_cross_entropy(
+            hidden, self.lm_head.weight, targets, ignore_index=self.config.ignore_index
+        )
