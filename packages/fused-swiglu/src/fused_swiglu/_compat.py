@@ -1,0 +1,72 @@
+"""Every Triton- and torch-version difference this package meets, in one place."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+
+TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+# Triton decides at decoration time whether @triton.jit kernels are interpreted; so do we.
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Interpreted kernels take CPU tensors; compiled kernels take CUDA tensors.
+KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
+
+# autocast decorators for autograd Functions: torch.amp.custom_fwd (torch >= 2.4) or the older
+# torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
+if hasattr(torch.amp, "custom_fwd"):
+    custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+else:  # pragma: no cover - torch < 2.4
+    custom_fwd = torch.cuda.amp.custom_fwd
+    custom_bwd = torch.cuda.amp.custom_bwd
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast computes matmuls in on `device_type`, or None where autocast is off."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
+    if device_type == "cuda":  # pragma: no cover - torch < 2.4
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    if device_type == "cpu":  # pragma: no cover - torch < 2.4
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    return None  # pragma: no cover
+
+
+# torch.compile: where torch has torch.library.custom_op (>= 2.4), the launchers are registered as
+# custom ops with fake implementations, so that torch.compile(fullgraph=True) sees one opaque node
+# per launch instead of breaking the graph. Older torch calls the launchers directly.
+HAS_CUSTOM_OP = hasattr(torch.library, "custom_op")
+
+
+def library_op(name: str, mutates_args: tuple = ()):
+    """Decorator: `fn` as the custom op fused_swiglu::`name` (torch >= 2.4), else `fn` itself.
+
+    Either way the result has `.register_fake(fake_fn)`; on older torch it does nothing. Eager
+    calls go straight to `fn` (no dispatcher on the hot path); `torch.compile` traces the op.
+    """
+
+    def wrap(fn):
+        if not HAS_CUSTOM_OP:  # pragma: no cover - torch < 2.4
+            fn.register_fake = lambda fake: fake
+            return fn
+        op = torch.library.custom_op(f"fused_swiglu::{name}", mutates_args=mutates_args)(fn)
+
+        @functools.wraps(fn)
+        def call(*args):
+            if torch.compiler.is_compiling():
+                return op(*args)
+            return fn(*args)
+
+        call.register_fake = op.register_fake
+        call.op = op
+        return call
+
+    return wrap

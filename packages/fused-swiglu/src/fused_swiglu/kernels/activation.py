@@ -1,0 +1,56 @@
+"""SwiGLU's pointwise math, and the backward tile step shared by the elementwise gradient kernel
+and the down-projection backward epilogue.
+
+    h  = silu(g) * u,  silu(g) = g * sigmoid(g)
+    dg = dh * u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+    du = dh * silu(g)
+
+All in fp32 whatever the storage dtype. sigmoid is 1 / (1 + exp(-g)) from basic ops (no
+libdevice), which saturates to 0 or 1 without NaN for any finite g.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sigmoid(g):
+    return 1.0 / (1.0 + tl.exp(-g))
+
+
+@triton.jit
+def _swiglu(g, u):
+    """silu(g) * u, fp32 in and out."""
+    return g * _sigmoid(g) * u
+
+
+@triton.jit
+def _swiglu_backward_tile(
+    dh,
+    offs_m,
+    offs_n,
+    g_ptr,
+    u_ptr,
+    h_ptr,
+    stride_gm,
+    size_m,
+    size_n,
+    STORE_H: tl.constexpr,
+):
+    """One (rows, cols) tile of the SwiGLU backward, given dh (fp32) for it.
+
+    Loads g and u (contiguous rows of stride stride_gm) and overwrites them in place with dg and
+    du; stores h = silu(g) * u too when STORE_H (the down projection's weight gradient needs it).
+    """
+    mask = (offs_m[:, None] < size_m) & (offs_n[None, :] < size_n)
+    offs = offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :]
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    sig = _sigmoid(g)
+    silu = g * sig
+    dg = dh * u * sig * (1.0 + g * (1.0 - sig))
+    du = dh * silu
+    tl.store(g_ptr + offs, dg.to(g_ptr.dtype.element_ty), mask=mask)
+    tl.store(u_ptr + offs, du.to(u_ptr.dtype.element_ty), mask=mask)
+    if STORE_H:
+        tl.store(h_ptr + offs, (silu * u).to(h_ptr.dtype.element_ty), mask=mask)

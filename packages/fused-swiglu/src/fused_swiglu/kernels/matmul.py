@@ -1,0 +1,163 @@
+"""Matmul building blocks shared by the SwiGLU kernels: tile order, one dot step, two main loops.
+
+Conventions: a program computes a (BLOCK_P, BLOCK_Q) output tile and reduces over R in BLOCK_R
+steps. Row and column indices are wrapped modulo the sizes (`offs % P`), so the operand loads
+need no row/column masks (the extra rows and columns repeat valid data and are masked at the
+store); only the reduction tail is masked, and not at all when EVEN_R (R % BLOCK_R == 0).
+Indices are int64 before they meet a stride, so tensors past 2^31 elements are addressed
+correctly; the main loops then advance pointers, which are 64-bit.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _grouped_tile(pid, size_p, size_q, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, GROUP: tl.constexpr):
+    """Program id -> (pid_p, pid_q): GROUP row tiles sweep the column tiles together (L2 reuse)."""
+    num_p = tl.cdiv(size_p, BLOCK_P)
+    num_q = tl.cdiv(size_q, BLOCK_Q)
+    per_group = GROUP * num_q
+    first_p = (pid // per_group) * GROUP
+    group_size = tl.minimum(num_p - first_p, GROUP)
+    pid_p = first_p + (pid % per_group) % group_size
+    pid_q = (pid % per_group) // group_size
+    return pid_p, pid_q
+
+
+@triton.jit
+def _wrapped_offsets(pid, size, BLOCK: tl.constexpr):
+    """int64 indices of a tile along one dim, wrapped into [0, size)."""
+    return ((pid * BLOCK + tl.arange(0, BLOCK)) % size).to(tl.int64)
+
+
+@triton.jit
+def _dot(a, b, acc, ACC_FP16: tl.constexpr, ALLOW_TF32: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b, accumulated in acc's dtype (fp32, or fp16 when ACC_FP16).
+
+    UPCAST (the interpreter): bf16/fp16 dots would run on raw bits there, so the product is taken
+    in fp32 and rounded into the accumulator once per call. ALLOW_TF32 only matters for fp32
+    operands (torch.backends.cuda.matmul.allow_tf32 decides it, as for torch's own matmuls).
+    """
+    if UPCAST:
+        acc = (acc.to(tl.float32) + tl.dot(a.to(tl.float32), b.to(tl.float32))).to(acc.dtype)
+    elif ACC_FP16:
+        acc = tl.dot(a, b, acc, out_dtype=tl.float16)
+    else:
+        acc = tl.dot(a, b, acc, allow_tf32=ALLOW_TF32)
+    return acc
+
+
+@triton.jit
+def _zeros(BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, ACC_FP16: tl.constexpr):
+    if ACC_FP16:
+        acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float16)
+    else:
+        acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _shared_a_matmul(
+    a_ptr,
+    b1_ptr,
+    b2_ptr,
+    offs_p,
+    offs_q,
+    stride_a_p,
+    stride_a_r,
+    stride_b1_r,
+    stride_b1_q,
+    stride_b2_r,
+    stride_b2_q,
+    size_r,
+    ACC_FP16: tl.constexpr,
+    ALLOW_TF32: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    EVEN_R: tl.constexpr,
+):
+    """(A @ B1, A @ B2) for one output tile: each A tile is loaded once and feeds both dots."""
+    offs_r = tl.arange(0, BLOCK_R)
+    a_ptrs = a_ptr + offs_p[:, None] * stride_a_p + offs_r[None, :] * stride_a_r
+    b1_ptrs = b1_ptr + offs_r[:, None] * stride_b1_r + offs_q[None, :] * stride_b1_q
+    b2_ptrs = b2_ptr + offs_r[:, None] * stride_b2_r + offs_q[None, :] * stride_b2_q
+    acc1 = _zeros(BLOCK_P, BLOCK_Q, ACC_FP16)
+    acc2 = _zeros(BLOCK_P, BLOCK_Q, ACC_FP16)
+    for step in range(0, tl.cdiv(size_r, BLOCK_R)):
+        if EVEN_R:
+            a = tl.load(a_ptrs)
+            b1 = tl.load(b1_ptrs)
+            b2 = tl.load(b2_ptrs)
+        else:
+            in_r = offs_r < size_r - step * BLOCK_R
+            a = tl.load(a_ptrs, mask=in_r[None, :], other=0.0)
+            b1 = tl.load(b1_ptrs, mask=in_r[:, None], other=0.0)
+            b2 = tl.load(b2_ptrs, mask=in_r[:, None], other=0.0)
+        acc1 = _dot(a, b1, acc1, ACC_FP16, ALLOW_TF32, UPCAST)
+        acc2 = _dot(a, b2, acc2, ACC_FP16, ALLOW_TF32, UPCAST)
+        a_ptrs += BLOCK_R * stride_a_r
+        b1_ptrs += BLOCK_R * stride_b1_r
+        b2_ptrs += BLOCK_R * stride_b2_r
+    return acc1, acc2
+
+
+@triton.jit
+def _sum_of_products_matmul(
+    a1_ptr,
+    a2_ptr,
+    b1_ptr,
+    b2_ptr,
+    offs_p,
+    offs_q,
+    stride_a_p,
+    stride_a_r,
+    stride_b1_r,
+    stride_b1_q,
+    stride_b2_r,
+    stride_b2_q,
+    size_r,
+    PAIRS: tl.constexpr,
+    ACC_FP16: tl.constexpr,
+    ALLOW_TF32: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    EVEN_R: tl.constexpr,
+):
+    """A1 @ B1 (+ A2 @ B2 when PAIRS == 2) into one accumulator: one matmul over a 2R reduction.
+
+    A1 and A2 share strides (two buffers of one shape); a2_ptr/b2_ptr are unused when PAIRS == 1.
+    """
+    offs_r = tl.arange(0, BLOCK_R)
+    a_offs = offs_p[:, None] * stride_a_p + offs_r[None, :] * stride_a_r
+    a1_ptrs = a1_ptr + a_offs
+    a2_ptrs = a2_ptr + a_offs
+    b1_ptrs = b1_ptr + offs_r[:, None] * stride_b1_r + offs_q[None, :] * stride_b1_q
+    b2_ptrs = b2_ptr + offs_r[:, None] * stride_b2_r + offs_q[None, :] * stride_b2_q
+    acc = _zeros(BLOCK_P, BLOCK_Q, ACC_FP16)
+    for step in range(0, tl.cdiv(size_r, BLOCK_R)):
+        if EVEN_R:
+            a1 = tl.load(a1_ptrs)
+            b1 = tl.load(b1_ptrs)
+        else:
+            in_r = offs_r < size_r - step * BLOCK_R
+            a1 = tl.load(a1_ptrs, mask=in_r[None, :], other=0.0)
+            b1 = tl.load(b1_ptrs, mask=in_r[:, None], other=0.0)
+        acc = _dot(a1, b1, acc, ACC_FP16, ALLOW_TF32, UPCAST)
+        if PAIRS == 2:
+            if EVEN_R:
+                a2 = tl.load(a2_ptrs)
+                b2 = tl.load(b2_ptrs)
+            else:
+                a2 = tl.load(a2_ptrs, mask=in_r[None, :], other=0.0)
+                b2 = tl.load(b2_ptrs, mask=in_r[:, None], other=0.0)
+            acc = _dot(a2, b2, acc, ACC_FP16, ALLOW_TF32, UPCAST)
+            a2_ptrs += BLOCK_R * stride_a_r
+            b2_ptrs += BLOCK_R * stride_b2_r
+        a1_ptrs += BLOCK_R * stride_a_r
+        b1_ptrs += BLOCK_R * stride_b1_r
+    return acc

@@ -1,0 +1,154 @@
+"""Kernel launchers on 2-D views, each one op: registered as a torch custom op where torch has
+them (so torch.compile sees one opaque node per launch, with a fake implementation for
+tracing), called directly otherwise and in eager mode (no dispatcher on the hot path).
+
+Shapes: x (M, K) any strides; w_gate, w_up (K, N) any strides; biases (N,); g, u, h and the
+gradients of g and u are contiguous (M, N); w_down (N, D) any strides; dy (M, D) any strides.
+No typing-from-the-future import here: torch infers the op schemas from these annotations.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from .._compat import INTERPRETING, library_op
+from ..kernels.backward import (
+    _mlp_down_grad_kernel,
+    _swiglu_grad_kernel,
+    _swiglu_input_grad_kernel,
+    _swiglu_weight_grad_kernel,
+)
+from ..kernels.forward import _swiglu_fwd_kernel
+
+Tensor = torch.Tensor
+
+# The elementwise gradient kernel: 64 x 128 tiles, 32 elements per thread over 8 warps.
+GRAD_BLOCK_M = 64
+GRAD_BLOCK_N = 128
+GRAD_NUM_WARPS = 8
+
+
+def _allow_tf32(dtype: torch.dtype) -> bool:
+    """fp32 operands follow torch's own matmul setting; it does not matter for 16-bit ones."""
+    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
+@library_op("swiglu_fwd")
+def swiglu_fwd(
+    x: Tensor,
+    w_gate: Tensor,
+    w_up: Tensor,
+    b_gate: Optional[Tensor],
+    b_up: Optional[Tensor],
+    save_gu: bool,
+    fp16_accumulate: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """h = silu(x @ w_gate + b_gate) * (x @ w_up + b_up), and (g, u) when save_gu (else empty)."""
+    M, K = x.shape
+    N = w_gate.shape[1]
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    g = torch.empty((M, N) if save_gu else (0,), dtype=x.dtype, device=x.device)
+    u = torch.empty((M, N) if save_gu else (0,), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return h, g, u
+    has_bias = b_gate is not None
+    _swiglu_fwd_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
+        x, w_gate, w_up, b_gate if has_bias else w_gate, b_up if has_bias else w_up,
+        h, g if save_gu else h, u if save_gu else h,
+        x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1), h.stride(0),
+        M, N, K,
+        HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, ALLOW_TF32=_allow_tf32(x.dtype),
+        UPCAST=INTERPRETING,
+    )  # fmt: skip
+    return h, g, u
+
+
+@swiglu_fwd.register_fake
+def _(x, w_gate, w_up, b_gate, b_up, save_gu, fp16_accumulate):
+    shape = (x.shape[0], w_gate.shape[1])
+    saved = shape if save_gu else (0,)
+    return x.new_empty(shape), x.new_empty(saved), x.new_empty(saved)
+
+
+@library_op("swiglu_grad_", mutates_args=("g", "u"))
+def swiglu_grad_(dh: Tensor, g: Tensor, u: Tensor) -> None:
+    """Overwrites g with d_gate and u with d_up, given dh (any strides)."""
+    M, N = g.shape
+    if M > 0:
+        _swiglu_grad_kernel[(triton.cdiv(M, GRAD_BLOCK_M), triton.cdiv(N, GRAD_BLOCK_N))](
+            dh, g, u, dh.stride(0), dh.stride(1), g.stride(0), M, N,
+            BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, num_warps=GRAD_NUM_WARPS,
+        )  # fmt: skip
+    # Written through raw pointers: tell autograd, so that a second backward through the same
+    # graph (which would read d_gate/d_up as g/u) fails loudly instead of computing garbage.
+    torch.autograd.graph.increment_version((g, u))
+
+
+@library_op("mlp_down_grad_", mutates_args=("g", "u"))
+def mlp_down_grad_(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor) -> Tensor:
+    """dh = dy @ w_down^T, never stored: g becomes d_gate and u becomes d_up, in place.
+
+    Returns h = silu(g) * u, recomputed for w_down's gradient (the forward does not keep it).
+    """
+    M, N = g.shape
+    h = torch.empty_like(g)
+    if M > 0:
+        _mlp_down_grad_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
+            dy, w_down, g, u, h,
+            dy.stride(0), dy.stride(1), w_down.stride(0), w_down.stride(1), g.stride(0),
+            M, N, w_down.shape[1],
+            ALLOW_TF32=_allow_tf32(g.dtype), UPCAST=INTERPRETING,
+        )  # fmt: skip
+    torch.autograd.graph.increment_version((g, u))
+    return h
+
+
+@mlp_down_grad_.register_fake
+def _(dy, w_down, g, u):
+    return torch.empty_like(g)
+
+
+@library_op("swiglu_input_grad")
+def swiglu_input_grad(d_gate: Tensor, d_up: Tensor, w_gate: Tensor, w_up: Tensor, fp16_accumulate: bool) -> Tensor:
+    """dx = d_gate @ w_gate^T + d_up @ w_up^T, one matmul over the 2N reduction -> (M, K)."""
+    M, N = d_gate.shape
+    K = w_gate.shape[0]
+    dx = torch.empty((M, K), dtype=d_gate.dtype, device=d_gate.device)
+    if M > 0:
+        _swiglu_input_grad_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_K"]),)](
+            d_gate, d_up, w_gate, w_up, dx,
+            d_gate.stride(0), w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1), dx.stride(0),
+            M, K, N,
+            ACC_FP16=fp16_accumulate, ALLOW_TF32=_allow_tf32(dx.dtype), UPCAST=INTERPRETING,
+        )  # fmt: skip
+    return dx
+
+
+@swiglu_input_grad.register_fake
+def _(d_gate, d_up, w_gate, w_up, fp16_accumulate):
+    return d_gate.new_empty((d_gate.shape[0], w_gate.shape[0]))
+
+
+@library_op("swiglu_weight_grad")
+def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor) -> Tuple[Tensor, Tensor]:
+    """(dw_gate, dw_up) = (x^T @ d_gate, x^T @ d_up), reduced over all M rows -> (K, N) each."""
+    M, K = x.shape
+    N = d_gate.shape[1]
+    dw_gate = torch.empty((K, N), dtype=x.dtype, device=x.device)
+    dw_up = torch.empty((K, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return dw_gate.zero_(), dw_up.zero_()
+    _swiglu_weight_grad_kernel[lambda meta: (triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
+        x, d_gate, d_up, dw_gate, dw_up,
+        x.stride(0), x.stride(1), d_gate.stride(0), dw_gate.stride(0),
+        M, N, K,
+        ALLOW_TF32=_allow_tf32(x.dtype), UPCAST=INTERPRETING,
+    )  # fmt: skip
+    return dw_gate, dw_up
+
+
+@swiglu_weight_grad.register_fake
+def _(x, d_gate, d_up):
+    shape = (x.shape[1], d_gate.shape[1])
+    return x.new_empty(shape), x.new_empty(shape)

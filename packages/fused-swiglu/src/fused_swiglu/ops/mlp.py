@@ -1,0 +1,91 @@
+"""FusedSwiGLUMLP: the LLaMA-style MLP, y = swiglu(x) @ w_down + b_down, forward and backward.
+
+Forward: the fused gate/up/activation kernel writes h (and g, u for the backward); the down
+projection is cuBLAS (torch.mm), the fastest honest choice for a plain matmul. h is not kept:
+between forward and backward this MLP holds x, g and u (Liger-Kernel's MLP holds x, gate, up
+and h), a quarter less activation memory.
+
+Backward: dh = dy @ w_down^T is our kernel with the SwiGLU backward as its epilogue, so dh never
+reaches memory: d_gate and d_up overwrite g and u, and h is rewritten for dw_down = h^T @ dy
+(cuBLAS); then dx and (dw_gate, dw_up) as in FusedSwiGLU. Peak memory of a forward+backward is
+then g, u, h and y, with no dh (Liger: gate, up, h, dh and y).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._compat import custom_bwd, custom_fwd
+from .._validation import FLOAT_DTYPES, check_device, check_vector
+from .launchers import mlp_down_grad_, swiglu_fwd, swiglu_input_grad, swiglu_weight_grad
+from .swiglu import prepare_swiglu_inputs
+
+
+class FusedSwiGLUMLP(torch.autograd.Function):
+    """(silu(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down. See `swiglu_mlp`."""
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
+        leading = x.shape[:-1]
+        t, has_bias = prepare_swiglu_inputs(
+            x, w_gate, w_up, b_gate, b_up, FLOAT_DTYPES, {"w_down": w_down, "b_down": b_down}
+        )
+        n = t["w_gate"].shape[1]
+        w_down, b_down = t["w_down"], t["b_down"]
+        if w_down.dim() != 2 or w_down.shape[0] != n or w_down.shape[1] == 0:
+            raise ValueError(
+                f"w_down has shape {tuple(w_down.shape)}; expected (d_intermediate, d_out) with "
+                f"d_intermediate = {n} and d_out >= 1"
+            )
+        if b_down is not None:
+            check_vector("b_down", b_down, w_down.shape[1], "d_out")
+        check_device(**{name: t[name] for name in ("x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")})
+        x2d, w_gate, w_up, b_gate, b_up = t["x2d"], t["w_gate"], t["w_up"], t["b_gate"], t["b_up"]
+        save = any(ctx.needs_input_grad)
+        h, g, u = swiglu_fwd(x2d, w_gate, w_up, b_gate, b_up, save, False)
+        y = torch.mm(h, w_down) if b_down is None else torch.addmm(b_down, h, w_down)
+        if save:
+            ctx.save_for_backward(x2d, w_gate, w_up, w_down, g, u)
+        ctx.leading, ctx.has_bias, ctx.has_down_bias = leading, has_bias, b_down is not None
+        return y.view(*leading, y.shape[1])
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, dy):
+        x2d, w_gate, w_up, w_down, g, u = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dy2d = dy.reshape(x2d.shape[0], w_down.shape[1])
+        h = mlp_down_grad_(dy2d, w_down, g, u)  # g, u now hold d_gate, d_up
+        dw_down = torch.mm(h.t(), dy2d) if need[3] else None
+        del h
+        db_down = dy2d.sum(0) if ctx.has_down_bias and need[6] else None
+        dx = dw_gate = dw_up = db_gate = db_up = None
+        if need[0]:
+            dx = swiglu_input_grad(g, u, w_gate, w_up, False).view(*ctx.leading, x2d.shape[1])
+        if need[1] or need[2]:
+            dw_gate, dw_up = swiglu_weight_grad(x2d, g, u)
+        if ctx.has_bias and (need[4] or need[5]):
+            db_gate, db_up = g.sum(0), u.sum(0)
+        return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
+
+
+def swiglu_mlp(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    b_gate: Optional[torch.Tensor] = None,
+    b_up: Optional[torch.Tensor] = None,
+    b_down: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """LLaMA-style MLP: (silu(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down.
+
+    x: (..., d_model), any leading dims, any strides.
+    w_gate, w_up: (d_model, d_intermediate); w_down: (d_intermediate, d_out) (usually d_out =
+    d_model); any strides. b_gate, b_up: (d_intermediate,) or None (both or neither);
+    b_down: (d_out,) or None. dtypes and devices as for `swiglu`. Returns (..., d_out).
+    """
+    return FusedSwiGLUMLP.apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
