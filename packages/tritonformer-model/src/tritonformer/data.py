@@ -11,6 +11,7 @@ Three sources:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import sysconfig
 from typing import Callable, List, Optional, Tuple
@@ -63,7 +64,9 @@ def _byte_data(raw: bytes, description: str) -> TokenData:
     return TokenData(train, val, BYTE_VOCAB_SIZE, description, decode_bytes, encode_bytes)
 
 
+@functools.lru_cache(maxsize=1)
 def default_corpus() -> TokenData:
+    """The standard library's top-level .py files joined by newlines, read once per process."""
     files = stdlib_files()
     raw = b"\n".join(path.read_bytes() for path in files)
     return _byte_data(raw, f"the Python standard library's source ({len(files)} files under {files[0].parent})")
