@@ -184,6 +184,21 @@ def test_init():
     assert abs(model.blocks[0].mlp.fc1.weight.std().item() - 0.02) < 0.002
     assert abs(model.lm_head.weight.std().item() - 0.02) < 0.002
     assert torch.all(model.blocks[1].mlp.fc2.bias == 0) and torch.all(model.norm_f.weight == 1)
+    llama = TorchTransformer(tiny(mlp="swiglu", d_ff=128, use_linear_bias=True))
+    assert abs(llama.blocks[0].mlp.w_down.std().item() - 0.02 / math.sqrt(4)) < 0.003
+    assert abs(llama.blocks[0].mlp.w_gate.std().item() - 0.02) < 0.002
+    assert torch.all(llama.blocks[0].mlp.b_up == 0)
+
+
+def test_swiglu_mlp_formula():
+    config = tiny(mlp="swiglu", d_ff=80, use_linear_bias=True)
+    mlp = TorchTransformer(config).blocks[0].mlp.double()
+    for p in mlp.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    x = torch.randn(3, 5, 32, dtype=torch.float64)
+    gate, up = x @ mlp.w_gate + mlp.b_gate, x @ mlp.w_up + mlp.b_up
+    expected = (gate * torch.sigmoid(gate) * up) @ mlp.w_down + mlp.b_down
+    torch.testing.assert_close(mlp(x), expected)
 
 
 def test_generate():

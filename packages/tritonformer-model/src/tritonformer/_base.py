@@ -15,8 +15,8 @@ from torch import nn
 
 from .config import TransformerConfig
 
-# Modules whose output is added to the residual stream: GPT-2 scales their init by 1/sqrt(2L).
-RESIDUAL_PROJECTIONS = ("attn.proj", "mlp.fc2", "mlp.down")
+# Matrices whose product is added to the residual stream: GPT-2 scales their init by 1/sqrt(2L).
+RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.fc2.weight", "mlp.w_down")
 
 
 class CausalLM(nn.Module):
@@ -82,21 +82,24 @@ class CausalLM(nn.Module):
     # ----------------------------------------------------------------------------------------
 
     def init_weights(self) -> None:
-        """GPT-2 init: N(0, 0.02) for linears and embeddings, residual projections 0.02/sqrt(2L),
+        """GPT-2 init: N(0, 0.02) for matrices and embeddings, residual projections 0.02/sqrt(2L),
         zero biases, unit norm weights."""
         std = 0.02
         residual_std = std / math.sqrt(2 * self.config.n_layer)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, 0.0, std)
-            elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter):
-                if module.weight.dim() == 1:  # a norm
-                    nn.init.ones_(module.weight)
-                elif module.weight is not self.embed.weight:  # the tied head keeps the embedding's init
-                    is_residual = any(name.endswith(suffix) for suffix in RESIDUAL_PROJECTIONS)
-                    nn.init.normal_(module.weight, 0.0, residual_std if is_residual else std)
-            if isinstance(getattr(module, "bias", None), nn.Parameter):
-                nn.init.zeros_(module.bias)
+        for module_name, module in self.named_modules():
+            for name, p in module.named_parameters(recurse=False):
+                full_name = f"{module_name}.{name}"
+                if module is self.lm_head and self.config.tie_embeddings:
+                    continue  # the tied head keeps the embedding's init
+                if isinstance(module, nn.Embedding):
+                    nn.init.normal_(p, 0.0, std)
+                elif p.dim() == 1 and name == "weight":  # a norm's scale
+                    nn.init.ones_(p)
+                elif p.dim() == 1:  # a bias
+                    nn.init.zeros_(p)
+                else:
+                    is_residual = full_name.endswith(RESIDUAL_PROJECTIONS)
+                    nn.init.normal_(p, 0.0, residual_std if is_residual else std)
 
     def num_params(self, matmul_only: bool = True) -> int:
         """Parameter count; matmul_only leaves out the embedding tables, which are lookups.

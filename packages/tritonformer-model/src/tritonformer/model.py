@@ -6,7 +6,7 @@ both; every computation runs in the kernel packages:
     linear layers           fused_gemm.Linear (bias and GELU/ReLU epilogues fused into fc1)
     attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA)
     rotary embedding        fused_rope.apply_rotary_pos_emb (bshd, rotate-half)
-    SwiGLU MLP              fused_swiglu (gate and up matmuls + activation in one kernel)
+    SwiGLU MLP              fused_swiglu.swiglu_mlp (gate, up and activation in one kernel)
     norms                   fused_norm_xent.add_dropout_norm: residual add + dropout + norm
     loss                    fused_norm_xent.cross_entropy / linear_cross_entropy (fused_loss)
 
@@ -35,7 +35,7 @@ import fused_norm_xent
 import fused_rope
 import fused_swiglu
 
-from . import positions
+from . import positions, torch_model
 from ._base import CausalLM
 from .config import TransformerConfig
 
@@ -54,7 +54,7 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
     if config.position == "rope":
         apis.append((fused_rope, "apply_rotary_pos_emb", "position='rope'"))
     if config.mlp == "swiglu":
-        apis.append((fused_swiglu, "swiglu", "mlp='swiglu'"))
+        apis.append((fused_swiglu, "swiglu_mlp", "mlp='swiglu'"))
     return apis
 
 
@@ -130,17 +130,12 @@ class MLP(nn.Module):
         return self.fc2(self.fc1(x))  # (B, S, d) -> (B, S, F) -> (B, S, d)
 
 
-class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)): gate, up and the activation in one fused_swiglu kernel."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
-        self.up = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
-        self.down = fused_gemm.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
+class SwiGLUMLP(torch_model.SwiGLUMLP):
+    """The twin's parameters (w_gate, w_up, w_down, biases); one fused_swiglu.swiglu_mlp call:
+    gate, up and the activation in one kernel, the down projection's backward fused with it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(fused_swiglu.swiglu(x, self.gate.weight, self.up.weight))  # (B, S, F) -> (B, S, d)
+        return fused_swiglu.swiglu_mlp(x, self.w_gate, self.w_up, self.w_down, self.b_gate, self.b_up, self.b_down)
 
 
 class Block(nn.Module):

@@ -92,16 +92,27 @@ class MLP(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) (LLaMA)."""
+    """(silu(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down (LLaMA).
+
+    Weights are input-major, as fused_swiglu takes them: w_gate, w_up (d, F), w_down (F, d)
+    (a Hugging Face LLaMA's gate_proj.weight is w_gate.T). Biases only with use_linear_bias.
+    """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
-        self.up = nn.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias)
-        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
+        d, f = config.d_model, config.d_ff
+        self.w_gate = nn.Parameter(torch.empty(d, f))
+        self.w_up = nn.Parameter(torch.empty(d, f))
+        self.w_down = nn.Parameter(torch.empty(f, d))
+        bias = config.use_linear_bias
+        self.b_gate = nn.Parameter(torch.zeros(f)) if bias else None
+        self.b_up = nn.Parameter(torch.zeros(f)) if bias else None
+        self.b_down = nn.Parameter(torch.zeros(d)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, S, d) -> (B, S, F) -> (B, S, d)
+        gate = F.linear(x, self.w_gate.t(), self.b_gate)  # (B, S, F); .t(): a view, cuBLAS transposes
+        up = F.linear(x, self.w_up.t(), self.b_up)  # (B, S, F)
+        return F.linear(F.silu(gate) * up, self.w_down.t(), self.b_down)  # (B, S, d)
 
 
 class Block(nn.Module):
