@@ -1,0 +1,52 @@
+"""Every Triton- and torch-version difference this package meets, in one place."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import torch
+import triton
+
+TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+# Triton decides at decoration time whether @triton.jit kernels are interpreted; so do we.
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Interpreted kernels take CPU tensors; compiled kernels take CUDA tensors.
+KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
+
+# autocast decorators for autograd Functions: torch.amp.custom_fwd (torch >= 2.4) or the older
+# torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
+if hasattr(torch.amp, "custom_fwd"):
+    custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+else:  # pragma: no cover - torch < 2.4
+    custom_fwd = torch.cuda.amp.custom_fwd
+    custom_bwd = torch.cuda.amp.custom_bwd
+
+# torch.library.custom_op (torch >= 2.4) makes a launcher an operator that torch.compile treats
+# as opaque (its fake implementation gives the output's metadata), so fullgraph=True traces
+# through the autograd Functions without a graph break. Older torch calls the launchers directly.
+HAS_CUSTOM_OP = hasattr(torch.library, "custom_op")
+
+
+def custom_op(name: str, fake: Callable, mutates_args: tuple = ()) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn` as the operator `name` with fake implementation `fake`.
+
+    Without torch.library.custom_op the function is returned unchanged.
+    """
+
+    def register(fn: Callable) -> Callable:
+        if not HAS_CUSTOM_OP:  # pragma: no cover - torch < 2.4
+            return fn
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+        op.register_fake(fake)
+        return op
+
+    return register
+
+
+# tl.split / tl.join (Triton >= 3.0): interleaved pairs are separated in registers.
+HAS_SPLIT_JOIN = TRITON_VERSION >= (3, 0)

@@ -1,0 +1,128 @@
+"""Hugging Face / Liger-style RoPE of q and k in one launch: tables cos, sin (B or 1, P, d2).
+
+Grid: (batch x seq tokens, q row blocks + k row blocks). A program takes one token and a block
+of BLOCK_R heads of q (program ids below n_q_blocks) or of k (the rest), so GQA head counts
+need nothing special. The token's cos/sin row is loaded once per program (table row
+`position_ids[b, s]`, or `s` without position ids) and shared by the BLOCK_R heads of the
+tile. Rotate-half pairs (j, j + d2/2), the rest of the head passes through (copied when the
+output is a new tensor, untouched in place). TRANSPOSE applies the backward transform.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import _rope_rows
+
+
+@triton.jit
+def _rope_qk_head_block(
+    x_ptr,
+    y_ptr,
+    batch,
+    index_s,
+    block,
+    stride_x_b,
+    stride_x_h,
+    stride_x_s,
+    stride_y_b,
+    stride_y_h,
+    stride_y_s,
+    n_heads,
+    cos1,
+    sin1,
+    cos2,
+    sin2,
+    HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    COPY_PASS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+):
+    """Heads [block * BLOCK_R, (block + 1) * BLOCK_R) of token (batch, index_s) of one tensor."""
+    heads = block * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = heads < n_heads
+    heads = heads.to(tl.int64)
+    x_rows = batch * stride_x_b + index_s * stride_x_s + heads * stride_x_h
+    y_rows = batch * stride_y_b + index_s * stride_y_s + heads * stride_y_h
+    _rope_rows(
+        x_ptr, y_ptr, x_rows, y_rows, row_mask, cos1, sin1, cos2, sin2, HALF, HEAD_DIM,
+        False, TRANSPOSE, COPY_PASS, BLOCK_P, BLOCK_PASS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _rope_qk_kernel(
+    # pointers
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    position_ids_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    # strides, in elements (the head dim of every tensor is contiguous)
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_q_out_b,
+    stride_q_out_h,
+    stride_q_out_s,
+    stride_k_out_b,
+    stride_k_out_h,
+    stride_k_out_s,
+    stride_cos_b,
+    stride_cos_s,
+    stride_sin_b,
+    stride_sin_s,
+    stride_pos_b,
+    stride_pos_s,
+    # sizes
+    seq_len,
+    n_q_heads,
+    n_k_heads,
+    n_q_blocks,
+    # meta-parameters
+    HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_POSITION_IDS: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    COPY_PASS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+):
+    pid_g = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    batch = (pid_g // seq_len).to(tl.int64)
+    index_s = (pid_g % seq_len).to(tl.int64)
+    if HAS_POSITION_IDS:
+        pos = tl.load(position_ids_ptr + batch * stride_pos_b + index_s * stride_pos_s).to(tl.int64)
+    else:
+        pos = index_s
+
+    offs_p = tl.arange(0, BLOCK_P)
+    pair_mask = offs_p < HALF
+    cos_row = cos_ptr + batch * stride_cos_b + pos * stride_cos_s
+    sin_row = sin_ptr + batch * stride_sin_b + pos * stride_sin_s
+    cos1 = tl.load(cos_row + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    cos2 = tl.load(cos_row + HALF + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(sin_row + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    sin2 = tl.load(sin_row + HALF + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+
+    if pid_r < n_q_blocks:
+        _rope_qk_head_block(
+            q_ptr, q_out_ptr, batch, index_s, pid_r, stride_q_b, stride_q_h, stride_q_s,
+            stride_q_out_b, stride_q_out_h, stride_q_out_s, n_q_heads, cos1, sin1, cos2, sin2,
+            HALF, HEAD_DIM, TRANSPOSE, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
+        )  # fmt: skip
+    else:
+        _rope_qk_head_block(
+            k_ptr, k_out_ptr, batch, index_s, pid_r - n_q_blocks, stride_k_b, stride_k_h, stride_k_s,
+            stride_k_out_b, stride_k_out_h, stride_k_out_s, n_k_heads, cos1, sin1, cos2, sin2,
+            HALF, HEAD_DIM, TRANSPOSE, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
+        )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Launchers, custom operators, autograd Functions and the functional API."""

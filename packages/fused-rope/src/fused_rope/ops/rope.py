@@ -1,0 +1,245 @@
+"""TransformerEngine-compatible RoPE: launchers, operators, autograd Function, functional API.
+
+`apply_rotary_pos_emb` has the semantics of TransformerEngine's `apply_rotary_pos_emb`
+(formats sbhd / bshd / thd, partial rotary, interleaved pairs, start positions) in one fused
+kernel for the forward and one for the backward (the transposed transform). The launchers
+are registered as torch custom operators where torch has them, so torch.compile traces
+through `RoPEFunction` without a graph break.
+"""
+
+from typing import Optional
+
+import torch
+import triton
+
+from .. import _compat
+from .._compat import custom_bwd, custom_fwd, custom_op
+from .._validation import (
+    check_bool,
+    check_device,
+    check_ndim,
+    check_optional_index,
+    check_rotary_dim,
+    check_tensor,
+)
+from ..kernels.rope import _rope_kernel
+from ._layout import output_like, unit_last_stride
+from .config import launch_config
+
+TENSOR_FORMATS = ("sbhd", "bshd", "thd")
+
+# Interleaved pairs are split in registers (one contiguous load) where Triton has tl.split;
+# the portable path loads the two members with stride-2 loads. Chosen once, at import.
+SPLIT_INTERLEAVED_PAIRS = _compat.HAS_SPLIT_JOIN
+
+
+def _launch(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    start_positions: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    tensor_format: str,
+    interleaved: bool,
+    transpose: bool,
+) -> torch.Tensor:
+    """One launch of _rope_kernel over t (checked by the caller); returns a new tensor."""
+    out = output_like(t)
+    if out.numel() == 0:
+        return out
+    t = unit_last_stride(t)
+    freqs = unit_last_stride(freqs.reshape(freqs.shape[0], freqs.shape[-1]))  # (s2, d2)
+    d2, head_dim, n_heads = freqs.shape[1], t.shape[-1], t.shape[-2]
+    if tensor_format == "thd":
+        n_seqs = cu_seqlens.numel() - 1
+        n_groups, n_batch_groups, n_rows = t.shape[0], 1, n_heads
+        t_strides = (t.stride(0), 0, t.stride(1))
+        out_strides = (out.stride(0), 0, out.stride(1))
+    else:
+        seq_dim = 0 if tensor_format == "sbhd" else 1
+        seq_len, batch = t.shape[seq_dim], t.shape[1 - seq_dim]
+        n_seqs = 0
+        # With start positions each batch entry has its own angles: one batch entry per program.
+        n_batch_groups = batch if start_positions is not None else 1
+        n_groups, n_rows = seq_len * n_batch_groups, n_heads * (batch // n_batch_groups)
+        t_strides = (t.stride(seq_dim), t.stride(1 - seq_dim), t.stride(2))
+        out_strides = (out.stride(seq_dim), out.stride(1 - seq_dim), out.stride(2))
+    split_pairs = interleaved and SPLIT_INTERLEAVED_PAIRS
+    cfg = launch_config(n_rows, d2 // 2, head_dim - d2, t.element_size(), True, 2 if split_pairs else 1)
+    grid = (n_groups, triton.cdiv(n_rows, cfg.block_r))
+    _rope_kernel[grid](
+        t, freqs, out,
+        t if start_positions is None else start_positions,
+        t if cu_seqlens is None else cu_seqlens,
+        *t_strides, *out_strides, freqs.stride(0),
+        n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0,
+        HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=tensor_format == "thd", HAS_START=start_positions is not None,
+        INTERLEAVED=interleaved, SPLIT_PAIRS=split_pairs, TRANSPOSE=transpose, COPY_PASS=cfg.copy_pass,
+        BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out
+
+
+def _check_positions(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    start_positions: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    tensor_format: str,
+) -> None:
+    """Value checks of cu_seqlens / start_positions against t and freqs: one host sync.
+
+    Only called when there are index tensors; without them the shapes say everything.
+    """
+    n_positions = freqs.shape[0]
+    if tensor_format == "thd":
+        cu = cu_seqlens.long()
+        lengths = cu[1:] - cu[:-1]
+        ends = lengths if start_positions is None else lengths + start_positions
+        zero = cu.new_zeros(())
+        first, last, min_length, max_end, min_start = torch.stack([
+            cu[0], cu[-1],
+            lengths.min() if lengths.numel() else zero,
+            ends.max() if ends.numel() else zero,
+            start_positions.min().long() if start_positions is not None else zero,
+        ]).tolist()  # fmt: skip
+        if first != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={first}")
+        if last != t.shape[0]:
+            raise ValueError(f"cu_seqlens ends at {last} but t has {t.shape[0]} tokens (dim 0 of thd)")
+        if min_length < 0:
+            raise ValueError("cu_seqlens must be non-decreasing (sequence lengths are cu_seqlens[i+1] - cu_seqlens[i])")
+        what = (
+            "a sequence's length plus its start position reaches" if start_positions is not None else "a sequence has"
+        )
+    else:
+        seq_len = t.shape[0 if tensor_format == "sbhd" else 1]
+        min_start, max_start = torch.stack([start_positions.min(), start_positions.max()]).tolist()
+        max_end = seq_len + max_start
+        what = f"the sequence length {seq_len} plus the largest start position reaches"
+    if min_start < 0:
+        raise ValueError(f"start_positions must be >= 0, got a minimum of {min_start}")
+    if max_end > n_positions:
+        raise ValueError(f"freqs has {n_positions} positions (dim 0) but {what} {max_end} positions")
+
+
+def _fake_like_input(t: torch.Tensor, *args) -> torch.Tensor:
+    return output_like(t)
+
+
+@custom_op("fused_rope::rope_fwd", fake=_fake_like_input)
+def rope_fwd(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    start_positions: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    tensor_format: str,
+    interleaved: bool,
+) -> torch.Tensor:
+    """Forward launcher: checks the index tensors' values (one host sync, only if there are any)."""
+    if start_positions is not None or cu_seqlens is not None:
+        _check_positions(t, freqs, start_positions, cu_seqlens, tensor_format)
+    return _launch(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved, False)
+
+
+@custom_op("fused_rope::rope_bwd", fake=_fake_like_input)
+def rope_bwd(
+    grad: torch.Tensor,
+    freqs: torch.Tensor,
+    start_positions: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    tensor_format: str,
+    interleaved: bool,
+) -> torch.Tensor:
+    """Backward launcher: the transposed transform of the gradient (the forward checked the indices)."""
+    return _launch(grad, freqs, start_positions, cu_seqlens, tensor_format, interleaved, True)
+
+
+class RoPEFunction(torch.autograd.Function):
+    """apply_rotary_pos_emb with its gradient; freqs and the index tensors get none (as in TE)."""
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, t, freqs, start_positions, cu_seqlens, tensor_format, interleaved):
+        ctx.save_for_backward(freqs, start_positions, cu_seqlens)
+        ctx.tensor_format, ctx.interleaved = tensor_format, interleaved
+        return rope_fwd(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, grad):
+        freqs, start_positions, cu_seqlens = ctx.saved_tensors
+        dt = rope_bwd(grad, freqs, start_positions, cu_seqlens, ctx.tensor_format, ctx.interleaved)
+        return dt, None, None, None, None, None
+
+
+def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions) -> None:
+    check_tensor("t", t)
+    check_tensor("freqs", freqs)
+    if tensor_format not in TENSOR_FORMATS:
+        raise ValueError(f"tensor_format must be one of {', '.join(map(repr, TENSOR_FORMATS))}, got {tensor_format!r}")
+    check_bool("interleaved", interleaved)
+    check_optional_index("cu_seqlens", cu_seqlens)
+    check_optional_index("start_positions", start_positions)
+    thd = tensor_format == "thd"
+    check_ndim("t", t, (3,) if thd else (4,), f"tensor_format={tensor_format!r}")
+    check_ndim("freqs", freqs, (4, 2), "(s2, 1, 1, d2) or (s2, d2)")
+    if freqs.dim() == 4 and (freqs.shape[1] != 1 or freqs.shape[2] != 1):
+        raise ValueError(f"freqs must have shape (s2, 1, 1, d2), got {tuple(freqs.shape)}")
+    check_rotary_dim("freqs", freqs.shape[-1], t.shape[-1], "t")
+    if thd:
+        if cu_seqlens is None:
+            raise ValueError("cu_seqlens is required with tensor_format='thd'")
+        check_ndim("cu_seqlens", cu_seqlens, (1,), "cumulative sequence lengths, (n_seqs + 1,)")
+        if cu_seqlens.numel() == 0:
+            raise ValueError("cu_seqlens must have n_seqs + 1 >= 1 entries, got an empty tensor")
+        n_entries, entries_name = cu_seqlens.numel() - 1, "sequences (cu_seqlens has n_seqs + 1 entries)"
+    else:
+        if cu_seqlens is not None:
+            raise ValueError(f"cu_seqlens is only used with tensor_format='thd', not {tensor_format!r}")
+        seq_dim = 0 if tensor_format == "sbhd" else 1
+        if freqs.shape[0] < t.shape[seq_dim]:
+            raise ValueError(
+                f"freqs has {freqs.shape[0]} positions (dim 0) but t has a sequence of {t.shape[seq_dim]} "
+                f"(dim {seq_dim} of {tensor_format})"
+            )
+        n_entries, entries_name = t.shape[1 - seq_dim], f"batch entries (dim {1 - seq_dim} of t)"
+    if start_positions is not None:
+        check_ndim("start_positions", start_positions, (1,), "one start per sequence")
+        if start_positions.numel() != n_entries:
+            raise ValueError(
+                f"start_positions has {start_positions.numel()} entries but there are {n_entries} {entries_name}"
+            )
+    check_device(t=t, freqs=freqs, cu_seqlens=cu_seqlens, start_positions=start_positions)
+
+
+def apply_rotary_pos_emb(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    tensor_format: str = "sbhd",
+    interleaved: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    start_positions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Rotary position embedding of `t` by the angles `freqs`, TransformerEngine's semantics.
+
+    t: (s, b, h, d) for "sbhd", (b, s, h, d) for "bshd", or (total_tokens, h, d) for "thd"
+        (sequences packed along dim 0); fp32, fp16 or bf16; any strides.
+    freqs: (s2, 1, 1, d2) (or (s2, d2)) angles, fp32 (fp16/bf16 are upcast), s2 >= the
+        sequence length (a longer table is fine), d2 even and <= d. Column j of position p is
+        the angle of column j of the token at position p (TE's RotaryPositionEmbedding gives
+        cat(theta, theta) for rotate-half pairs and repeat_interleave(theta, 2) for interleaved
+        ones). Columns d2..d of each head pass through unchanged.
+    tensor_format: "sbhd", "bshd" or "thd".
+    interleaved: pairs (2j, 2j+1) (GPT-J) instead of rotate-half (j, j + d2/2) (GPT-NeoX, LLaMA).
+    cu_seqlens: "thd" only, required: (n_seqs + 1,) int32/int64 cumulative lengths from 0 to
+        total_tokens; each sequence's positions start at 0.
+    start_positions: optional (b,) (or (n_seqs,) for "thd") int32/int64: the positions of
+        batch entry (sequence) i start at start_positions[i].
+
+    Returns a new tensor of t's shape and dtype: t * cos(freqs) + rotate(t) * sin(freqs) on
+    the first d2 columns, computed in fp32 and rounded once. Differentiable in t (freqs gets
+    no gradient, as in TE). Bad arguments raise TypeError / ValueError before any launch; with
+    cu_seqlens or start_positions their values are checked too (one host sync).
+    """
+    _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
+    return RoPEFunction.apply(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
