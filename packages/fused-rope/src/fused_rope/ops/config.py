@@ -41,7 +41,7 @@ class LaunchConfig:
     num_warps: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def launch_config(
     n_rows: int, half: int, n_pass: int, element_size: int, copy_pass: bool, angle_lanes_per_pair: int
 ) -> LaunchConfig:

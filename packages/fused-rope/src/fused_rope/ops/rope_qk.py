@@ -71,7 +71,8 @@ def _check_position_values(position_ids: Optional[torch.Tensor], cos: torch.Tens
     low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
     if low < 0 or high >= cos.shape[-2]:
         raise ValueError(
-            f"position_ids must be in [0, {cos.shape[-2]}) (the table length, dim -2 of cos), got values in [{low}, {high}]"
+            f"position_ids must be in [0, {cos.shape[-2]}) (the table length, dim -2 of cos), "
+            f"got values in [{low}, {high}]"
         )
 
 
@@ -144,7 +145,8 @@ def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
     batch, _, seq_len, head_dim = q.shape
     if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq_len, head_dim):
         raise ValueError(
-            f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: batch, seq and head_dim (dims 0, 2, 3) must match"
+            f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: "
+            "batch, seq and head_dim (dims 0, 2, 3) must match"
         )
     check_ndim("cos", cos, (2, 3), "(positions, d2) or (batch or 1, positions, d2)")
     if sin.shape != cos.shape:
@@ -159,7 +161,8 @@ def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
         check_ndim("position_ids", position_ids, (2,), "(batch or 1, seq)")
         if position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != seq_len:
             raise ValueError(
-                f"position_ids has shape {tuple(position_ids.shape)}; it must be ({batch} or 1, {seq_len}) (q's batch, seq)"
+                f"position_ids has shape {tuple(position_ids.shape)}; "
+                f"it must be ({batch} or 1, {seq_len}) (q's batch, seq)"
             )
     if inplace and (q.stride(-1) != 1 or k.stride(-1) != 1):
         raise ValueError("inplace=True needs q and k with a contiguous last dim (stride 1)")
