@@ -1,8 +1,16 @@
-"""Fixtures of this package's tests: twin models that share one state_dict."""
+"""Helpers of this package's tests: twin models and modules that share one state_dict.
+
+(The shared test kit has no model-level comparison; these build on its
+`assert_close_to_reference`.)
+"""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference
 
 from tritonformer import TorchTransformer, Transformer, TransformerConfig
 from tritonformer.model import check_kernel_apis
@@ -28,3 +36,50 @@ def twins(device):
         return ours, reference
 
     return make
+
+
+def run_module(module: torch.nn.Module, inputs, dy: torch.Tensor, dtype: torch.dtype):
+    """module(*inputs) with floating inputs cast to dtype; (output, input grads, parameter grads by name)."""
+    module.zero_grad(set_to_none=True)
+    inputs = [x.detach().to(dtype).requires_grad_() if x.is_floating_point() else x for x in inputs]
+    out = module(*inputs)
+    out.backward(dy.to(out.dtype))
+    input_grads = [x.grad for x in inputs if x.is_floating_point()]
+    return out, input_grads, {name: p.grad for name, p in module.named_parameters()}
+
+
+def check_twin_modules(ours: torch.nn.Module, reference: torch.nn.Module, inputs, dtype: torch.dtype) -> None:
+    """The project rule on two modules with one state_dict (the reference's is copied into ours).
+
+    ours in `dtype` must be at most 2x as far from the float64 result as PyTorch in `dtype`,
+    for the output, every floating input's gradient and every parameter's gradient.
+    """
+    ours.load_state_dict(reference.state_dict())
+    exact = copy.deepcopy(reference).double()
+    lowp = copy.deepcopy(reference).to(dtype)
+    ours = ours.to(dtype)
+    with torch.no_grad():
+        probe = lowp(*[x.to(dtype) if x.is_floating_point() else x for x in inputs])
+    dy = torch.randn(probe.shape, device=probe.device, dtype=torch.float64)
+    out64, dx64, dw64 = run_module(exact, inputs, dy, torch.float64)
+    out_lp, dx_lp, dw_lp = run_module(lowp, inputs, dy, dtype)
+    out, dx, dw = run_module(ours, inputs, dy, dtype)
+    assert out.dtype == out_lp.dtype, f"output dtype {out.dtype} != PyTorch's {out_lp.dtype}"
+    assert_close_to_reference(out, out64, out_lp, name="output")
+    for i, (g, g64, g_lp) in enumerate(zip(dx, dx64, dx_lp)):
+        assert_close_to_reference(g, g64, g_lp, name=f"input {i} grad")
+    assert set(dw) == set(dw64)
+    for name in dw64:
+        assert_close_to_reference(dw[name], dw64[name], dw_lp[name], name=f"{name} grad")
+
+
+@pytest.fixture
+def check_twins():
+    """check_twin_modules, for the test modules (which cannot import this conftest)."""
+    return check_twin_modules
+
+
+@pytest.fixture
+def require_kernels():
+    """require_kernel_apis, for the test modules."""
+    return require_kernel_apis
