@@ -1,0 +1,85 @@
+"""Every Triton-, torch- and device-version difference this package meets, in one place."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+
+TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+# Triton decides at decoration time whether @triton.jit kernels are interpreted; so do we.
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Interpreted kernels take CPU tensors; compiled kernels take CUDA tensors.
+KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
+
+# Host-side tensor descriptors (TMA) arrived in Triton 3.4 as triton.tools.tensor_descriptor; the
+# persistent TMA kernel needs them. Triton 2.2 (and 3.0-3.3) run the portable kernel only.
+try:  # pragma: no cover - depends on the installed Triton
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - Triton < 3.4
+    TensorDescriptor = None
+HAS_TENSOR_DESCRIPTORS = TensorDescriptor is not None and TRITON_VERSION >= (3, 4)
+
+# Programs of the persistent kernel when interpreting: a few, so that each runs several tiles.
+INTERPRETER_PROGRAMS = 3
+
+# autocast decorators for autograd Functions: torch.amp.custom_fwd (torch >= 2.4) or the older
+# torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
+if hasattr(torch.amp, "custom_fwd"):
+    custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+else:  # pragma: no cover - torch < 2.4
+    custom_fwd = torch.cuda.amp.custom_fwd
+    custom_bwd = torch.cuda.amp.custom_bwd
+
+# torch.library.custom_op (torch >= 2.4): the launchers become opaque ops with fake
+# implementations, so torch.compile(fullgraph=True) traces through matmul/bmm without a break.
+HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast casts matmuls to on `device_type`, or None where autocast is off."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if device_type == "cuda":  # pragma: no cover - torch < 2.4
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+
+
+def tf32_allowed_by_torch() -> bool:
+    """torch's global opt-in to TF32 matmuls (torch.backends.cuda.matmul.allow_tf32)."""
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+@functools.cache
+def _properties_of(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _device_properties(device: torch.device):
+    return _properties_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`: the persistent kernel launches one program per SM."""
+    if INTERPRETING:
+        return INTERPRETER_PROGRAMS
+    return _device_properties(device).multi_processor_count
+
+
+def supports_tma(device: torch.device) -> bool:
+    """The persistent TMA kernel runs here: Triton has tensor descriptors and the GPU is a Hopper (sm_90).
+
+    Its configs are sized for Hopper's 228 KB of shared memory per SM; other GPUs run the portable
+    kernel. Under the interpreter (Triton >= 3.4) the descriptors are emulated, so it is tested too.
+    """
+    if not HAS_TENSOR_DESCRIPTORS:
+        return False
+    if INTERPRETING:
+        return True
+    return _device_properties(device).major == 9

@@ -1,0 +1,98 @@
+"""@triton.jit helpers shared by the portable and the TMA matmul kernels.
+
+- Tile order: output tiles are visited in groups of GROUP_M row-tiles that sweep the columns
+  together, so the B column panels and A row panels a group reads stay in L2.
+- Prologue (backward only): the A operand is scaled as it is loaded, dZ = dY * act'(Z), from
+  the derivative the forward saved (GELU) or from the saved output (ReLU: act'(Z) = [Y > 0]).
+- Epilogue: bias, activation and, when the forward saves for backward, act'(Z), computed in
+  fp32 registers from the accumulator.
+
+The codes below are the values of the PROLOGUE and ACTIVATION constexprs.
+"""
+
+import triton
+import triton.language as tl
+
+# ACTIVATION
+ACT_NONE = tl.constexpr(0)
+ACT_RELU = tl.constexpr(1)
+ACT_GELU = tl.constexpr(2)
+ACT_GELU_TANH = tl.constexpr(3)
+# PROLOGUE
+PRO_NONE = tl.constexpr(0)
+PRO_MUL = tl.constexpr(1)  # A * S: S holds act'(Z)
+PRO_RELU_MASK = tl.constexpr(2)  # A where S > 0: S holds relu(Z)
+
+ACTIVATION_CODES = {
+    None: ACT_NONE.value,
+    "relu": ACT_RELU.value,
+    "gelu": ACT_GELU.value,
+    "gelu_tanh": ACT_GELU_TANH.value,
+}
+
+
+@triton.jit
+def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of the tile_id-th output tile in grouped order (GROUP_M row-tiles per group)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    in_group = tile_id % num_pid_in_group
+    pid_m = first_pid_m + in_group % group_size_m
+    pid_n = in_group // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gelu_and_grad(z):
+    """Exact GELU z * Phi(z) and its derivative Phi(z) + z * phi(z), fp32."""
+    cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))  # 1/sqrt(2)
+    pdf = tl.exp(-0.5 * z * z) * 0.3989422804014327  # 1/sqrt(2*pi)
+    return z * cdf, cdf + z * pdf
+
+
+@triton.jit
+def _gelu_tanh_and_grad(z):
+    """tanh-approximate GELU and its derivative, fp32.
+
+    0.5 * (1 + tanh(u)) = sigmoid(2u), with u = sqrt(2/pi) * (z + 0.044715 z^3): written with one
+    exp, no tanh (a libdevice call), and saturating cleanly at both ends.
+    """
+    u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+    s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+    du = 0.7978845608028654 * (1.0 + 0.134145 * z * z)  # 3 * 0.044715
+    return z * s, s + 2.0 * z * s * (1.0 - s) * du
+
+
+@triton.jit
+def _bias_activation(acc, bias_ptr, cols, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """(act(acc + bias), act'(acc + bias)) in fp32; bias indexes the columns `cols` (< N)."""
+    z = acc
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        z = z + bias[None, :]
+    if ACTIVATION == ACT_RELU:
+        # NaN stays NaN, as torch.relu.
+        y = tl.where(z < 0.0, 0.0, z)
+        grad = y
+    elif ACTIVATION == ACT_GELU:
+        y, grad = _gelu_and_grad(z)
+    elif ACTIVATION == ACT_GELU_TANH:
+        y, grad = _gelu_tanh_and_grad(z)
+    else:
+        y = z
+        grad = z
+    return y, grad
+
+
+@triton.jit
+def _scale_operand(a, s, PROLOGUE: tl.constexpr):
+    """The loaded A tile after the prologue, in fp32: dY * act'(Z), dY masked by relu(Z) > 0, or dY."""
+    a = a.to(tl.float32)
+    if PROLOGUE == PRO_MUL:
+        a = a * s.to(tl.float32)
+    elif PROLOGUE == PRO_RELU_MASK:
+        # torch's threshold_backward: zero where the output is <= 0 (a NaN output passes dY on).
+        a = tl.where(s.to(tl.float32) <= 0.0, 0.0, a)
+    return a

@@ -1,0 +1,128 @@
+"""Autotune configs of the two matmul kernels, sized for the H100 (and fine on the A100).
+
+H100 facts that shape them: 132 SMs, 228 KB of shared memory per SM (227 KB per block), wgmma
+works on 64-row warpgroup slices, so 8 warps cover a 128-row tile and 128x256 is the largest
+tile whose fp32 accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
+A bf16 128x256x64 stage is 48 KB: three stages plus a 64 KB output staging buffer fit. When the
+prologue adds its S tile (16 KB per stage at BLOCK_K=64) or the epilogue stores a second output,
+the BLOCK_K=32 four-stage or the 128x128 configs are the ones that fit; the prune drops the rest
+before they are compiled.
+
+Under the interpreter the autotuner cannot time anything: it gets one config, small, so that
+CPU-sized test shapes still span several tiles in every dim and the tile edges are exercised.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import triton
+
+from .._compat import INTERPRETING
+
+# Autotune keys: the problem size and every constexpr that changes the work per tile.
+PORTABLE_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "ALLOW_TF32"]
+TMA_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "A_TRANS", "B_TRANS", "C_TRANS"]
+
+# Shared memory a block may use on the H100 (227 KB), minus a little for barriers and reductions.
+SMEM_BUDGET = 220 * 1024
+
+INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
+
+
+def EVEN_K_HEURISTIC(args: Dict) -> bool:
+    return args["K"] % args["BLOCK_K"] == 0
+
+
+def _config(block_m, block_n, block_k, num_warps, num_stages, pre_hook=None) -> triton.Config:
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
+    return triton.Config(tile, num_warps=num_warps, num_stages=num_stages, pre_hook=pre_hook)
+
+
+def portable_configs() -> List[triton.Config]:
+    """Pointer-based kernel: large tiles for large problems, smaller ones for thin or fp32 problems."""
+    if INTERPRETING:
+        return [triton.Config(dict(INTERPRETER_TILE), num_warps=1, num_stages=1)]
+    return [
+        _config(128, 256, 64, 8, 3),
+        _config(256, 128, 64, 8, 3),
+        _config(128, 256, 32, 8, 4),
+        _config(128, 128, 64, 8, 4),
+        _config(128, 128, 32, 4, 4),
+        _config(64, 128, 32, 4, 4),
+        _config(128, 64, 32, 4, 4),
+        _config(64, 64, 32, 4, 3),
+        _config(32, 64, 32, 4, 3),
+    ]
+
+
+def set_tma_block_shapes(nargs: Dict) -> None:
+    """Autotune pre-hook: give each tensor descriptor the block shape of the config being run."""
+    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    lead = [1] if nargs["BATCHED"] else []
+    a_block = [block_k, block_m] if nargs["A_TRANS"] else [block_m, block_k]
+    b_block = [block_n, block_k] if nargs["B_TRANS"] else [block_k, block_n]
+    c_block = [block_n, block_m] if nargs["C_TRANS"] else [block_m, block_n]
+    for name, block in (("a_desc", a_block), ("s_desc", a_block), ("b_desc", b_block), ("c_desc", c_block),
+                        ("aux_desc", c_block)):  # fmt: skip
+        if nargs[name] is not None:
+            nargs[name].block_shape = lead + block
+
+
+def tma_configs() -> List[triton.Config]:
+    """Persistent TMA kernel (Hopper): wgmma-sized tiles, 3-4 stages, one program per SM."""
+    if INTERPRETING:
+        return [triton.Config(dict(INTERPRETER_TILE), num_warps=4, num_stages=1, pre_hook=set_tma_block_shapes)]
+    return [
+        _config(128, 256, 64, 8, 3, set_tma_block_shapes),
+        _config(128, 256, 32, 8, 4, set_tma_block_shapes),
+        _config(256, 128, 64, 8, 3, set_tma_block_shapes),
+        _config(128, 128, 64, 8, 4, set_tma_block_shapes),
+        _config(128, 128, 64, 4, 3, set_tma_block_shapes),
+        _config(64, 128, 64, 4, 4, set_tma_block_shapes),
+    ]
+
+
+def _fits(config: triton.Config, element_size: int, prologue: bool, epilogue_tiles: int) -> bool:
+    """Shared memory of the pipelined operand stages and the output staging buffers fits the budget."""
+    kw = config.kwargs
+    a_tile = kw["BLOCK_M"] * kw["BLOCK_K"]
+    stage = (a_tile * (2 if prologue else 1) + kw["BLOCK_K"] * kw["BLOCK_N"]) * element_size
+    epilogue = epilogue_tiles * kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
+    return config.num_stages * stage + epilogue <= SMEM_BUDGET
+
+
+def _sized_for(config: triton.Config, m: int, n: int, smallest_m: int, smallest_n: int) -> bool:
+    """The tile is not much larger than the problem (a 1000-row problem may use 128-row tiles, a 7-row one not)."""
+    kw = config.kwargs
+    return kw["BLOCK_M"] <= max(triton.next_power_of_2(m), smallest_m) and kw["BLOCK_N"] <= max(
+        triton.next_power_of_2(n), smallest_n
+    )
+
+
+def _prune(configs: List[triton.Config], m: int, n: int, element_size: int, prologue: bool, epilogue_tiles: int):
+    smallest_m = min(c.kwargs["BLOCK_M"] for c in configs)
+    smallest_n = min(c.kwargs["BLOCK_N"] for c in configs)
+    kept = [
+        c
+        for c in configs
+        if _fits(c, element_size, prologue, epilogue_tiles) and _sized_for(c, m, n, smallest_m, smallest_n)
+    ]
+    if kept:
+        return kept
+    return [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
+
+
+def prune_portable_configs(configs, named_args, **kwargs):
+    """early_config_prune (Triton 2.2 passes only the positional arguments: everything but the tiles)."""
+    args = {**named_args, **kwargs}
+    # Pointer loads stage only the operands; the output is stored from registers.
+    return _prune(configs, args["M"], args["N"], args["a_ptr"].element_size(), args["PROLOGUE"] != 0, 0)
+
+
+def prune_tma_configs(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    element_size = args["a_desc"].base.element_size()
+    # TMA stores stage the output tile (and the saved derivative) in shared memory.
+    epilogue_tiles = 2 if args["STORE_AUX"] else 1
+    return _prune(configs, args["M"], args["N"], element_size, args["PROLOGUE"] != 0, epilogue_tiles)
