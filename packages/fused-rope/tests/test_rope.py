@@ -1,0 +1,163 @@
+"""apply_rotary_pos_emb against TransformerEngine's unfused formula (float64), forward and backward.
+
+A reduced grid of the issue's (formats x interleaved x dtypes x full / partial rotary, with a
+margin of extra angles) on tiny shapes, then odd sizes and layouts. The full grid at real
+sizes is in test_rope_gpu.py.
+"""
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, dtype_params
+
+from fused_rope import apply_rotary_pos_emb
+from fused_rope.reference import apply_rotary_pos_emb_reference
+
+pytestmark = pytest.mark.kernels
+
+FORMATS = ["sbhd", "bshd", "thd"]
+PAIRS = [pytest.param(False, id="rotate_half"), pytest.param(True, id="interleaved")]
+
+
+def make_input(tensor_format, seq_len, batch, heads, head_dim, dtype, device):
+    """t in tensor_format; for thd, `batch` packed sequences of lengths seq_len, seq_len - 1, ... (>= 1)."""
+    if tensor_format == "thd":
+        lengths = torch.tensor([max(1, seq_len - i) for i in range(batch)])
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32).to(device)
+        return torch.randn(int(lengths.sum()), heads, head_dim, device=device, dtype=dtype), cu_seqlens
+    shape = (seq_len, batch, heads, head_dim) if tensor_format == "sbhd" else (batch, seq_len, heads, head_dim)
+    return torch.randn(shape, device=device, dtype=dtype), None
+
+
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+@pytest.mark.parametrize("interleaved", PAIRS)
+@pytest.mark.parametrize("tensor_format", FORMATS)
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_reduced_grid(tensor_format, interleaved, rotary_percent, dtype, device, rope_checks):
+    head_dim, margin = 16, 3
+    t, cu_seqlens = make_input(tensor_format, 5, 2, 3, head_dim, dtype, device)
+    freqs = rope_checks.make_freqs(5 + margin, int(head_dim * rotary_percent), device)
+    rope_checks.check_rope(t, freqs, tensor_format, interleaved, cu_seqlens)
+
+
+@pytest.mark.parametrize("interleaved", PAIRS)
+@pytest.mark.parametrize(
+    "head_dim, d2",
+    [(80, 80), (80, 40), (96, 96), (96, 48), (32, 24), (16, 2), (8, 6)],
+    ids=lambda v: str(v),
+)
+def test_odd_head_dims_and_rotary_dims(head_dim, d2, interleaved, device, rope_checks):
+    """Head dims 80 / 96 and rotary dims whose half is not a power of two (20, 24, 12, 3), d2 = 2."""
+    t = torch.randn(3, 2, 3, head_dim, device=device, dtype=torch.bfloat16)
+    rope_checks.check_rope(t, rope_checks.make_freqs(3, d2, device), "sbhd", interleaved)
+
+
+def test_thd_sequences_of_lengths_1_and_1000(device, rope_checks):
+    cu_seqlens = torch.tensor([0, 1, 1001], dtype=torch.int32, device=device)
+    t = torch.randn(1001, 2, 8, device=device, dtype=torch.bfloat16)
+    rope_checks.check_rope(t, rope_checks.make_freqs(1000, 8, device), "thd", False, cu_seqlens)
+
+
+@pytest.mark.parametrize("interleaved", PAIRS)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_thd_many_sequences_empty_ones_and_start_positions(index_dtype, interleaved, device, rope_checks):
+    """Eleven packed sequences, three of them empty (the binary search must skip them)."""
+    lengths = torch.tensor([3, 0, 1, 5, 0, 0, 2, 7, 1, 4, 2])
+    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(index_dtype).to(device)
+    start_positions = torch.randint(0, 6, (len(lengths),), dtype=index_dtype, device=device)
+    t = torch.randn(int(lengths.sum()), 3, 12, device=device)
+    freqs = rope_checks.make_freqs(13, 8, device)
+    rope_checks.check_rope(t, freqs, "thd", interleaved, cu_seqlens)
+    rope_checks.check_rope(t, freqs, "thd", interleaved, cu_seqlens, start_positions)
+
+
+@pytest.mark.parametrize("interleaved", PAIRS)
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
+def test_start_positions(tensor_format, interleaved, device, rope_checks):
+    t, _ = make_input(tensor_format, 4, 3, 2, 16, torch.float16, device)
+    start_positions = torch.tensor([0, 5, 2], device=device)
+    freqs = rope_checks.make_freqs(9, 12, device)  # 5 + 4 = 9: the largest start fits exactly
+    rope_checks.check_rope(t, freqs, tensor_format, interleaved, None, start_positions)
+
+
+@pytest.mark.parametrize("tensor_format", FORMATS)
+def test_batch_1_and_length_1(tensor_format, device, rope_checks):
+    for seq_len, batch in [(1, 1), (1, 3), (4, 1)]:
+        t, cu_seqlens = make_input(tensor_format, seq_len, batch, 2, 8, torch.float32, device)
+        rope_checks.check_rope(t, rope_checks.make_freqs(seq_len, 8, device), tensor_format, False, cu_seqlens)
+
+
+def test_many_heads_span_several_row_blocks(device, rope_checks):
+    """More rows (batch x heads) than one program's tile: several row blocks per position."""
+    t = torch.randn(2, 3, 70, 64, device=device, dtype=torch.bfloat16)
+    rope_checks.check_rope(t, rope_checks.make_freqs(2, 64, device), "sbhd", False)
+    rope_checks.check_rope(t.transpose(0, 1), rope_checks.make_freqs(2, 64, device), "bshd", True)
+
+
+@pytest.mark.parametrize("interleaved", PAIRS)
+def test_non_contiguous_inputs(interleaved, device, rope_checks):
+    # q of a fused qkv projection: (B, S, H, D) slice with gaps between tokens.
+    qkv = torch.randn(2, 5, 3, 4, 16, device=device)
+    rope_checks.check_rope(qkv[:, :, 0], rope_checks.make_freqs(5, 16, device), "bshd", interleaved)
+    # sbhd view of bshd memory, and thd tokens with a strided head dim (copied for the kernel).
+    bshd = torch.randn(2, 5, 3, 16, device=device)
+    rope_checks.check_rope(bshd.transpose(0, 1), rope_checks.make_freqs(6, 10, device), "sbhd", interleaved)
+    strided_last = torch.randn(6, 2, 16, 2, device=device)[..., 0]
+    cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32, device=device)
+    rope_checks.check_rope(strided_last, rope_checks.make_freqs(4, 16, device), "thd", interleaved, cu_seqlens)
+
+
+def test_output_keeps_a_dense_input_layout(device):
+    """A (s, b, h, d) view of (b, s, h, d) memory gives a result with the same strides."""
+    t = torch.randn(2, 5, 3, 16, device=device).transpose(0, 1)
+    out = apply_rotary_pos_emb(t, torch.randn(5, 1, 1, 16, device=device), "sbhd")
+    assert out.stride() == t.stride()
+
+
+@pytest.mark.parametrize("freqs_dtype", dtype_params())
+def test_freqs_layouts_and_dtypes(freqs_dtype, device, rope_checks):
+    """freqs (s2, d2) or a non-contiguous (s2, 1, 1, d2) view, in any float dtype (upcast in the kernel)."""
+    t = torch.randn(4, 2, 3, 16, device=device, dtype=torch.bfloat16)
+    freqs = rope_checks.make_freqs(6, 12, device, freqs_dtype)
+    rope_checks.check_rope(t, freqs.view(6, 12), "sbhd")
+    wide = rope_checks.make_freqs(6, 24, device, freqs_dtype)[..., ::2]
+    rope_checks.check_rope(t, wide, "sbhd", True)
+
+
+def test_te_style_equal_pair_angles_are_an_exact_rotation(device):
+    """With TE's cat(theta, theta) angles the backward is the inverse rotation: bwd(fwd(x)) = x."""
+    theta = torch.rand(7, 8, device=device) * 50
+    freqs = torch.cat((theta, theta), -1).view(7, 1, 1, 16)
+    x = torch.randn(7, 2, 3, 16, device=device, requires_grad=True)
+    y = apply_rotary_pos_emb(x, freqs)
+    (back,) = torch.autograd.grad(y, x, y)
+    torch.testing.assert_close(back, x.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(y.norm(dim=-1), x.detach().norm(dim=-1))
+
+
+def test_empty_inputs(device):
+    for shape, fmt in [((0, 2, 3, 8), "sbhd"), ((2, 0, 3, 8), "bshd"), ((2, 4, 0, 8), "sbhd")]:
+        t = torch.randn(shape, device=device)
+        assert apply_rotary_pos_emb(t, torch.randn(4, 1, 1, 8, device=device), fmt).shape == shape
+    cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
+    assert apply_rotary_pos_emb(torch.randn(0, 2, 8, device=device), torch.randn(3, 8, device=device), "thd",
+                                cu_seqlens=cu_seqlens).shape == (0, 2, 8)  # fmt: skip
+
+
+@pytest.mark.gpu(reason="a 2^31+ element tensor needs 8.6 GiB of GPU memory (input, output and gradients)")
+def test_int64_offsets_past_2_31_elements():
+    seq_len, batch, heads, head_dim = 2**31 // (16 * 64 * 128) + 2, 16, 64, 128
+    t = torch.randn(seq_len, batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    freqs = torch.rand(seq_len, 1, 1, head_dim, device="cuda") * 100
+    y = apply_rotary_pos_emb(t, freqs, "sbhd")
+    tail = slice(seq_len - 2, seq_len)
+    expected = apply_rotary_pos_emb_reference(t[tail].double(), freqs[tail].double())
+    assert_close_to_reference(y[tail], expected, apply_rotary_pos_emb_reference(t[tail], freqs[tail]), name="y")
+
+
+@pytest.mark.gpu(reason="autocast runs on CUDA")
+def test_autocast_keeps_input_dtype():
+    t = torch.randn(8, 2, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.float16):
+        y = apply_rotary_pos_emb(t, torch.randn(8, 1, 1, 64, device="cuda"))
+    y.sum().backward()
+    assert y.dtype == torch.bfloat16 and t.grad.dtype == torch.bfloat16
