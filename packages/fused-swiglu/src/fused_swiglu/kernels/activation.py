@@ -26,31 +26,35 @@ def _swiglu(g, u):
 
 @triton.jit
 def _swiglu_backward_tile(
-    dh,
-    offs_m,
-    offs_n,
+    dh_ptr,
     g_ptr,
     u_ptr,
     h_ptr,
+    stride_dhm,
+    stride_dhn,
     stride_gm,
+    offs_m,
+    offs_n,
     size_m,
     size_n,
     STORE_H: tl.constexpr,
 ):
-    """One (rows, cols) tile of the SwiGLU backward, given dh (fp32) for it.
+    """One (rows, cols) tile of the SwiGLU backward.
 
-    Loads g and u (contiguous rows of stride stride_gm) and overwrites them in place with dg and
-    du; stores h = silu(g) * u too when STORE_H (the down projection's weight gradient needs it).
+    Loads dh (any strides), g and u (contiguous rows of stride stride_gm); overwrites g with dg
+    and u with du, in place; stores h = silu(g) * u too when STORE_H (the down projection's
+    weight gradient needs it; h may share dh's memory: each element is read before it is written,
+    by the same thread).
     """
     mask = (offs_m[:, None] < size_m) & (offs_n[None, :] < size_n)
-    offs = offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    dh = tl.load(dh_ptr + rows * stride_dhm + offs_n[None, :] * stride_dhn, mask=mask, other=0.0).to(tl.float32)
+    offs = rows * stride_gm + offs_n[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     sig = _sigmoid(g)
     silu = g * sig
-    dg = dh * u * sig * (1.0 + g * (1.0 - sig))
-    du = dh * silu
-    tl.store(g_ptr + offs, dg.to(g_ptr.dtype.element_ty), mask=mask)
-    tl.store(u_ptr + offs, du.to(u_ptr.dtype.element_ty), mask=mask)
+    tl.store(g_ptr + offs, (dh * u * sig * (1.0 + g * (1.0 - sig))).to(g_ptr.dtype.element_ty), mask=mask)
+    tl.store(u_ptr + offs, (dh * silu).to(u_ptr.dtype.element_ty), mask=mask)
     if STORE_H:
         tl.store(h_ptr + offs, (silu * u).to(h_ptr.dtype.element_ty), mask=mask)

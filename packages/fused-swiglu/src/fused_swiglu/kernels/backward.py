@@ -2,8 +2,12 @@
 
 - `_swiglu_grad_kernel`: elementwise, dh -> (d_gate, d_up) written over the saved g and u (the
   standalone Function, whose dh comes from outside).
-- `_mlp_down_grad_kernel`: the MLP's dh = dy @ w_down^T with the same step as its epilogue: dh
-  never reaches memory; d_gate and d_up overwrite g and u, and h is rewritten for dw_down.
+- `_mlp_down_grad_kernel`: the MLP's dh = dy @ w_down^T with the same step as its epilogue:
+  d_gate and d_up overwrite g and u, and h is rewritten for dw_down. The program parks its dh
+  tile in h's own memory (the tile stays in L2) and reads it back with g and u in one coalesced
+  layout: doing the step on the accumulator's MMA layout made Triton shuttle four fp32 tiles
+  between layouts and spill (ptxas: 1 KB of spills per thread at 128x128). dh is rounded to the
+  operand dtype there, as torch's own dh is.
 - `_swiglu_input_grad_kernel`: dx = d_gate @ w_gate^T + d_up @ w_up^T as ONE matmul over a
   2 * d_intermediate reduction (one accumulator, one write of dx).
 - `_swiglu_weight_grad_kernel`: dw_gate = x^T @ d_gate and dw_up = x^T @ d_up, reducing over all
@@ -33,14 +37,13 @@ def _swiglu_grad_kernel(
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    dh_ptrs = dh_ptr + offs_m.to(tl.int64)[:, None] * stride_dhm + offs_n.to(tl.int64)[None, :] * stride_dhn
-    dh = tl.load(dh_ptrs, mask=mask, other=0.0).to(tl.float32)
-    _swiglu_backward_tile(dh, offs_m, offs_n, g_ptr, u_ptr, g_ptr, stride_gm, M, N, False)
+    _swiglu_backward_tile(dh_ptr, g_ptr, u_ptr, g_ptr, stride_dhm, stride_dhn, stride_gm, offs_m, offs_n, M, N, False)
 
 
 @triton.autotune(configs=down_grad_configs(), key=["M", "N", "D"], restore_value=["g_ptr", "u_ptr"])
-@triton.heuristics({"EVEN_D": lambda args: args["D"] % args["BLOCK_D"] == 0})
+@triton.heuristics(
+    {"EVEN_D": lambda args: args["D"] % args["BLOCK_D"] == 0, "EPILOGUE_M": lambda args: min(args["BLOCK_M"], 32)}
+)
 @triton.jit
 def _mlp_down_grad_kernel(
     dy_ptr,
@@ -63,6 +66,7 @@ def _mlp_down_grad_kernel(
     BLOCK_D: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_D: tl.constexpr,
+    EPILOGUE_M: tl.constexpr,
 ):
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     # dh tile = dy (BLOCK_M, D) @ w_down^T (D, BLOCK_N); w_down is (N, D).
@@ -74,7 +78,14 @@ def _mlp_down_grad_kernel(
     )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    _swiglu_backward_tile(dh, offs_m, offs_n, g_ptr, u_ptr, h_ptr, stride_gm, M, N, True)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    dh_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :]
+    tl.store(dh_ptrs, dh.to(h_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # the whole tile is in memory before any thread reads it back
+    # In row slices: three loaded tiles of BLOCK_M rows at once would not fit in registers.
+    for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
+        offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
+        _swiglu_backward_tile(h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True)
 
 
 @triton.autotune(configs=input_grad_configs(), key=["M", "K", "N"])
