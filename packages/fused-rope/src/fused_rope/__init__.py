@@ -10,13 +10,14 @@ Public API (fp32/fp16/bf16, forward and backward):
 
 from .modules import RotaryEmbedding
 from .ops.rope import RoPEFunction, apply_rotary_pos_emb
-from .ops.rope_qk import RoPEQKFunction, apply_rotary_qk
+from .ops.rope_qk import RoPEQKFunction, RoPEQKInplaceFunction, apply_rotary_qk
 
 __version__ = "0.1.0"
 
 __all__ = [
     "RoPEFunction",
     "RoPEQKFunction",
+    "RoPEQKInplaceFunction",
     "RotaryEmbedding",
     "apply_rotary_pos_emb",
     "apply_rotary_qk",

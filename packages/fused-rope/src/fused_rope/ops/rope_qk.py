@@ -31,11 +31,16 @@ def _table_strides(table: torch.Tensor) -> Tuple[int, int]:
 
 
 def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None:
-    """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k."""
+    """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k.
+
+    k and k_out may be None: q alone (the in-place backward treats q and k one at a time).
+    """
     batch, n_q_heads, seq_len, head_dim = q.shape
-    n_k_heads = k.shape[1]
+    n_k_heads = 0 if k is None else k.shape[1]
     if batch * seq_len == 0 or n_q_heads + n_k_heads == 0:
         return
+    if k is None:
+        k = k_out = q[:, :0]
     cos, sin = unit_last_stride(cos), unit_last_stride(sin)
     d2 = cos.shape[-1]
     in_place = q_out is q
@@ -110,25 +115,72 @@ def rope_qk_bwd(
     return _launch_new(dq, dk, cos, sin, position_ids, True)
 
 
+def _fake_one(dx, *args):
+    return output_like(dx)
+
+
+@custom_op("fused_rope::rope_qk_bwd_one", fake=_fake_one)
+def rope_qk_bwd_one(
+    dx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """Backward launcher for one of q, k (the in-place path's gradients arrive one at a time)."""
+    dx_in = output_like(dx)
+    _launch(unit_last_stride(dx), None, cos, sin, position_ids, dx_in, None, True)
+    return dx_in
+
+
 class RoPEQKFunction(torch.autograd.Function):
-    """apply_rotary_qk with its gradient; cos, sin and position_ids get none (as in Liger)."""
+    """apply_rotary_qk into new tensors, with its gradient; cos, sin, position_ids get none (as in Liger)."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, cos, sin, position_ids, inplace):
+    def forward(ctx, q, k, cos, sin, position_ids):
         ctx.save_for_backward(cos, sin, position_ids)
-        if inplace:
-            rope_qk_fwd_(q, k, cos, sin, position_ids)
-            ctx.mark_dirty(q, k)
-            return q, k
         return rope_qk_fwd(q, k, cos, sin, position_ids)
 
     @staticmethod
     @custom_bwd
     def backward(ctx, dq, dk):
-        cos, sin, position_ids = ctx.saved_tensors
-        dq, dk = rope_qk_bwd(dq, dk, cos, sin, position_ids)
-        return dq, dk, None, None, None, None
+        dq, dk = rope_qk_bwd(dq, dk, *ctx.saved_tensors)
+        return dq, dk, None, None, None
+
+
+class RoPEQKInplaceFunction(torch.autograd.Function):
+    """apply_rotary_qk in place: one launch rotates q and k; returns q, declared modified.
+
+    Autograd lets a Function that modifies a view in place (q and k usually are views: of a
+    fused qkv output, or transposed) return only that one tensor, so k's update is declared
+    right after by _RotatedInPlace, which launches nothing. Each backward is one launch.
+    """
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, q, k, cos, sin, position_ids):
+        rope_qk_fwd_(q, k, cos, sin, position_ids)
+        ctx.mark_dirty(q)
+        ctx.save_for_backward(cos, sin, position_ids)
+        return q
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, dq):
+        return rope_qk_bwd_one(dq, *ctx.saved_tensors), None, None, None, None
+
+
+class _RotatedInPlace(torch.autograd.Function):
+    """Declares that x was rotated in place by RoPEQKInplaceFunction's launch."""
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, x, cos, sin, position_ids):
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(cos, sin, position_ids)
+        return x
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, dx):
+        return rope_qk_bwd_one(dx, *ctx.saved_tensors), None, None, None
 
 
 def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
@@ -164,8 +216,12 @@ def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
                 f"position_ids has shape {tuple(position_ids.shape)}; "
                 f"it must be ({batch} or 1, {seq_len}) (q's batch, seq)"
             )
-    if inplace and (q.stride(-1) != 1 or k.stride(-1) != 1):
-        raise ValueError("inplace=True needs q and k with a contiguous last dim (stride 1)")
+    if inplace:
+        if q.stride(-1) != 1 or k.stride(-1) != 1:
+            raise ValueError("inplace=True needs q and k with a contiguous last dim (stride 1)")
+        for name, x in (("q", q), ("k", k)):
+            if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
+                raise ValueError(f"inplace=True cannot overwrite {name}: it is a leaf tensor that requires grad")
     check_device(q=q, k=k, cos=cos, sin=sin, position_ids=position_ids)
 
 
@@ -194,4 +250,7 @@ def apply_rotary_qk(
     (q and k themselves when inplace). Differentiable in q and k; cos, sin get no gradient.
     """
     _check_qk_args(q, k, cos, sin, position_ids, inplace)
-    return RoPEQKFunction.apply(q, k, cos, sin, position_ids, inplace)
+    if inplace:
+        q = RoPEQKInplaceFunction.apply(q, k, cos, sin, position_ids)
+        return q, _RotatedInPlace.apply(k, cos, sin, position_ids)
+    return RoPEQKFunction.apply(q, k, cos, sin, position_ids)

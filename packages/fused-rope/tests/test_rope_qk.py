@@ -1,0 +1,127 @@
+"""apply_rotary_qk against Hugging Face's formula (float64), forward and backward, in and out of place."""
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, dtype_params
+
+from fused_rope import apply_rotary_qk
+from fused_rope.reference import rotary_qk_reference
+
+pytestmark = pytest.mark.kernels
+
+INPLACE = [pytest.param(False, id="new"), pytest.param(True, id="inplace")]
+
+
+def make_tables(batch, n_positions, d2, device, dtype=torch.float32):
+    """cos, sin (batch, n_positions, d2) of random angles, each column its own (members differ)."""
+    angles = torch.rand(batch, n_positions, d2, device=device) * 40
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def bhsd(batch, heads, seq_len, head_dim, dtype, device):
+    """(B, H, S, D) view of (B, S, H, D) memory: the layout attention code hands over."""
+    return torch.randn(batch, seq_len, heads, head_dim, device=device, dtype=dtype).transpose(1, 2)
+
+
+@pytest.mark.parametrize("inplace", INPLACE)
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_dtypes_partial_rotary_gqa(dtype, rotary_percent, inplace, device, rope_checks):
+    head_dim = 16
+    q, k = bhsd(2, 4, 5, head_dim, dtype, device), bhsd(2, 2, 5, head_dim, dtype, device)
+    cos, sin = make_tables(1, 5, int(head_dim * rotary_percent), device, dtype)
+    rope_checks.check_rope_qk(q, k, cos, sin, inplace=inplace)
+
+
+@pytest.mark.parametrize("inplace", INPLACE)
+def test_tables_per_batch_entry_fp32_with_bf16_inputs(inplace, device, rope_checks):
+    q, k = bhsd(3, 2, 4, 32, torch.bfloat16, device), bhsd(3, 1, 4, 32, torch.bfloat16, device)
+    cos, sin = make_tables(3, 6, 32, device)  # fp32 tables, longer than the sequence
+    rope_checks.check_rope_qk(q, k, cos, sin, inplace=inplace)
+    rope_checks.check_rope_qk(q, k, cos[0], sin[0], inplace=inplace)  # (positions, d2) tables
+
+
+@pytest.mark.parametrize("inplace", INPLACE)
+@pytest.mark.parametrize("table_batch", [1, 2])
+@pytest.mark.parametrize("ids_batch", [1, 2])
+def test_position_ids(ids_batch, table_batch, inplace, device, rope_checks):
+    q, k = bhsd(2, 3, 5, 16, torch.float16, device), bhsd(2, 3, 5, 16, torch.float16, device)
+    cos, sin = make_tables(table_batch, 11, 12, device, torch.float16)
+    position_ids = torch.randint(0, 11, (ids_batch, 5), device=device)
+    rope_checks.check_rope_qk(q, k, cos, sin, position_ids, inplace=inplace)
+
+
+@pytest.mark.parametrize("head_dim, d2", [(80, 80), (80, 40), (96, 96), (96, 48), (32, 24)], ids=str)
+def test_odd_head_dims_and_rotary_dims(head_dim, d2, device, rope_checks):
+    q, k = bhsd(2, 3, 3, head_dim, torch.bfloat16, device), bhsd(2, 1, 3, head_dim, torch.bfloat16, device)
+    rope_checks.check_rope_qk(q, k, *make_tables(1, 3, d2, device))
+
+
+@pytest.mark.parametrize("q_heads, k_heads", [(40, 8), (8, 40), (1, 1), (3, 0)], ids=str)
+def test_head_counts(q_heads, k_heads, device, rope_checks):
+    """GQA with several row blocks for q (or k), MQA-like single heads, and a k with no heads."""
+    q, k = bhsd(1, q_heads, 2, 128, torch.bfloat16, device), bhsd(1, k_heads, 2, 128, torch.bfloat16, device)
+    rope_checks.check_rope_qk(q, k, *make_tables(1, 2, 128, device))
+
+
+@pytest.mark.parametrize("inplace", INPLACE)
+def test_q_and_k_slices_of_one_qkv_buffer(inplace, device, rope_checks):
+    """q and k as (B, H, S, D) views into a fused (B, S, Hq + 2 Hk, D) projection output."""
+    qkv = torch.randn(2, 4, 4 + 2 + 2, 16, device=device)
+    q, k = qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2)
+    rope_checks.check_rope_qk(q, k, *make_tables(2, 4, 16, device), inplace=inplace)
+
+
+def test_in_place_on_views_of_one_buffer_updates_it_and_its_gradient(device):
+    qkv_weight = torch.randn(8, 8 * 16, device=device, requires_grad=True)
+    x = torch.randn(2, 4, 8, device=device)
+    qkv = (x @ qkv_weight).view(2, 4, 8, 16)  # (B, S, Hq + 2 Hk, D), non-leaf
+    q, k = qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2)
+    cos, sin = make_tables(1, 4, 16, device)
+    expected_q, expected_k = rotary_qk_reference(q.detach(), k.detach(), cos, sin)
+    q_out, k_out = apply_rotary_qk(q, k, cos, sin, inplace=True)
+    assert q_out is q and k_out is k
+    assert_close_to_reference(qkv[:, :, :4].transpose(1, 2), expected_q.double(), expected_q, name="qkv q part")
+    qkv.sum().backward()
+    x64, w64 = x.double(), qkv_weight.detach().double().requires_grad_(True)
+    qkv64 = (x64 @ w64).view(2, 4, 8, 16)
+    q64, k64 = rotary_qk_reference(qkv64[:, :, :4].transpose(1, 2), qkv64[:, :, 4:6].transpose(1, 2), cos.double(),
+                                   sin.double())  # fmt: skip
+    (q64.sum() + k64.sum() + qkv64[:, :, 6:].sum()).backward()
+    assert_close_to_reference(qkv_weight.grad, w64.grad, name="weight grad through the in-place rotation")
+
+
+def test_output_keeps_the_input_layout(device):
+    q, k = bhsd(2, 3, 5, 16, torch.float32, device), bhsd(2, 1, 5, 16, torch.float32, device)
+    q_out, k_out = apply_rotary_qk(q, k, *make_tables(1, 5, 16, device))
+    assert q_out.stride() == q.stride() and k_out.stride() == k.stride()
+
+
+def test_non_contiguous_tables_and_strided_head_dim(device, rope_checks):
+    cos, sin = make_tables(1, 10, 16, device)
+    q = torch.randn(2, 3, 5, 16, 2, device=device)[..., 0]  # last dim stride 2: copied for the kernel
+    k = torch.randn(2, 5, 2, 16, device=device).transpose(1, 2)
+    rope_checks.check_rope_qk(q, k, cos[:, ::2], sin[:, ::2])
+
+
+def test_empty_inputs(device):
+    cos, sin = make_tables(1, 4, 8, device)
+    for shape in [(0, 2, 4, 8), (2, 2, 0, 8)]:
+        q = torch.randn(shape, device=device)
+        q_out, k_out = apply_rotary_qk(q, q.clone(), cos, sin)
+        assert q_out.shape == k_out.shape == shape
+
+
+@pytest.mark.gpu(reason="a 2^31+ element q needs 8.6 GiB of GPU memory (q, k and their results)")
+def test_int64_offsets_past_2_31_elements():
+    batch, heads, head_dim = 16, 64, 128
+    seq_len = 2**31 // (batch * heads * head_dim) + 2
+    q = torch.randn(batch, seq_len, heads, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(batch, seq_len, 1, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = make_tables(1, seq_len, head_dim, "cuda")
+    q_out, k_out = apply_rotary_qk(q, k, cos, sin)
+    tail = slice(seq_len - 2, seq_len)
+    q_ref, _ = rotary_qk_reference(q[-1:, :, tail].double(), k[-1:, :, tail].double(), cos[:, tail].double(),
+                                   sin[:, tail].double())  # fmt: skip
+    q_twin, _ = rotary_qk_reference(q[-1:, :, tail], k[-1:, :, tail], cos[:, tail], sin[:, tail])
+    assert_close_to_reference(q_out[-1:, :, tail], q_ref, q_twin, name="q_out tail")
