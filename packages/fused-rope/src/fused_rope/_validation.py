@@ -35,7 +35,7 @@ def check_ndim(name: str, value: torch.Tensor, ndims: Iterable[int], what: str) 
     ndims = tuple(ndims)
     if value.dim() not in ndims:
         expected = " or ".join(str(n) for n in ndims)
-        raise ValueError(f"{name} must have {expected} dims ({what}), got shape {tuple(value.shape)}")
+        raise ValueError(f"{name} must have {expected} dims, {what}; got shape {tuple(value.shape)}")
 
 
 def check_bool(name: str, value) -> bool:

@@ -181,7 +181,8 @@ def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_pos
     check_optional_index("cu_seqlens", cu_seqlens)
     check_optional_index("start_positions", start_positions)
     thd = tensor_format == "thd"
-    check_ndim("t", t, (3,) if thd else (4,), f"tensor_format={tensor_format!r}")
+    layouts = {"sbhd": "(s, b, h, d)", "bshd": "(b, s, h, d)", "thd": "(total_tokens, h, d)"}
+    check_ndim("t", t, (3,) if thd else (4,), f"{layouts[tensor_format]} for tensor_format={tensor_format!r}")
     check_ndim("freqs", freqs, (4, 2), "(s2, 1, 1, d2) or (s2, d2)")
     if freqs.dim() == 4 and (freqs.shape[1] != 1 or freqs.shape[2] != 1):
         raise ValueError(f"freqs must have shape (s2, 1, 1, d2), got {tuple(freqs.shape)}")
@@ -189,7 +190,7 @@ def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_pos
     if thd:
         if cu_seqlens is None:
             raise ValueError("cu_seqlens is required with tensor_format='thd'")
-        check_ndim("cu_seqlens", cu_seqlens, (1,), "cumulative sequence lengths, (n_seqs + 1,)")
+        check_ndim("cu_seqlens", cu_seqlens, (1,), "(n_seqs + 1,) cumulative sequence lengths")
         if cu_seqlens.numel() == 0:
             raise ValueError("cu_seqlens must have n_seqs + 1 >= 1 entries, got an empty tensor")
         n_entries, entries_name = cu_seqlens.numel() - 1, "sequences (cu_seqlens has n_seqs + 1 entries)"
@@ -204,7 +205,7 @@ def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_pos
             )
         n_entries, entries_name = t.shape[1 - seq_dim], f"batch entries (dim {1 - seq_dim} of t)"
     if start_positions is not None:
-        check_ndim("start_positions", start_positions, (1,), "one start per sequence")
+        check_ndim("start_positions", start_positions, (1,), "one start per batch entry (sequence)")
         if start_positions.numel() != n_entries:
             raise ValueError(
                 f"start_positions has {start_positions.numel()} entries but there are {n_entries} {entries_name}"
