@@ -12,6 +12,8 @@ libdevice), which saturates to 0 or 1 without NaN for any finite g.
 import triton
 import triton.language as tl
 
+from .matmul import _store
+
 
 @triton.jit
 def _sigmoid(g):
@@ -38,6 +40,7 @@ def _swiglu_backward_tile(
     size_m,
     size_n,
     STORE_H: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """One (rows, cols) tile of the SwiGLU backward.
 
@@ -54,7 +57,7 @@ def _swiglu_backward_tile(
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     sig = _sigmoid(g)
     silu = g * sig
-    tl.store(g_ptr + offs, (dh * u * sig * (1.0 + g * (1.0 - sig))).to(g_ptr.dtype.element_ty), mask=mask)
-    tl.store(u_ptr + offs, (dh * silu).to(u_ptr.dtype.element_ty), mask=mask)
+    _store(g_ptr + offs, dh * u * sig * (1.0 + g * (1.0 - sig)), mask, UPCAST)
+    _store(u_ptr + offs, dh * silu, mask, UPCAST)
     if STORE_H:
-        tl.store(h_ptr + offs, (silu * u).to(h_ptr.dtype.element_ty), mask=mask)
+        _store(h_ptr + offs, silu * u, mask, UPCAST)

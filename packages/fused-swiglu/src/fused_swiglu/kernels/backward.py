@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .activation import _swiglu_backward_tile
 from .configs import down_grad_configs, input_grad_configs, weight_grad_configs
-from .matmul import _grouped_tile, _shared_a_matmul, _sum_of_products_matmul, _wrapped_offsets
+from .matmul import _grouped_tile, _shared_a_matmul, _store, _sum_of_products_matmul, _wrapped_offsets
 
 
 @triton.jit
@@ -32,12 +32,15 @@ def _swiglu_grad_kernel(
     stride_gm,
     M,
     N,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    _swiglu_backward_tile(dh_ptr, g_ptr, u_ptr, g_ptr, stride_dhm, stride_dhn, stride_gm, offs_m, offs_n, M, N, False)
+    _swiglu_backward_tile(
+        dh_ptr, g_ptr, u_ptr, g_ptr, stride_dhm, stride_dhn, stride_gm, offs_m, offs_n, M, N, False, UPCAST
+    )
 
 
 @triton.autotune(configs=down_grad_configs(), key=["M", "N", "D"], restore_value=["g_ptr", "u_ptr"])
@@ -80,12 +83,14 @@ def _mlp_down_grad_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     dh_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :]
-    tl.store(dh_ptrs, dh.to(h_ptr.dtype.element_ty), mask=mask)
+    _store(dh_ptrs, dh, mask, UPCAST)
     tl.debug_barrier()  # the whole tile is in memory before any thread reads it back
     # In row slices: three loaded tiles of BLOCK_M rows at once would not fit in registers.
     for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
         offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
-        _swiglu_backward_tile(h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True)
+        _swiglu_backward_tile(
+            h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST
+        )
 
 
 @triton.autotune(configs=input_grad_configs(), key=["M", "K", "N"])
@@ -127,7 +132,7 @@ def _swiglu_input_grad_kernel(
     offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     dx_ptrs = dx_ptr + offs_m.to(tl.int64)[:, None] * stride_dxm + offs_k[None, :]
-    tl.store(dx_ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask)
+    _store(dx_ptrs, acc.to(tl.float32), mask, UPCAST)
 
 
 @triton.autotune(configs=weight_grad_configs(), key=["M", "N", "K"])
@@ -166,5 +171,5 @@ def _swiglu_weight_grad_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
     offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n[None, :]
-    tl.store(dwg_ptr + offs, acc_g.to(dwg_ptr.dtype.element_ty), mask=mask)
-    tl.store(dwu_ptr + offs, acc_u.to(dwu_ptr.dtype.element_ty), mask=mask)
+    _store(dwg_ptr + offs, acc_g, mask, UPCAST)
+    _store(dwu_ptr + offs, acc_u, mask, UPCAST)

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .activation import _swiglu
 from .configs import forward_configs
-from .matmul import _grouped_tile, _shared_a_matmul, _wrapped_offsets
+from .matmul import _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets
 
 
 @triton.autotune(configs=forward_configs(), key=["M", "N", "K"])
@@ -65,7 +65,7 @@ def _swiglu_fwd_kernel(
         u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
-    tl.store(h_ptr + offs, _swiglu(g, u).to(h_ptr.dtype.element_ty), mask=mask)
+    _store(h_ptr + offs, _swiglu(g, u), mask, UPCAST)
     if SAVE_GU:
-        tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
-        tl.store(u_ptr + offs, u.to(u_ptr.dtype.element_ty), mask=mask)
+        _store(g_ptr + offs, g, mask, UPCAST)
+        _store(u_ptr + offs, u, mask, UPCAST)

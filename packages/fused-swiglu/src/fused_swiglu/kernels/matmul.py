@@ -161,3 +161,20 @@ def _sum_of_products_matmul(
         a1_ptrs += BLOCK_R * stride_a_r
         b1_ptrs += BLOCK_R * stride_b1_r
     return acc
+
+
+@triton.jit
+def _store(ptrs, value, mask, UPCAST: tl.constexpr):
+    """Store fp32 `value` in the pointee dtype, rounding to nearest even.
+
+    The interpreter (UPCAST) truncates fp32 -> bf16 casts; there the rounding is done on the
+    bits first (add half an ulp, ties to even, then drop the low 16 bits), so that stored
+    intermediates (g, u, d_gate, d_up) carry no systematic bias into the next matmul.
+    """
+    dtype = ptrs.dtype.element_ty
+    if UPCAST:
+        if dtype == tl.bfloat16:
+            bits = value.to(tl.int32, bitcast=True)
+            bits += 0x7FFF + ((bits >> 16) & 1)
+            value = (bits & -65536).to(tl.float32, bitcast=True)
+    tl.store(ptrs, value.to(dtype), mask=mask)

@@ -78,7 +78,7 @@ def swiglu_grad_(dh: Tensor, g: Tensor, u: Tensor) -> None:
     if M > 0:
         _swiglu_grad_kernel[(triton.cdiv(M, GRAD_BLOCK_M), triton.cdiv(N, GRAD_BLOCK_N))](
             dh, g, u, dh.stride(0), dh.stride(1), g.stride(0), M, N,
-            BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, num_warps=GRAD_NUM_WARPS,
+            UPCAST=INTERPRETING, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, num_warps=GRAD_NUM_WARPS,
         )  # fmt: skip
     # Written through raw pointers: tell autograd, so that a second backward through the same
     # graph (which would read d_gate/d_up as g/u) fails loudly instead of computing garbage.

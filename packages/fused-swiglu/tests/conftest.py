@@ -1,0 +1,85 @@
+"""Helpers of this package's tests, handed to them as the `sw` fixture: run ours, the float64
+reference and PyTorch's low-precision twin on the same inputs and upstream gradient, and
+compare every output with the project's rule. (The shared test kit has no forward+backward
+comparison of several inputs; these build on its assert_close_to_reference and
+poisoned_allocations.)"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable, Optional, Sequence
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
+
+NAMES = ("x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")
+
+
+def linear_weight(fan_in: int, fan_out: int, device, dtype) -> torch.Tensor:
+    """(fan_in, fan_out) weight with nn.Linear's scale, so that outputs stay O(1)."""
+    bound = fan_in**-0.5
+    return torch.empty(fan_in, fan_out, device=device, dtype=torch.float32).uniform_(-bound, bound).to(dtype)
+
+
+def outputs_and_grads(fn: Callable, inputs: Sequence[Optional[torch.Tensor]], dy: Optional[torch.Tensor] = None):
+    """fn(*inputs) and the gradients of every input that requires grad, for upstream gradient dy."""
+    leaves = [t for t in inputs if t is not None and t.requires_grad]
+    y = fn(*inputs)
+    if dy is None:
+        dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy) if leaves else ()
+    return y, grads, dy
+
+
+def detached(inputs, dtype=None):
+    """Fresh leaves (optionally cast to dtype) with the same requires_grad as `inputs`."""
+    out = []
+    for t in inputs:
+        if t is None:
+            out.append(None)
+        else:
+            out.append(t.detach().to(dtype or t.dtype).requires_grad_(t.requires_grad))
+    return out
+
+
+def check_against_reference(ours: Callable, reference: Callable, inputs, names: Sequence[str] = NAMES):
+    """ours(*inputs) (outputs poisoned) against reference in float64 and in the inputs' dtype.
+
+    Every input that requires grad gets a gradient check; returns (y, grads) of ours.
+    """
+    with poisoned_allocations():
+        y, grads, dy = outputs_and_grads(ours, inputs)
+    y_ref, grads_ref, _ = outputs_and_grads(reference, detached(inputs, torch.float64), dy.double())
+    y_low, grads_low, _ = outputs_and_grads(reference, detached(inputs), dy)
+    assert y.dtype == inputs[0].dtype and y.shape == y_ref.shape
+    assert_close_to_reference(y, y_ref, y_low, name="y")
+    trained = [(name, t) for name, t in zip(names, inputs) if t is not None and t.requires_grad]
+    assert len(grads) == len(trained)
+    for (name, t), g, g_ref, g_low in zip(trained, grads, grads_ref, grads_low):
+        assert g.shape == t.shape and g.dtype == t.dtype, f"d{name}: {g.shape} {g.dtype} for {t.shape} {t.dtype}"
+        assert_close_to_reference(g, g_ref, g_low, name=f"d{name}")
+    return y, grads
+
+
+def make_inputs(leading, d_model, d_inter, dtype, device, bias=False):
+    """[x, w_gate, w_up] (+ [b_gate, b_up] when bias), all requiring grad."""
+    x = torch.randn(*leading, d_model, device=device, dtype=dtype).requires_grad_()
+    w_gate = linear_weight(d_model, d_inter, device, dtype).requires_grad_()
+    w_up = linear_weight(d_model, d_inter, device, dtype).requires_grad_()
+    if not bias:
+        return [x, w_gate, w_up]
+    b_gate = (0.5 * torch.randn(d_inter, device=device)).to(dtype).requires_grad_()
+    b_up = (0.5 * torch.randn(d_inter, device=device)).to(dtype).requires_grad_()
+    return [x, w_gate, w_up, b_gate, b_up]
+
+
+@pytest.fixture
+def sw():
+    return types.SimpleNamespace(
+        check_against_reference=check_against_reference,
+        detached=detached,
+        linear_weight=linear_weight,
+        make_inputs=make_inputs,
+        outputs_and_grads=outputs_and_grads,
+    )

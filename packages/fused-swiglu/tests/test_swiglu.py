@@ -1,0 +1,165 @@
+"""swiglu / FusedSwiGLU / FastAccumFusedSwiGLU against the float64 reference, forward and every gradient."""
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
+
+from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, swiglu
+from fused_swiglu.reference import swiglu_reference
+
+pytestmark = pytest.mark.kernels
+
+FUNCTIONS = {
+    "swiglu": swiglu,
+    "FusedSwiGLU": FusedSwiGLU.apply,
+    # fp16_accumulate=False: fp16 operands, fp32 accumulation, the same contract as FusedSwiGLU.
+    "FastAccum-fp32acc": lambda x, wg, wu, bg=None, bu=None: FastAccumFusedSwiGLU.apply(x, wg, wu, False, bg, bu),
+}
+
+
+# (leading dims, d_model, d_intermediate): leading dims 1 to 3, one row, and sizes that are not
+# multiples of any tile (the interpreter's tile is 32 x 32 x 16) next to ones that are.
+SHAPES = [
+    ((37,), 100, 90),
+    ((2, 19), 64, 64),
+    ((2, 3, 7), 40, 70),
+    ((1,), 33, 17),
+]
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize(
+    "leading, d_model, d_inter", SHAPES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+)
+def test_forward_and_gradients(leading, d_model, d_inter, dtype, device, sw):
+    inputs = sw.make_inputs(leading, d_model, d_inter, dtype, device)
+    y, _ = sw.check_against_reference(swiglu, swiglu_reference, inputs)
+    assert y.shape == (*leading, d_inter)
+
+
+@pytest.mark.parametrize("function", ["FusedSwiGLU", "FastAccum-fp32acc"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_both_functions_fp16(function, bias, device, sw):
+    inputs = sw.make_inputs((2, 21), 50, 45, torch.float16, device, bias)
+    sw.check_against_reference(FUNCTIONS[function], swiglu_reference, inputs)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_bias(dtype, device, sw):
+    sw.check_against_reference(swiglu, swiglu_reference, sw.make_inputs((29,), 48, 35, dtype, device, bias=True))
+
+
+def test_no_leading_dims(device, sw):
+    """x of shape (d_model,): a single token, as torch.matmul allows."""
+    sw.check_against_reference(swiglu, swiglu_reference, sw.make_inputs((), 24, 40, torch.bfloat16, device))
+
+
+@pytest.mark.parametrize("layout", ["strided-rows", "column-major", "not-flattenable", "strided-cols"])
+def test_non_contiguous_x(layout, device, sw):
+    d_model, d_inter = 40, 56
+    if layout == "strided-rows":
+        x = torch.randn(50, 2 * d_model, device=device)[:, :d_model]
+    elif layout == "column-major":
+        x = torch.randn(d_model, 45, device=device).t()
+    elif layout == "not-flattenable":  # (3, 9, d_model) picked out of (3, 18, d_model): no (27, d_model) view
+        x = torch.randn(3, 18, d_model, device=device)[:, ::2]
+    else:
+        x = torch.randn(30, 2 * d_model, device=device)[:, ::2]
+    x = x.to(torch.bfloat16).requires_grad_()
+    _, w_gate, w_up = sw.make_inputs((1,), d_model, d_inter, torch.bfloat16, device)
+    sw.check_against_reference(swiglu, swiglu_reference, [x, w_gate, w_up])
+
+
+def test_transposed_weights_and_gradient(device, sw):
+    """Weights as views of nn.Linear-layout (d_intermediate, d_model) tensors; a non-contiguous dh."""
+    x = torch.randn(33, 40, device=device, dtype=torch.float16).requires_grad_()
+    w_gate = sw.linear_weight(40, 60, device, torch.float16).t().contiguous().t().requires_grad_()
+    w_up = sw.linear_weight(40, 60, device, torch.float16).t().contiguous().t().requires_grad_()
+    assert w_gate.stride() == (1, 40)
+    dy = torch.randn(60, 33, device=device, dtype=torch.float16).t()  # column-major upstream gradient
+    with poisoned_allocations():
+        y, grads, _ = sw.outputs_and_grads(swiglu, [x, w_gate, w_up], dy)
+    y_ref, grads_ref, _ = sw.outputs_and_grads(
+        swiglu_reference, sw.detached([x, w_gate, w_up], torch.float64), dy.double()
+    )
+    y_low, grads_low, _ = sw.outputs_and_grads(swiglu_reference, sw.detached([x, w_gate, w_up]), dy)
+    assert_close_to_reference(y, y_ref, y_low, name="y")
+    for name, g, g_ref, g_low in zip(("dx", "dw_gate", "dw_up"), grads, grads_ref, grads_low):
+        assert_close_to_reference(g, g_ref, g_low, name=name)
+
+
+def test_expanded_upstream_gradient(device, sw):
+    """y.sum().backward() hands the backward a stride-0 dh."""
+    inputs = sw.make_inputs((17,), 32, 48, torch.bfloat16, device)
+    with poisoned_allocations():
+        swiglu(*inputs).sum().backward()
+    ref = sw.detached(inputs, torch.float64)
+    swiglu_reference(*ref).sum().backward()
+    low = sw.detached(inputs)
+    swiglu_reference(*low).sum().backward()
+    for name, ours, r, lo in zip(("x", "w_gate", "w_up"), inputs, ref, low):
+        assert_close_to_reference(ours.grad, r.grad, lo.grad, name=f"d{name}")
+
+
+@pytest.mark.parametrize("trainable", ["x-only", "weights-only", "w_gate-only"])
+def test_partial_gradients(trainable, device, sw):
+    x, w_gate, w_up = sw.make_inputs((25,), 40, 36, torch.bfloat16, device)
+    x.requires_grad_(trainable == "x-only")
+    w_gate.requires_grad_(trainable != "x-only")
+    w_up.requires_grad_(trainable == "weights-only")
+    sw.check_against_reference(swiglu, swiglu_reference, [x, w_gate, w_up])
+
+
+def test_inference_forward_saves_nothing(device, sw):
+    x, w_gate, w_up = sw.detached(sw.make_inputs((40,), 32, 64, torch.bfloat16, device))
+    for t in (x, w_gate, w_up):
+        t.requires_grad_(False)
+    with poisoned_allocations():
+        y = swiglu(x, w_gate, w_up)
+    assert y.grad_fn is None
+    assert_close_to_reference(
+        y, swiglu_reference(*sw.detached([x, w_gate, w_up], torch.float64)), swiglu_reference(x, w_gate, w_up), name="y"
+    )
+
+
+def test_empty_batch(device, sw):
+    x, w_gate, w_up = sw.make_inputs((0, 5), 16, 24, torch.bfloat16, device)
+    y = swiglu(x, w_gate, w_up)
+    assert y.shape == (0, 5, 24)
+    dx, dw_gate, dw_up = torch.autograd.grad(y, (x, w_gate, w_up), torch.ones_like(y))
+    assert dx.shape == x.shape
+    assert torch.equal(dw_gate, torch.zeros_like(dw_gate)) and torch.equal(dw_up, torch.zeros_like(dw_up))
+
+
+def test_second_backward_through_the_graph_raises(device, sw):
+    """The backward overwrites the saved g and u with their gradients: a retained graph must not be reused."""
+    x, w_gate, w_up = sw.make_inputs((9,), 16, 16, torch.bfloat16, device)
+    y = swiglu(x, w_gate, w_up)
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_autocast_casts_like_linear(device, sw):
+    """fp32 inputs under torch.autocast run in the autocast dtype; gradients come back in fp32."""
+    x, w_gate, w_up = sw.make_inputs((2, 11), 40, 48, torch.float32, device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = swiglu(x, w_gate, w_up)
+    assert y.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w_gate, w_up), dy)
+    assert all(g.dtype == torch.float32 for g in grads)
+    low = sw.detached([x, w_gate, w_up], torch.bfloat16)
+    _, grads_low, _ = sw.outputs_and_grads(swiglu_reference, low, dy)
+    ref = sw.detached([x, w_gate, w_up], torch.float64)
+    y_ref, grads_ref, _ = sw.outputs_and_grads(swiglu_reference, ref, dy.double())
+    assert_close_to_reference(y, y_ref, swiglu_reference(*low), name="y")
+    for name, g, g_ref, g_low in zip(("dx", "dw_gate", "dw_up"), grads, grads_ref, grads_low):
+        assert_close_to_reference(g.to(torch.bfloat16), g_ref, g_low, name=name)
+
+
+def test_torch_compile_fullgraph(device, sw):
+    """The launchers are custom ops: torch.compile(fullgraph=True) traces forward and backward without a break."""
+    inputs = sw.make_inputs((3, 13), 32, 40, torch.bfloat16, device)
+    compiled = torch.compile(swiglu, backend="eager", fullgraph=True)
+    sw.check_against_reference(compiled, swiglu_reference, inputs)
