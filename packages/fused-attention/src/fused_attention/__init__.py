@@ -1,3 +1,24 @@
-"""Flash attention forward and backward in Triton: causal, ALiBi, GQA/MQA, sliding window, varlen."""
+"""Flash attention forward and backward in Triton: causal, ALiBi, GQA/MQA, sliding window, varlen.
+
+Public API (fp16/bf16, head dims 16, 32, 64, 80, 96, 128, 160, 192, 256):
+- flash_attention(q, k, v, causal, softmax_scale, alibi_slopes, window_size, return_lse, layout)
+- flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+- alibi_slopes(n_heads): the standard ALiBi slopes
+- modules FlashAttention (no parameters) and MultiheadSelfAttention (q/k/v/out projections)
+"""
+
+from .alibi import alibi_slopes
+from .modules import FlashAttention, MultiheadSelfAttention
+from .ops.attention import FlashAttentionFunction, flash_attention, flash_attention_varlen
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "FlashAttention",
+    "FlashAttentionFunction",
+    "MultiheadSelfAttention",
+    "alibi_slopes",
+    "flash_attention",
+    "flash_attention_varlen",
+    "__version__",
+]

@@ -1,0 +1,149 @@
+"""Input checks that run before any launch and name the offending argument."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Tuple
+
+import torch
+
+from ._compat import INTERPRETING, KERNEL_DEVICE_TYPE
+
+# The kernels run their matmuls on 16-bit tensor cores; fp32 inputs are rejected, not silently
+# rounded (under torch.autocast they are cast to the autocast dtype first, as SDPA does).
+ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 160, 192, 256)
+LAYOUTS = ("bshd", "bhsd")
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(name: str, value, dtypes: Iterable[torch.dtype]) -> torch.Tensor:
+    """`value` must be a tensor of one of `dtypes` (its device is checked by check_device)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    dtypes = tuple(dtypes)
+    if value.dtype not in dtypes:
+        hint = ""
+        if value.dtype == torch.float32 and torch.float32 not in dtypes:
+            hint = " (cast to fp16/bf16, or call under torch.autocast)"
+        raise TypeError(f"{name} has dtype {value.dtype}; supported: {_names(dtypes)}{hint}")
+    return value
+
+
+def check_device(**tensors) -> None:
+    """Each tensor (None entries are skipped) must be on the kernels' device, all on the same one.
+
+    Called after the dtype and shape checks, so those errors read the same on any machine.
+    """
+    first = None
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        if value.device.type != KERNEL_DEVICE_TYPE:
+            where = "the CPU (TRITON_INTERPRET=1 is set)" if INTERPRETING else "a CUDA device"
+            raise ValueError(f"{name} is on {value.device}; the kernels run on {where}")
+        if first is None:
+            first = (name, value.device)
+        elif value.device != first[1]:
+            raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
+
+
+def check_qkv_dtypes(q, k, v) -> None:
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, value, ATTENTION_DTYPES)
+    for name, value in (("k", k), ("v", v)):
+        if value.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {value.dtype} but q has {q.dtype}: q, k and v must share one dtype")
+
+
+def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int) -> None:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    if v_head_dim != head_dim:
+        raise ValueError(f"v has head dim {v_head_dim} but q and k have {head_dim}")
+    if n_kv_heads == 0 or n_heads % n_kv_heads:
+        raise ValueError(
+            f"q has {n_heads} heads and k/v have {n_kv_heads}: the query heads must be a multiple of the "
+            "key/value heads (GQA/MQA)"
+        )
+
+
+def check_layout(layout) -> bool:
+    """True for the SDPA layout (B, H, S, D), False for FlashAttention's (B, S, H, D)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
+    return layout == "bhsd"
+
+
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def check_window(window_size, causal, max_seqlen_k: int) -> Tuple[int, int]:
+    """Normalized (left, right) bounds, -1 for none; causal forces right = 0 (as FlashAttention-2).
+
+    A bound that no key can exceed (>= max_seqlen_k) becomes -1, so it costs no masking.
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)
+    ):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1 (-1: unbounded), got {tuple(window_size)}")
+    if causal:
+        right = 0
+    if left >= max_seqlen_k:
+        left = -1
+    if right >= max_seqlen_k:
+        right = -1
+    return left, right
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, n_heads: int) -> None:
+    if alibi_slopes is None:
+        return
+    check_tensor("alibi_slopes", alibi_slopes, (torch.float32,))
+    if tuple(alibi_slopes.shape) not in ((n_heads,), (batch, n_heads)):
+        raise ValueError(
+            f"alibi_slopes must have shape ({n_heads},) or ({batch}, {n_heads}), got {tuple(alibi_slopes.shape)}"
+        )
+
+
+def check_seqlen_arg(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_cu_seqlens(name: str, cu_seqlens, total: int, max_seqlen: int, check_values: bool) -> int:
+    """Returns the batch size. check_values reads the offsets back (one device sync)."""
+    check_tensor(name, cu_seqlens, (torch.int32,))
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
+    if check_values:
+        offsets = cu_seqlens.tolist()
+        lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+        if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
+            raise ValueError(
+                f"{name} must rise from 0 to the packed length {total}, got {offsets[0]} ... {offsets[-1]}"
+                + (" (decreasing somewhere)" if min(lengths) < 0 else "")
+            )
+        if max(lengths) > max_seqlen:
+            raise ValueError(f"{name} has a sequence of length {max(lengths)} > max_seqlen {max_seqlen}")
+    return cu_seqlens.shape[0] - 1

@@ -1,0 +1,425 @@
+"""Flash attention backward (FlashAttention-2 structure), three kernels:
+
+1. `_attn_bwd_preprocess_kernel`: delta_i = sum_d dO_id * O_id (minus dLSE_i when the LSE itself
+   has a gradient), one program per (query block, batch, head).
+2. `_attn_bwd_dkdv_kernel`: one program per (key block, batch, kv head). K and V stay on chip; the
+   program loops over the query heads that share the kv head (GQA/MQA) and, for each, over the
+   query blocks that see the key block, recomputing P^T = exp2(S^T - LSE) from the saved LSE:
+   dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q. dK and dV are reduced in registers
+   and written once: no atomics, deterministic.
+3. `_attn_bwd_dq_kernel`: one program per (query block, batch, head), looping over key blocks:
+   dQ += dS K.
+
+Both main kernels split their loop like the forward: boundary blocks (band edges, ragged tails)
+build a mask, fully visible blocks do not, and on Hopper with TMA they stream their tiles
+through tensor descriptors. All products are computed transposed in the dK/dV kernel (S^T, P^T)
+so that every matmul has the key block as its M dimension. Gradients are accumulated in fp32 and
+written in the input dtype.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import (
+    LOG2E,
+    _alibi_slope2,
+    _alibi_tile,
+    _band_blocks,
+    _band_mask,
+    _dot,
+    _dot_acc,
+    _load_tile,
+    _seq_bounds,
+    _store_tile,
+)
+
+
+@triton.jit
+def _attn_bwd_preprocess_kernel(
+    # pointers
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_seqlens_q_ptr,
+    # strides
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dlse_b, stride_dlse_h, stride_dlse_s,
+    stride_delta_b, stride_delta_h,
+    # sizes
+    n_heads, max_seqlen_q,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+):  # fmt: skip
+    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m_blocks
+    batch_head = pid // num_m_blocks
+    batch = batch_head // n_heads
+    head = batch_head % n_heads
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if IS_VARLEN:
+        if m0 >= seqlen_q:
+            return
+    batch64 = batch.to(tl.int64)
+    row0 = (q_start + m0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_r
+    offs_d = tl.arange(0, BLOCK_D)
+    o_ptrs = o_ptr + batch64 * stride_ob + row0 * stride_os + head.to(tl.int64) * stride_oh
+    do_ptrs = do_ptr + batch64 * stride_dob + row0 * stride_dos + head.to(tl.int64) * stride_doh
+    o = _load_tile(
+        o_ptrs + offs_r[:, None] * stride_os + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    do = _load_tile(
+        do_ptrs + offs_r[:, None] * stride_dos + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if HAS_DLSE:
+        dlse_ptrs = dlse_ptr + batch64 * stride_dlse_b + head.to(tl.int64) * stride_dlse_h + row0 * stride_dlse_s
+        delta -= tl.load(dlse_ptrs + offs_r * stride_dlse_s, mask=offs_m < seqlen_q, other=0.0).to(tl.float32)
+    delta_ptrs = delta_ptr + batch64 * stride_delta_b + head.to(tl.int64) * stride_delta_h + q_start + offs_m
+    tl.store(delta_ptrs, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _dkdv_update(
+    dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2,
+    alibi_ref, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries])."""
+    s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
+    if ALIBI == 1:
+        s_t += (slope2 * (offs_n - alibi_ref).to(tl.float32))[:, None]
+    if ALIBI == 2:
+        s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
+    p_t = tl.math.exp2(s_t - lse2[None, :])
+    if MASKED:
+        visible = _band_mask(offs_m[None, :], offs_n[:, None], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+        p_t = tl.where(visible & (offs_m[None, :] < seqlen_q), p_t, 0.0)
+    dv = _dot_acc(p_t.to(do.dtype), do, dv, UPCAST)
+    dp_t = _dot(v, tl.trans(do), UPCAST)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = _dot_acc(ds_t.to(q.dtype), q, dk, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_blocks(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
+    stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Query blocks [lo, hi) of one query head against the resident key block."""
+    offs_r = tl.arange(0, BLOCK_M)
+    if TMA:
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + offs_r
+            q = q_desc.load([desc_batch, desc_row + start_m, head, 0]).reshape([BLOCK_M, BLOCK_D])
+            do = do_desc.load([desc_batch, desc_row + start_m, head, 0]).reshape([BLOCK_M, BLOCK_D])
+            lse2 = tl.load(lse_base + rows) * LOG2E
+            if ALIBI == 1:
+                lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
+            delta = tl.load(delta_base + rows)
+            dk, dv = _dkdv_update(
+                dk, dv, k, v, q, do, lse2, delta, rows, offs_n, seqlen_q, diag, window_left, window_right, qk_scale,
+                slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            )  # fmt: skip
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        q_offs = offs_r[:, None] * stride_qs + offs_d[None, :]
+        do_offs = offs_r[:, None] * stride_dos + offs_d[None, :]
+        stride_qs64 = stride_qs.to(tl.int64)
+        stride_dos64 = stride_dos.to(tl.int64)
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + offs_r
+            q = _load_tile(
+
+                q_base + start_m * stride_qs64 + q_offs, rows, seqlen_q, offs_d, HEAD_DIM, MASKED,
+
+                BLOCK_D != HEAD_DIM,
+
+            )  # fmt: skip
+            do = _load_tile(
+                do_base + start_m * stride_dos64 + do_offs, rows, seqlen_q, offs_d, HEAD_DIM, MASKED,
+                BLOCK_D != HEAD_DIM,
+            )  # fmt: skip
+            if MASKED:
+                lse2 = tl.load(lse_base + rows, mask=rows < seqlen_q, other=0.0) * LOG2E
+                delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+            else:
+                lse2 = tl.load(lse_base + rows) * LOG2E
+                delta = tl.load(delta_base + rows)
+            if ALIBI == 1:
+                lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
+            dk, dv = _dkdv_update(
+                dk, dv, k, v, q, do, lse2, delta, rows, offs_n, seqlen_q, diag, window_left, window_right, qk_scale,
+                slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            )  # fmt: skip
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    # pointers
+    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr, q_desc, do_desc,
+    # strides (batch, position, head); the head dim has unit stride. delta shares the LSE's strides.
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_lse_b, stride_lse_h,
+    stride_slope_b, stride_slope_h,
+    # sizes and options
+    n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    num_n_blocks = tl.cdiv(max_seqlen_k, BLOCK_N)
+    pid = tl.program_id(0)
+    # Key blocks first-first: under a causal mask the first keys are seen by the most queries.
+    pid_n = pid % num_n_blocks
+    batch_head = pid // num_n_blocks
+    batch = batch_head // n_kv_heads
+    kv_head = batch_head % n_kv_heads
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if IS_VARLEN:
+        if n0 >= seqlen_k:
+            return
+        desc_batch = 0
+    else:
+        desc_batch = batch
+    diag = seqlen_k - seqlen_q
+
+    batch64 = batch.to(tl.int64)
+    row0 = (k_start + n0).to(tl.int64)
+    offs_c = tl.arange(0, BLOCK_N)
+    offs_n = n0 + offs_c
+    offs_d = tl.arange(0, BLOCK_D)
+    k_base = k_ptr + batch64 * stride_kb + row0 * stride_ks + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch64 * stride_vb + row0 * stride_vs + kv_head.to(tl.int64) * stride_vh
+    k = _load_tile(
+        k_base + offs_c[:, None] * stride_ks + offs_d[None, :], offs_n, seqlen_k, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    v = _load_tile(
+        v_base + offs_c[:, None] * stride_vs + offs_d[None, :], offs_n, seqlen_k, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    qk_scale = softmax_scale * LOG2E
+    # Queries that see this key block; keys past the tail need no mask here (their rows of dK/dV
+    # are never stored), so the range is computed over the block's real keys.
+    last_n = tl.minimum(n0 + BLOCK_N, seqlen_k) - 1
+    start, full_start, full_end, end = _band_blocks(
+        n0 - diag, last_n - diag, seqlen_q, window_right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_M
+    )
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    q_row0 = q_start.to(tl.int64)
+    for group_index in range(kv_group):
+        head = kv_head * kv_group + group_index
+        head64 = head.to(tl.int64)
+        q_base = q_ptr + batch64 * stride_qb + q_row0 * stride_qs + head64 * stride_qh
+        do_base = do_ptr + batch64 * stride_dob + q_row0 * stride_dos + head64 * stride_doh
+        lse_base = lse_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
+        delta_base = delta_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
+        slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+        if HAS_RIGHT:
+            dk, dv = _dkdv_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
+                stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
+                start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+            )  # fmt: skip
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
+            stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
+            full_start, full_end, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA,
+            UPCAST,
+        )  # fmt: skip
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
+            stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
+            full_end, end, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+        )  # fmt: skip
+
+    dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
+    dv_ptrs = dv_ptr + batch64 * stride_dvb + row0 * stride_dvs + kv_head.to(tl.int64) * stride_dvh
+    _store_tile(
+        dk_ptrs + offs_c[:, None] * stride_dks + offs_d[None, :], (dk * softmax_scale).to(dk_ptr.dtype.element_ty),
+        offs_n, seqlen_k, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    _store_tile(
+        dv_ptrs + offs_c[:, None] * stride_dvs + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), offs_n, seqlen_k,
+        offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+
+
+@triton.jit
+def _dq_update(
+    dq, q, do, k, v, lse2, delta, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
+    alibi_ref, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One key block's contribution to a query block's dQ (before the softmax scale)."""
+    s = _dot(q, tl.trans(k), UPCAST) * qk_scale
+    if ALIBI == 1:
+        s += (slope2 * (offs_n - alibi_ref).to(tl.float32))[None, :]
+    if ALIBI == 2:
+        s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
+    p = tl.math.exp2(s - lse2[:, None])
+    if MASKED:
+        visible = _band_mask(offs_m[:, None], offs_n[None, :], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+        p = tl.where(visible & (offs_n[None, :] < seqlen_k), p, 0.0)
+    dp = _dot(do, tl.trans(v), UPCAST)
+    ds = p * (dp - delta[:, None])
+    return _dot_acc(ds.to(k.dtype), k, dq, UPCAST)
+
+
+@triton.jit
+def _dq_blocks(
+    dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Key blocks [lo, hi) against the resident query block."""
+    offs_n = tl.arange(0, BLOCK_N)
+    if TMA:
+        for start_n in range(lo, hi, BLOCK_N):
+            k = k_desc.load([desc_batch, desc_row + start_n, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
+            v = v_desc.load([desc_batch, desc_row + start_n, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
+            dq = _dq_update(
+                dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            )  # fmt: skip
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
+        v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
+        stride_ks64 = stride_ks.to(tl.int64)
+        stride_vs64 = stride_vs.to(tl.int64)
+        for start_n in range(lo, hi, BLOCK_N):
+            cols = start_n + offs_n
+            k = _load_tile(
+
+                k_base + start_n * stride_ks64 + k_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
+
+                BLOCK_D != HEAD_DIM,
+
+            )  # fmt: skip
+            v = _load_tile(
+                v_base + start_n * stride_vs64 + v_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
+                BLOCK_D != HEAD_DIM,
+            )  # fmt: skip
+            dq = _dq_update(
+                dq, q, do, k, v, lse2, delta, offs_m, cols, seqlen_k, diag, window_left, window_right, qk_scale,
+                slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            )  # fmt: skip
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    # pointers
+    q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+    k_desc, v_desc,
+    # strides (batch, position, head); the head dim has unit stride. delta shares the LSE's strides.
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lse_b, stride_lse_h,
+    stride_slope_b, stride_slope_h,
+    # sizes and options
+    n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = num_m_blocks - 1 - pid % num_m_blocks
+    batch_head = pid // num_m_blocks
+    batch = batch_head // n_heads
+    head = batch_head % n_heads
+    kv_head = head // kv_group
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if IS_VARLEN:
+        if m0 >= seqlen_q:
+            return
+        desc_batch = 0
+    else:
+        desc_batch = batch
+    diag = seqlen_k - seqlen_q
+
+    batch64 = batch.to(tl.int64)
+    head64 = head.to(tl.int64)
+    row0 = (q_start + m0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_r
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = q_ptr + batch64 * stride_qb + row0 * stride_qs + head64 * stride_qh
+    do_ptrs = do_ptr + batch64 * stride_dob + row0 * stride_dos + head64 * stride_doh
+    q = _load_tile(
+        q_ptrs + offs_r[:, None] * stride_qs + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    do = _load_tile(
+        do_ptrs + offs_r[:, None] * stride_dos + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    lse_offs = batch64 * stride_lse_b + head64 * stride_lse_h + q_start + offs_m
+    lse2 = tl.load(lse_ptr + lse_offs, mask=offs_m < seqlen_q, other=0.0) * LOG2E
+    delta = tl.load(delta_ptr + lse_offs, mask=offs_m < seqlen_q, other=0.0)
+    qk_scale = softmax_scale * LOG2E
+    slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+    alibi_ref = m0 + diag
+    if ALIBI == 1:
+        lse2 += slope2 * offs_r.to(tl.float32)  # undo the row term -slope * (i - m0) folded into the LSE
+
+    k_base = k_ptr + batch64 * stride_kb + k_start.to(tl.int64) * stride_ks + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch64 * stride_vb + k_start.to(tl.int64) * stride_vs + kv_head.to(tl.int64) * stride_vh
+    last_m = tl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+    start, full_start, full_end, end = _band_blocks(
+        m0 + diag, last_m + diag, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT, BLOCK_N
+    )
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_LEFT:
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start,
+            full_start, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+        )  # fmt: skip
+    dq = _dq_blocks(
+        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_start, full_end,
+        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, UPCAST,
+    )  # fmt: skip
+    dq = _dq_blocks(
+        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+    )  # fmt: skip
+
+    dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh
+    _store_tile(
+        dq_ptrs + offs_r[:, None] * stride_dqs + offs_d[None, :], (dq * softmax_scale).to(dq_ptr.dtype.element_ty),
+        offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+    )  # fmt: skip

@@ -1,0 +1,211 @@
+"""Flash attention forward (FlashAttention-2): one program per (query block, batch, head).
+
+Scope: fp16/bf16 inputs, head dims up to 256 (the tile is padded to a power of two and masked),
+any sequence lengths (ragged tails masked), dense (B, S, H, D) or packed varlen batches, GQA/MQA,
+causal and sliding-window masks aligned bottom-right, ALiBi. Outputs O in the input dtype and the
+natural-log LSE in fp32 (-inf, with O = 0, for a query that sees no key).
+
+Algorithm: the query tile stays in registers while key/value tiles stream through an online
+softmax in the exp2 domain; no S x S matrix exists. The key loop is split in three ranges:
+boundary blocks below the band, fully visible blocks, boundary blocks above it (the causal
+diagonal, the window edge, the ragged key tail). Only boundary blocks build a mask; the fully
+visible ones also take the FMA form of the softmax update, and on Hopper with TMA they load K/V
+through tensor descriptors (TMA copies into multi-buffered shared memory).
+Programs walk query blocks last-first, so the longest causal rows start first.
+
+Trade-offs: head dims that are not powers of two (80, 96, 160, 192) pay for the padded lanes in
+both matmuls; rows of a query block that fall past the sequence end are computed and discarded.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import (
+    LN2,
+    LOG2E,
+    _alibi_slope2,
+    _alibi_tile,
+    _band_blocks,
+    _band_mask,
+    _dot,
+    _dot_acc,
+    _load_tile,
+    _seq_bounds,
+    _store_tile,
+)
+
+
+@triton.jit
+def _fwd_update(
+    acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """One key block of the online softmax: returns the updated (acc, l_i, m_i)."""
+    qk = _dot(q, tl.trans(k), UPCAST)
+    if (ALIBI == 0) and (not MASKED):
+        # Fully visible block, no bias: the row max of the raw scores, then one FMA per score.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+    else:
+        s = qk * qk_scale
+        if ALIBI == 1:
+            s += (slope2 * (offs_n - alibi_ref).to(tl.float32))[None, :]
+        if ALIBI == 2:
+            s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
+        if MASKED:
+            visible = _band_mask(offs_m[:, None], offs_n[None, :], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            s = tl.where(visible & (offs_n[None, :] < seqlen_k), s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            # A row that has seen no visible key yet keeps m = -inf: shift by 0, not by -inf.
+            m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        else:
+            m_shift = m_new
+        p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_blocks(
+    acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Key blocks [lo, hi). MASKED: on the band's edges or past the key tail (pointer loads, masked
+    scores). Otherwise fully visible: no mask, and with TMA the tiles come through descriptors
+    (the caller passes TMA only for unmasked ranges, so descriptors never read past a sequence)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    if TMA:
+        for start_n in range(lo, hi, BLOCK_N):
+            row = desc_row + start_n
+            k = k_desc.load([desc_batch, row, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
+            v = v_desc.load([desc_batch, row, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
+            acc, l_i, m_i = _fwd_update(
+                acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            )  # fmt: skip
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
+        v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
+        stride_ks64 = stride_ks.to(tl.int64)
+        stride_vs64 = stride_vs.to(tl.int64)
+        for start_n in range(lo, hi, BLOCK_N):
+            cols = start_n + offs_n
+            k = _load_tile(
+
+                k_base + start_n * stride_ks64 + k_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
+
+                BLOCK_D != HEAD_DIM,
+
+            )  # fmt: skip
+            v = _load_tile(
+                v_base + start_n * stride_vs64 + v_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
+                BLOCK_D != HEAD_DIM,
+            )  # fmt: skip
+            acc, l_i, m_i = _fwd_update(
+                acc, l_i, m_i, q, k, v, offs_m, cols, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
+                alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            )  # fmt: skip
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    # pointers
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, k_desc, v_desc,
+    # strides (batch, position, head); the head dim has unit stride
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lse_b, stride_lse_h,
+    stride_slope_b, stride_slope_h,
+    # sizes and options
+    n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
+    pid = tl.program_id(0)
+    # Query blocks last-first within a head: the longest causal rows are scheduled first.
+    pid_m = num_m_blocks - 1 - pid % num_m_blocks
+    batch_head = pid // num_m_blocks
+    batch = batch_head // n_heads
+    head = batch_head % n_heads
+    kv_head = head // kv_group
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if IS_VARLEN:
+        if m0 >= seqlen_q:
+            return
+    diag = seqlen_k - seqlen_q
+
+    batch64 = batch.to(tl.int64)
+    q_base = q_ptr + batch64 * stride_qb + (q_start + m0).to(tl.int64) * stride_qs + head.to(tl.int64) * stride_qh
+    k_base = k_ptr + batch64 * stride_kb + k_start.to(tl.int64) * stride_ks + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch64 * stride_vb + k_start.to(tl.int64) * stride_vs + kv_head.to(tl.int64) * stride_vh
+    o_base = o_ptr + batch64 * stride_ob + (q_start + m0).to(tl.int64) * stride_os + head.to(tl.int64) * stride_oh
+    lse_base = lse_ptr + batch64 * stride_lse_b + head.to(tl.int64) * stride_lse_h + q_start + m0
+
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_r
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(
+        q_base + offs_r[:, None] * stride_qs + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, True,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    qk_scale = softmax_scale * LOG2E
+    slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+    alibi_ref = m0 + diag
+
+    # TMA descriptors view K/V as (batch, position, head, dim); a packed varlen batch as batch 1.
+    if IS_VARLEN:
+        desc_batch = 0
+    else:
+        desc_batch = batch
+    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    last_m = tl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+    start, full_start, full_end, end = _band_blocks(
+        m0 + diag, last_m + diag, seqlen_k, window_left, window_right, HAS_LEFT, HAS_RIGHT, BLOCK_N
+    )
+    if HAS_LEFT:
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start, full_start,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+        )  # fmt: skip
+    acc, l_i, m_i = _fwd_blocks(
+        acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_start, full_end,
+        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, UPCAST,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_blocks(
+        acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+    )  # fmt: skip
+
+    # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc * (1.0 / l_safe)[:, None]
+    lse2 = m_i + tl.math.log2(l_safe)
+    if ALIBI == 1:
+        lse2 -= slope2 * offs_r.to(tl.float32)  # the row term of the bias, -slope * (i - m0)
+    _store_tile(
+        o_base + offs_r[:, None] * stride_os + offs_d[None, :], o.to(o_ptr.dtype.element_ty), offs_m, seqlen_q,
+        offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    tl.store(lse_base + offs_r, lse2 * LN2, mask=offs_m < seqlen_q)

@@ -1,0 +1,130 @@
+"""@triton.jit helpers shared by the attention forward and backward kernels.
+
+Conventions (all kernels):
+- Sequences are addressed as (batch, position, head, dim) through strides; the head dim has unit
+  stride. Varlen batches pass cu_seqlens and a batch stride of 0: a sequence starts at row
+  cu_seqlens[b] of the packed (total, heads, dim) tensor.
+- Query i of a sequence is aligned with key i + diag, diag = seqlen_k - seqlen_q (bottom-right,
+  as FlashAttention-2). Key j is visible to query i when
+  -window_left <= j - (i + diag) <= window_right; a bound is absent unless HAS_LEFT / HAS_RIGHT
+  (causal is window_right = 0).
+- Scores live in the log2 domain: s2 = (q.k) * softmax_scale * log2(e) + bias * log2(e), so the
+  softmax uses exp2. The saved LSE is natural-log, fp32: lse = ln(sum_j exp(s_j)).
+- ALiBi (bias = -slope * |i + diag - j|): ALIBI == 2 builds the bias tile. ALIBI == 1 is the
+  causal case (j <= i + diag for every visible key): there the bias is
+  slope * (j - R) - slope * (i + diag - R) for any reference R; the key term is a vector added
+  to the scores and the row term, constant along a softmax row, only shifts the LSE. R is a block
+  start, so both terms stay small and exact in fp32.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """a @ b in fp32 (tensor cores for fp16/bf16); fp32 operands when interpreting (UPCAST)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
+    """acc + a @ b, accumulated in fp32."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _seq_bounds(cu_seqlens_ptr, batch, seqlen, IS_VARLEN: tl.constexpr):
+    """(first packed row, length) of sequence `batch`: from cu_seqlens when varlen, else (0, seqlen)."""
+    if IS_VARLEN:
+        start = tl.load(cu_seqlens_ptr + batch)
+        length = tl.load(cu_seqlens_ptr + batch + 1) - start
+    else:
+        start = batch * 0
+        length = seqlen
+    return start, length
+
+
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """A [rows, cols] tile; masked lanes read 0. Full tiles load without predicates."""
+    if MASK_ROWS:
+        if MASK_COLS:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if MASK_COLS:
+            tile = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, value, rows, n_rows, cols, n_cols, MASK_COLS: tl.constexpr):
+    if MASK_COLS:
+        tl.store(ptrs, value, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    else:
+        tl.store(ptrs, value, mask=rows[:, None] < n_rows)
+
+
+@triton.jit
+def _band_blocks(
+    first, last, length, below, above, HAS_BELOW: tl.constexpr, HAS_ABOVE: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Blocks of BLOCK indices t in [0, length) that lie in the band [c - below, c + above] of some
+    center c in [first, last], as (start, full_start, full_end, end), multiples of BLOCK:
+    [start, end) holds every such t; [full_start, full_end) holds the blocks whose every t < length
+    lies in the band of every center, which need no masking. An empty band gives start == end.
+    """
+    lo = first * 0
+    full_lo = lo
+    hi = lo + length
+    full_hi = hi
+    if HAS_BELOW:
+        lo = tl.maximum(first - below, 0)
+        full_lo = tl.maximum(last - below, 0)
+    if HAS_ABOVE:
+        hi = tl.minimum(last + above + 1, length)
+        full_hi = tl.minimum(first + above + 1, length)
+    start = (lo // BLOCK) * BLOCK
+    end = tl.where(hi > lo, tl.cdiv(hi, BLOCK) * BLOCK, start)
+    full_start = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK) * BLOCK, start), end)
+    full_end = tl.maximum(tl.minimum((tl.maximum(full_hi, 0) // BLOCK) * BLOCK, end), full_start)
+    return start, full_start, full_end, end
+
+
+@triton.jit
+def _band_mask(q_idx, k_idx, diag, window_left, window_right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """True where key k_idx is visible to query q_idx (broadcast shapes); all-True without a bound."""
+    rel = k_idx - (q_idx + diag)
+    visible = rel == rel
+    if HAS_RIGHT:
+        visible = visible & (rel <= window_right)
+    if HAS_LEFT:
+        visible = visible & (rel >= -window_left)
+    return visible
+
+
+@triton.jit
+def _alibi_tile(q_idx, k_idx, diag, slope2):
+    """-slope * |i + diag - j| in log2 units (slope2 = slope * log2(e)), broadcast over q_idx, k_idx."""
+    return -slope2 * tl.abs(k_idx - (q_idx + diag)).to(tl.float32)
+
+
+@triton.jit
+def _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI: tl.constexpr):
+    """This (batch, head)'s ALiBi slope times log2(e); 0 without ALiBi."""
+    if ALIBI != 0:
+        slope2 = tl.load(slopes_ptr + batch * stride_slope_b + head * stride_slope_h).to(tl.float32) * LOG2E
+    else:
+        slope2 = 0.0
+    return slope2

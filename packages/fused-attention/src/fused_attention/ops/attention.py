@@ -1,0 +1,262 @@
+"""Autograd and the public functional API: flash_attention, flash_attention_varlen.
+
+Where torch has `torch.library.custom_op` (torch >= 2.4) the forward and backward launchers are
+registered as the custom ops `fused_attention::fwd` and `fused_attention::bwd`, with fake
+implementations and registered autograd, so `torch.compile(fullgraph=True)` traces through them.
+On older torch the same launchers run inside `FlashAttentionFunction`.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from .._compat import HAS_CUSTOM_OP, autocast_dtype, custom_bwd, custom_fwd
+from .._validation import (
+    check_alibi_slopes,
+    check_cu_seqlens,
+    check_device,
+    check_heads,
+    check_layout,
+    check_qkv_dtypes,
+    check_seqlen_arg,
+    check_softmax_scale,
+    check_window,
+)
+from .launch import AttentionSpec, attention_bwd, attention_fwd, lse_shape
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd of the attention kernels: saves q, k, v, O and the fp32 LSE; differentiable in q, k, v
+    and through both outputs (a gradient of the LSE enters the backward as delta -= dLSE)."""
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
+        out, lse = attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+        ctx.spec = spec
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, ctx.spec)
+        return dq, dk, dv, None, None, None, None
+
+
+def _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec):
+    if dout is None:
+        dout = torch.zeros_like(out)
+    elif dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    return attention_bwd(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+
+
+if HAS_CUSTOM_OP:
+
+    @torch.library.custom_op("fused_attention::fwd", mutates_args=())
+    def _fwd_op(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        alibi_slopes: Optional[torch.Tensor],
+        cu_seqlens_q: Optional[torch.Tensor],
+        cu_seqlens_k: Optional[torch.Tensor],
+        spec_ints: List[int],
+        softmax_scale: float,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+        return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+
+    @_fwd_op.register_fake
+    def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale):
+        spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+        lse = q.new_empty(lse_shape(spec, q.shape[0]), dtype=torch.float32)
+        return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+
+    @torch.library.custom_op("fused_attention::bwd", mutates_args=())
+    def _bwd_op(
+        dout: torch.Tensor,
+        dlse: Optional[torch.Tensor],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        alibi_slopes: Optional[torch.Tensor],
+        cu_seqlens_q: Optional[torch.Tensor],
+        cu_seqlens_k: Optional[torch.Tensor],
+        spec_ints: List[int],
+        softmax_scale: float,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+        return _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+
+    @_bwd_op.register_fake
+    def _bwd_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale):
+        return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+    def _setup_context(ctx, inputs, output):
+        q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale = inputs
+        ctx.save_for_backward(q, k, v, output[0], output[1], alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+        ctx.spec = (spec_ints, softmax_scale)
+        ctx.set_materialize_grads(False)
+
+    def _op_backward(ctx, dout, dlse):
+        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = _bwd_op(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.spec)
+        return dq, dk, dv, None, None, None, None, None
+
+    torch.library.register_autograd("fused_attention::fwd", _op_backward, setup_context=_setup_context)
+
+
+def _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
+    if HAS_CUSTOM_OP:
+        return _fwd_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *spec.to_op_args())
+    return FlashAttentionFunction.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+
+
+def _autocast_inputs(q, k, v):
+    """Under torch.autocast, fp32 q/k/v are cast to the autocast dtype (as SDPA is)."""
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float32:
+        dtype = autocast_dtype(q.device.type)
+        if dtype in (torch.float16, torch.bfloat16):
+            return tuple(
+                t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v)
+            )
+    return q, k, v
+
+
+def _unit_stride_head_dim(t: torch.Tensor) -> torch.Tensor:
+    """The kernels need a unit-stride head dim; only a tensor without one is copied."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    return_lse: bool = False,
+    layout: str = "bshd",
+):
+    """Scaled dot-product attention, FlashAttention-2 style, differentiable in q, k, v.
+
+    q: (B, S_q, H, D) for layout="bshd" (FlashAttention's layout) or (B, H, S_q, D) for
+        layout="bhsd" (PyTorch SDPA's); fp16 or bf16, any strides (the head dim is copied to unit
+        stride only if it is not), on a CUDA device (the CPU under TRITON_INTERPRET=1).
+    k, v: (B, S_k, H_kv, D) / (B, H_kv, S_k, D), q's dtype; H must be a multiple of H_kv (GQA,
+        MQA). D in 16, 32, 64, 80, 96, 128, 160, 192, 256.
+    causal: query i sees keys j <= i + S_k - S_q (aligned to the bottom-right corner).
+    softmax_scale: positive; default 1 / sqrt(D).
+    alibi_slopes: fp32 (H,) or (B, H): adds -slope * |i + S_k - S_q - j| to the scores.
+    window_size: (left, right): query i sees keys i + S_k - S_q - left ... i + S_k - S_q + right;
+        -1 leaves a side unbounded. Combines with causal (which sets right = 0).
+    return_lse: also return the fp32 log-sum-exp of the scaled scores, (B, H, S_q) (differentiable).
+    layout: "bshd" or "bhsd"; the output has q's shape, contiguous in that layout.
+
+    Returns out, or (out, lse). A query that sees no key gets out = 0 and lse = -inf. Under
+    torch.autocast, fp32 inputs are cast to the autocast dtype first.
+    """
+    q, k, v = _autocast_inputs(q, k, v)
+    check_qkv_dtypes(q, k, v)
+    bhsd = check_layout(layout)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            dims = "(B, H, S, D)" if bhsd else "(B, S, H, D)"
+            raise ValueError(f"{name} must be 4-D {dims} for layout={layout!r}, got shape {tuple(t.shape)}")
+    seq_dim, head_dim_index = (2, 1) if bhsd else (1, 2)
+    batch, seqlen_q, n_heads, head_dim = q.shape[0], q.shape[seq_dim], q.shape[head_dim_index], q.shape[3]
+    seqlen_k, n_kv_heads = k.shape[seq_dim], k.shape[head_dim_index]
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"q, k and v must share the batch size, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    check_heads(n_heads, n_kv_heads, k.shape[3], v.shape[3])
+    if head_dim != k.shape[3]:
+        raise ValueError(f"q has head dim {head_dim} but k has {k.shape[3]}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    scale = check_softmax_scale(softmax_scale, head_dim)
+    window_left, window_right = check_window(window_size, causal, seqlen_k)
+    check_alibi_slopes(alibi_slopes, batch, n_heads)
+    check_device(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
+    spec = AttentionSpec(
+        batch, n_heads, n_kv_heads, head_dim, seqlen_q, seqlen_k, scale, window_left, window_right,
+        alibi_slopes is not None, False, bhsd,
+    )  # fmt: skip
+    q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
+    out, lse = _apply(q, k, v, alibi_slopes, None, None, spec)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    return_lse: bool = False,
+    check_seqlens: bool = True,
+):
+    """flash_attention over a packed batch of variable-length sequences, differentiable in q, k, v.
+
+    q: (total_q, H, D); k, v: (total_k, H_kv, D); dtypes, head dims and devices as flash_attention.
+    cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) offsets: sequence b is rows
+        cu_seqlens[b] : cu_seqlens[b + 1] (lengths may be 0 or 1).
+    max_seqlen_q, max_seqlen_k: ints >= every sequence's length (they size the launch grid).
+    causal, softmax_scale, window_size: as flash_attention, per sequence (causal aligned to each
+        sequence's bottom-right corner).
+    alibi_slopes: fp32 (H,) or (B, H).
+    return_lse: also return the fp32 LSE, (H, total_q).
+    check_seqlens: read the offsets back to check them against the packed lengths and the
+        max_seqlen arguments (one device sync per call; skipped while torch.compile traces).
+
+    Returns out (total_q, H, D), or (out, lse).
+    """
+    q, k, v = _autocast_inputs(q, k, v)
+    check_qkv_dtypes(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total, H, D) for a varlen batch, got shape {tuple(t.shape)}")
+    total_q, n_heads, head_dim = q.shape
+    total_k, n_kv_heads = k.shape[0], k.shape[1]
+    check_heads(n_heads, n_kv_heads, k.shape[2], v.shape[2])
+    if head_dim != k.shape[2]:
+        raise ValueError(f"q has head dim {head_dim} but k has {k.shape[2]}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    max_seqlen_q = check_seqlen_arg("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = check_seqlen_arg("max_seqlen_k", max_seqlen_k)
+    check_values = check_seqlens and not _compiling()
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, check_values)
+    batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, check_values)
+    if batch_k != batch:
+        raise ValueError(f"cu_seqlens_q holds {batch} sequences but cu_seqlens_k holds {batch_k}")
+    scale = check_softmax_scale(softmax_scale, head_dim)
+    window_left, window_right = check_window(window_size, causal, max_seqlen_k)
+    check_alibi_slopes(alibi_slopes, batch, n_heads)
+    check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
+    spec = AttentionSpec(
+        batch, n_heads, n_kv_heads, head_dim, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
+        alibi_slopes is not None, True, False,
+    )  # fmt: skip
+    q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
+    out, lse = _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+    return (out, lse) if return_lse else out
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())

@@ -1,0 +1,122 @@
+"""Launch configurations of the attention kernels and their autotuners.
+
+Each kernel has a short list of block shapes per padded head dim (BLOCK_D of 64 or less, 128,
+256), chosen for the H100 (132 SMs, 227 KB of shared memory per block, 255 registers per
+thread): every entry compiles for sm_80 and sm_90 without register spills (checked with
+`ptxas -v`). On Hopper with TMA the same shapes load their fully visible tiles through tensor
+descriptors. The autotuner keys on the head dim and the mask/bias specialization (and the
+dtypes), not on sequence lengths, so a varlen batch never re-tunes. When interpreting, each
+kernel runs one small config instead, so that tiny test shapes span several blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import triton
+
+from .._compat import INTERPRETING
+from ..kernels.attention_bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
+from ..kernels.attention_fwd import _attn_fwd_kernel
+
+KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}
+
+# What the best config depends on besides the tensor dtypes (which the autotuner adds itself).
+AUTOTUNE_KEY = ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI"]
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Block shape and launch options of one attention kernel launch."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool = False
+
+    def meta(self) -> Dict[str, object]:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "USE_TMA": self.use_tma}
+
+    def with_tma(self) -> KernelConfig:
+        return KernelConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, True)
+
+
+C = KernelConfig
+# Per kernel, per BLOCK_D class: the candidates, best guess first.
+# fwd: BLOCK_M queries stay on chip, BLOCK_N keys stream.
+# dkdv: BLOCK_N keys stay on chip (dK, dV accumulate in registers), BLOCK_M queries stream.
+# dq: BLOCK_M queries stay on chip (dQ accumulates), BLOCK_N keys stream.
+CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
+    "fwd": {
+        64: [C(128, 128, 8, 3), C(128, 64, 4, 3), C(64, 64, 4, 3)],
+        128: [C(128, 64, 8, 3), C(128, 128, 8, 2), C(64, 64, 4, 3)],
+        256: [C(64, 64, 4, 2), C(128, 64, 8, 2), C(64, 32, 4, 2)],
+    },
+    "dkdv": {
+        64: [C(64, 128, 8, 2), C(32, 128, 4, 3), C(64, 64, 4, 2)],
+        128: [C(32, 128, 8, 2), C(64, 128, 8, 2), C(64, 64, 4, 2)],
+        256: [C(32, 64, 8, 2), C(64, 64, 8, 1)],
+    },
+    "dq": {
+        64: [C(128, 64, 8, 3), C(128, 128, 8, 2), C(64, 64, 4, 3)],
+        128: [C(128, 64, 8, 2), C(128, 32, 4, 3), C(64, 64, 4, 3)],
+        256: [C(64, 64, 8, 2), C(64, 32, 4, 2)],
+    },
+}
+
+# Interpreter: small, unequal blocks, so that shapes of a few dozen positions cover the masked and
+# unmasked loop ranges and query/key blocks that do not line up.
+INTERPRETER_CONFIGS = {"fwd": C(32, 16, 4, 1), "dkdv": C(16, 32, 4, 1), "dq": C(32, 16, 4, 1)}
+
+# The delta = rowsum(dO * O) pre-pass is memory-bound: a fixed config per BLOCK_D.
+PREPROCESS_BLOCK_M = {64: 128, 128: 64, 256: 32}
+PREPROCESS_WARPS = 4
+
+
+def block_d_class(block_d: int) -> int:
+    return max(64, block_d)
+
+
+def candidate_configs(kind: str, block_d: int, tma: bool) -> List[KernelConfig]:
+    """The configs the autotuner tries for `kind` at this BLOCK_D (TMA variants on Hopper)."""
+    if INTERPRETING:
+        return [INTERPRETER_CONFIGS[kind]]
+    configs = CONFIGS[kind][block_d_class(block_d)]
+    return [c.with_tma() for c in configs] if tma else list(configs)
+
+
+def preprocess_block_m(block_d: int) -> int:
+    return 16 if INTERPRETING else PREPROCESS_BLOCK_M[block_d_class(block_d)]
+
+
+def _descriptor_hook(names: Tuple[str, ...], block: str):
+    """Autotune pre-hook: give the TMA descriptors the block shape of the config being launched."""
+
+    def hook(nargs):
+        if nargs["USE_TMA"]:
+            for name in names:
+                nargs[name].block_shape = [1, nargs[block], 1, nargs["BLOCK_D"]]
+
+    return hook
+
+
+# The descriptors each kernel takes and which block dim they tile.
+DESCRIPTORS = {
+    "fwd": (("k_desc", "v_desc"), "BLOCK_N"),
+    "dkdv": (("q_desc", "do_desc"), "BLOCK_M"),
+    "dq": (("k_desc", "v_desc"), "BLOCK_N"),
+}
+
+
+@functools.cache
+def autotuned_kernel(kind: str, block_d: int, tma: bool):
+    """`kind`'s kernel under an autotuner over candidate_configs (built on first use)."""
+    hook = _descriptor_hook(*DESCRIPTORS[kind]) if tma else None
+    configs = [
+        triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
+        for c in candidate_configs(kind, block_d, tma)
+    ]
+    return triton.autotune(configs=configs, key=AUTOTUNE_KEY)(KERNELS[kind])
