@@ -24,3 +24,55 @@ if hasattr(torch.amp, "custom_fwd"):
 else:  # pragma: no cover - torch < 2.4
     custom_fwd = torch.cuda.amp.custom_fwd
     custom_bwd = torch.cuda.amp.custom_bwd
+
+# torch.library.custom_op (torch >= 2.4): while torch.compile traces, the public functions call
+# the launchers through custom ops (no graph break); in eager mode they call them directly.
+HAS_CUSTOM_OP = hasattr(torch.library, "custom_op")
+
+if hasattr(torch.compiler, "is_compiling"):
+    is_compiling = torch.compiler.is_compiling
+else:  # pragma: no cover - torch < 2.3
+
+    def is_compiling() -> bool:
+        return False
+
+
+def autocast_dtype(device_type: str):
+    """The autocast dtype on `device_type`, or None when autocast is off there."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if device_type == "cuda" and torch.is_autocast_enabled():  # pragma: no cover - torch < 2.4
+        return torch.get_autocast_gpu_dtype()
+    return None  # pragma: no cover
+
+
+def mark_modified(tensor: torch.Tensor) -> None:
+    """Bump the autograd version counter of a tensor written in place behind autograd's back, so
+    that any backward which saved it raises instead of reading overwritten values."""
+    if hasattr(torch.autograd.graph, "increment_version"):
+        torch.autograd.graph.increment_version(tensor)
+
+
+# cuBLAS matmul of low-precision operands into an fp32 accumulator (aten::addmm.dtype_out, CUDA,
+# torch >= 2.8). Without it the operands are upcast first (CPU interpreter runs, older torch).
+HAS_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype_out")
+
+
+def addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """acc (+)= a @ b, accumulated in acc's dtype whatever the dtype of a and b."""
+    beta = 1 if accumulate else 0
+    if a.dtype == acc.dtype:
+        torch.addmm(acc, a, b, beta=beta, out=acc)
+    elif HAS_ADDMM_OUT_DTYPE and acc.is_cuda:
+        torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
+    else:
+        torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of the device; a small fixed count when interpreting, so that
+    persistent kernels still loop over several tiles per program in the CPU tests."""
+    if INTERPRETING:
+        return 3
+    return torch.cuda.get_device_properties(device_index).multi_processor_count

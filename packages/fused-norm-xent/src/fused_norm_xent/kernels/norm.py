@@ -1,0 +1,369 @@
+"""LayerNorm and RMSNorm over the last dim of a (rows, cols) view, forward and backward, with an
+optional fused prologue: dropout of x (mask regenerated from a seed, never stored) plus a residual.
+
+    s = dropout(x) + residual      (rounded to the residual's dtype when it is stored)
+    y = (s - mean(s)) * rstd * (w + offset) + b          LayerNorm
+    y = s * rstd * (w + offset) + b                      RMSNorm (mean taken as 0)
+
+Two shapes of kernel, chosen by the launcher from the row width:
+- one block holds whole rows (BLOCK_M rows x BLOCK_N >= cols): the row is read once and y written
+  once, the memory floor;
+- wider rows stream through BLOCK_N chunks: a first pass keeps per-lane Welford statistics (mean
+  and M2, merged once at the end: no cancellation), a second pass re-reads s (from L2, and from
+  the stored residual when there is one) and writes y.
+Statistics are fp32 whatever the dtypes; mean and rstd are saved per row for the backward.
+
+Backward, persistent: each program walks a strided set of row tiles, writes dx (and the residual
+gradient) per row, and accumulates the weight and bias gradients of its rows in registers
+(single-block rows) or in its own fp32 row of the partial buffer (chunked rows). A second small
+kernel sums the (programs, cols) partial buffers into dw and db: no per-row fp32 buffer, no atomics,
+a deterministic order.
+
+Dropout: Philox-4x32 with 7 rounds, keyed by the 64-bit seed, counter (col, row low 32 bits, row
+high 32 bits, rng_offset). An element is kept when the top 31 bits of its draw are >= threshold
+(= round(p * 2^31)), and scaled by 1 / (1 - p). The same (seed, offset) gives the same mask in the
+forward, the backward and on any Triton version. Offsets are int64 throughout.
+"""
+
+import triton
+import triton.language as tl
+
+_PHILOX_ROUNDS = tl.constexpr(7)
+_RNG_ARGS = ["dropout_threshold", "seed_lo", "seed_hi", "rng_offset"]
+
+
+@triton.jit
+def _dropout_keep(offs_m, offs_n, dropout_threshold, seed_lo, seed_hi, rng_offset):
+    """Keep mask of the dropout at rows offs_m x cols offs_n (int64 vectors)."""
+    rows = offs_m[:, None] + offs_n[None, :] * 0
+    c0 = (offs_n[None, :] + offs_m[:, None] * 0).to(tl.uint32)
+    c1 = rows.to(tl.uint32)
+    c2 = (rows >> 32).to(tl.uint32)
+    c3 = c0 * 0 + rng_offset.to(tl.uint32, bitcast=True)
+    k0 = seed_lo.to(tl.uint32, bitcast=True)
+    k1 = seed_hi.to(tl.uint32, bitcast=True)
+    r, _, _, _ = tl.philox_impl(c0, c1, c2, c3, k0, k1, _PHILOX_ROUNDS)
+    return (r >> 1).to(tl.int32, bitcast=True) >= dropout_threshold
+
+
+@triton.jit
+def _norm_input(
+    x_ptr, residual_ptr, offs_m, offs_n, mask,
+    stride_x_row, stride_x_col, stride_res_row, stride_res_col,
+    dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+):  # fmt: skip
+    """dropout(x) + residual on a tile, in fp32."""
+    x_ptrs = x_ptr + offs_m[:, None] * stride_x_row + offs_n[None, :] * stride_x_col
+    s = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        keep = _dropout_keep(offs_m, offs_n, dropout_threshold, seed_lo, seed_hi, rng_offset)
+        s = tl.where(keep, s * dropout_scale, 0.0)
+    if HAS_RESIDUAL:
+        res_ptrs = residual_ptr + offs_m[:, None] * stride_res_row + offs_n[None, :] * stride_res_col
+        s += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _store_rounded(ptrs, s, mask):
+    """Store s in the pointer's dtype and return the stored values in fp32, so that statistics
+    and output use exactly the values the backward will read back."""
+    stored = s.to(ptrs.dtype.element_ty)
+    tl.store(ptrs, stored, mask=mask)
+    return stored.to(tl.float32)
+
+
+@triton.jit
+def _affine(xhat, weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * (w + offset) + b, broadcast over the rows of the tile."""
+    y = xhat
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + weight_offset
+        y = y * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
+@triton.jit
+def _xhat(s, mean, rstd, IS_RMS_NORM: tl.constexpr):
+    if IS_RMS_NORM:
+        return s * rstd[:, None]
+    return (s - mean[:, None]) * rstd[:, None]
+
+
+@triton.jit
+def _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM: tl.constexpr):
+    if not IS_RMS_NORM:
+        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
+    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+
+
+@triton.jit(do_not_specialize=_RNG_ARGS)
+def _norm_fwd_kernel(
+    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, mean_ptr, rstd_ptr,
+    stride_x_row, stride_x_col, stride_res_row, stride_res_col, stride_y_row, stride_res_out_row,
+    n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_m = offs_m < n_rows
+    mask_n = offs_n < n_cols
+    mask = mask_m[:, None] & mask_n[None, :]
+    s = _norm_input(
+        x_ptr, residual_ptr, offs_m, offs_n, mask, stride_x_row, stride_x_col, stride_res_row, stride_res_col,
+        dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset, HAS_RESIDUAL, HAS_DROPOUT,
+    )  # fmt: skip
+    if STORE_RESIDUAL:
+        s = _store_rounded(residual_out_ptr + offs_m[:, None] * stride_res_out_row + offs_n[None, :], s, mask)
+    if IS_RMS_NORM:
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        var = tl.sum(s * s, axis=1) / n_cols
+    else:
+        mean = tl.sum(s, axis=1) / n_cols
+        centered = tl.where(mask, s - mean[:, None], 0.0)
+        var = tl.sum(centered * centered, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM)
+    y = _affine(_xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + offs_m[:, None] * stride_y_row + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=_RNG_ARGS)
+def _norm_fwd_chunked_kernel(
+    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, mean_ptr, rstd_ptr,
+    stride_x_row, stride_x_col, stride_res_row, stride_res_col, stride_y_row, stride_res_out_row,
+    n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_m = offs_m < n_rows
+    # Pass 1: per-lane statistics. Every lane of chunk k has seen k + 1 values, so the Welford
+    # update divides by a scalar; lanes past the row's end in the last chunk are left as they are.
+    lane_mean = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    lane_m2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + offs_n
+        mask = mask_m[:, None] & (cols < n_cols)[None, :]
+        s = _norm_input(
+            x_ptr, residual_ptr, offs_m, cols, mask, stride_x_row, stride_x_col, stride_res_row, stride_res_col,
+            dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset, HAS_RESIDUAL, HAS_DROPOUT,
+        )  # fmt: skip
+        if STORE_RESIDUAL:
+            s = _store_rounded(residual_out_ptr + offs_m[:, None] * stride_res_out_row + cols[None, :], s, mask)
+        if IS_RMS_NORM:
+            lane_m2 += s * s
+        else:
+            inv_count = 1.0 / (start // BLOCK_N + 1)
+            delta = s - lane_mean
+            lane_mean += tl.where(mask, delta * inv_count, 0.0)
+            lane_m2 += tl.where(mask, delta * (s - lane_mean), 0.0)
+    if IS_RMS_NORM:
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        var = tl.sum(lane_m2, axis=1) / n_cols
+    else:
+        # Merge the lanes (Chan et al.): lane j holds ceil((n_cols - j) / BLOCK_N) values.
+        lane_count = ((n_cols - offs_n + BLOCK_N - 1) // BLOCK_N).to(tl.float32)[None, :]
+        mean = tl.sum(lane_count * lane_mean, axis=1) / n_cols
+        spread = lane_mean - mean[:, None]
+        var = tl.sum(lane_m2 + lane_count * spread * spread, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM)
+    # Pass 2: normalize. Without a stored residual the norm input is x itself.
+    if STORE_RESIDUAL:
+        s_ptr = residual_out_ptr
+        stride_s_row = stride_res_out_row
+        stride_s_col = 1
+    else:
+        s_ptr = x_ptr
+        stride_s_row = stride_x_row
+        stride_s_col = stride_x_col
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + offs_n
+        mask_n = cols < n_cols
+        mask = mask_m[:, None] & mask_n[None, :]
+        s_ptrs = s_ptr + offs_m[:, None] * stride_s_row + cols[None, :] * stride_s_col
+        s = tl.load(s_ptrs, mask=mask, other=0.0).to(tl.float32)
+        y = _affine(_xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, cols, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_ptr + offs_m[:, None] * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_bwd_tile(
+    s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, offs_n, mask_m, mask_n,
+    stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset,
+    IS_RMS_NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):  # fmt: skip
+    """(xhat, dy, w * dy) of a tile in fp32, zero outside the mask."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    s = tl.load(s_ptr + offs_m[:, None] * stride_s_row + offs_n[None, :] * stride_s_col, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + offs_m[:, None] * stride_dy_row + offs_n[None, :] * stride_dy_col, mask=mask, other=0.0)
+    dy = dy.to(tl.float32)
+    rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+    if IS_RMS_NORM:
+        mean = rstd
+    else:
+        mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
+    xhat = tl.where(mask, _xhat(s.to(tl.float32), mean, rstd, IS_RMS_NORM), 0.0)
+    wdy = dy
+    if HAS_WEIGHT:
+        wdy = dy * (tl.load(weight_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + weight_offset)[None, :]
+    return xhat, dy, wdy, rstd
+
+
+@triton.jit
+def _input_grad(
+    xhat, wdy, rstd, mean_xhat_wdy, mean_wdy, dres_out_ptr, dx_ptr, dres_ptr, offs_m, offs_n, mask,
+    stride_dres_out_row, stride_dres_out_col, stride_dx_row, stride_dres_row,
+    dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+):  # fmt: skip
+    """ds = rstd * (w*dy - xhat * mean(xhat*w*dy) - mean(w*dy)) (+ the residual-out gradient),
+    stored as the residual's gradient; dx = ds through the dropout mask."""
+    if IS_RMS_NORM:
+        ds = (wdy - xhat * mean_xhat_wdy[:, None]) * rstd[:, None]
+    else:
+        ds = (wdy - xhat * mean_xhat_wdy[:, None] - mean_wdy[:, None]) * rstd[:, None]
+    if HAS_DRES_OUT:
+        dres_out_ptrs = dres_out_ptr + offs_m[:, None] * stride_dres_out_row + offs_n[None, :] * stride_dres_out_col
+        ds += tl.load(dres_out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if STORE_DRES:
+        dres_ptrs = dres_ptr + offs_m[:, None] * stride_dres_row + offs_n[None, :]
+        tl.store(dres_ptrs, ds.to(dres_ptr.dtype.element_ty), mask=mask)
+    if HAS_DROPOUT:
+        keep = _dropout_keep(offs_m, offs_n, dropout_threshold, seed_lo, seed_hi, rng_offset)
+        ds = tl.where(keep, ds * dropout_scale, 0.0)
+    tl.store(dx_ptr + offs_m[:, None] * stride_dx_row + offs_n[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=_RNG_ARGS)
+def _norm_bwd_kernel(
+    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
+    stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
+    stride_dx_row, stride_dres_row,
+    n_rows, n_cols, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
+    for tile in range(pid, n_tiles, n_programs):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask_m = offs_m < n_rows
+        mask = mask_m[:, None] & mask_n[None, :]
+        xhat, dy, wdy, rstd = _load_bwd_tile(
+            s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, offs_n, mask_m, mask_n,
+            stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
+        )  # fmt: skip
+        mean_xhat_wdy = tl.sum(xhat * wdy, axis=1) / n_cols
+        mean_wdy = tl.sum(wdy, axis=1) / n_cols
+        _input_grad(
+            xhat, wdy, rstd, mean_xhat_wdy, mean_wdy, dres_out_ptr, dx_ptr, dres_ptr, offs_m, offs_n, mask,
+            stride_dres_out_row, stride_dres_out_col, stride_dx_row, stride_dres_row,
+            dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+            IS_RMS_NORM, HAS_DRES_OUT, STORE_DRES, HAS_DROPOUT,
+        )  # fmt: skip
+        if HAS_WEIGHT:
+            dw += tl.sum(dy * xhat, axis=0)
+        if HAS_BIAS:
+            db += tl.sum(dy, axis=0)
+    if HAS_WEIGHT:
+        tl.store(partial_dw_ptr + pid.to(tl.int64) * n_cols + offs_n, dw, mask=mask_n)
+    if HAS_BIAS:
+        tl.store(partial_db_ptr + pid.to(tl.int64) * n_cols + offs_n, db, mask=mask_n)
+
+
+@triton.jit
+def _accumulate_partial(partial_ptr, cols, mask_n, value):
+    tl.store(partial_ptr + cols, tl.load(partial_ptr + cols, mask=mask_n, other=0.0) + value, mask=mask_n)
+
+
+@triton.jit(do_not_specialize=_RNG_ARGS)
+def _norm_bwd_chunked_kernel(
+    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
+    stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
+    stride_dx_row, stride_dres_row,
+    n_rows, n_cols, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    # This program's own row of the zero-initialized partial buffers.
+    partial_offset = pid.to(tl.int64) * n_cols
+    n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
+    for tile in range(pid, n_tiles, n_programs):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask_m = offs_m < n_rows
+        # Pass 1: the two row reductions.
+        sum_xhat_wdy = tl.zeros([BLOCK_M], dtype=tl.float32)
+        sum_wdy = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + offs_n
+            xhat, dy, wdy, rstd = _load_bwd_tile(
+                s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, cols, mask_m, cols < n_cols,
+                stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
+            )  # fmt: skip
+            sum_xhat_wdy += tl.sum(xhat * wdy, axis=1)
+            sum_wdy += tl.sum(wdy, axis=1)
+        mean_xhat_wdy = sum_xhat_wdy / n_cols
+        mean_wdy = sum_wdy / n_cols
+        # Pass 2: the input gradient, and this tile's share of the parameter gradients.
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + offs_n
+            mask_n = cols < n_cols
+            xhat, dy, wdy, rstd = _load_bwd_tile(
+                s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, cols, mask_m, mask_n,
+                stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
+            )  # fmt: skip
+            _input_grad(
+                xhat, wdy, rstd, mean_xhat_wdy, mean_wdy, dres_out_ptr, dx_ptr, dres_ptr, offs_m, cols,
+                mask_m[:, None] & mask_n[None, :], stride_dres_out_row, stride_dres_out_col, stride_dx_row,
+                stride_dres_row, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+                IS_RMS_NORM, HAS_DRES_OUT, STORE_DRES, HAS_DROPOUT,
+            )  # fmt: skip
+            if HAS_WEIGHT:
+                _accumulate_partial(partial_dw_ptr + partial_offset, cols, mask_n, tl.sum(dy * xhat, axis=0))
+            if HAS_BIAS:
+                _accumulate_partial(partial_db_ptr + partial_offset, cols, mask_n, tl.sum(dy, axis=0))
+
+
+@triton.jit
+def _column_sum(partial_ptr, out_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_p = tl.arange(0, BLOCK_P)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_partials, BLOCK_P):
+        rows = (start + offs_p).to(tl.int64)
+        mask = (rows < n_partials)[:, None] & mask_n[None, :]
+        acc += tl.load(partial_ptr + rows[:, None] * n_cols + offs_n[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + offs_n, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _norm_param_grad_kernel(
+    partial_dw_ptr, partial_db_ptr, dw_ptr, db_ptr,
+    n_partials, n_cols,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """dw, db = column sums of the (n_partials, n_cols) fp32 partial buffers, in their own dtypes."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    if HAS_WEIGHT:
+        _column_sum(partial_dw_ptr, dw_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P, BLOCK_N)
+    if HAS_BIAS:
+        _column_sum(partial_db_ptr, db_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P, BLOCK_N)
