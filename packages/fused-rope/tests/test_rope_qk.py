@@ -125,3 +125,17 @@ def test_int64_offsets_past_2_31_elements():
                                    sin[:, tail].double())  # fmt: skip
     q_twin, _ = rotary_qk_reference(q[-1:, :, tail], k[-1:, :, tail], cos[:, tail], sin[:, tail])
     assert_close_to_reference(q_out[-1:, :, tail], q_ref, q_twin, name="q_out tail")
+
+
+def test_in_place_without_autograd(device):
+    """Under no_grad (inference) in place is one launch of the in-place operator; versions bump."""
+    q, k = bhsd(2, 4, 5, 16, torch.bfloat16, device), bhsd(2, 2, 5, 16, torch.bfloat16, device)
+    cos, sin = make_tables(1, 5, 12, device)
+    q_ref, k_ref = rotary_qk_reference(q.double(), k.double(), cos.double(), sin.double())
+    q_twin, k_twin = rotary_qk_reference(q, k, cos, sin)
+    versions = q._version, k._version
+    with torch.no_grad():
+        q_out, k_out = apply_rotary_qk(q, k, cos, sin, inplace=True)
+    assert q_out is q and k_out is k and (q._version, k._version) > versions
+    assert_close_to_reference(q, q_ref, q_twin, name="q")
+    assert_close_to_reference(k, k_ref, k_twin, name="k")

@@ -250,7 +250,12 @@ def apply_rotary_qk(
     (q and k themselves when inplace). Differentiable in q and k; cos, sin get no gradient.
     """
     _check_qk_args(q, k, cos, sin, position_ids, inplace)
-    if inplace:
+    if not inplace:
+        return RoPEQKFunction.apply(q, k, cos, sin, position_ids)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         q = RoPEQKInplaceFunction.apply(q, k, cos, sin, position_ids)
         return q, _RotatedInPlace.apply(k, cos, sin, position_ids)
-    return RoPEQKFunction.apply(q, k, cos, sin, position_ids)
+    # Nothing to differentiate: the in-place operator alone (Dynamo traces ctx.mark_dirty only
+    # where autograd records the Function).
+    rope_qk_fwd_(q, k, cos, sin, position_ids)
+    return q, k
