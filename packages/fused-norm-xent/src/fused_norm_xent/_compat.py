@@ -69,7 +69,7 @@ def addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: 
         torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device_index: int) -> int:
     """Streaming multiprocessors of the device; a small fixed count when interpreting, so that
     persistent kernels still loop over several tiles per program in the CPU tests."""

@@ -105,7 +105,9 @@ def normalized_shape_tuple(normalized_shape: Union[int, Sequence[int]]) -> Tuple
     """torch.nn.LayerNorm's `normalized_shape` (an int or a sequence of ints) as a tuple."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if not shape or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
-        raise ValueError(f"normalized_shape={normalized_shape!r} must be a positive int or a non-empty sequence of them")
+        raise ValueError(
+            f"normalized_shape={normalized_shape!r} must be a positive int or a non-empty sequence of them"
+        )
     return shape
 
 
@@ -113,7 +115,5 @@ def check_normalized(x: torch.Tensor, normalized_shape: Tuple[int, ...]) -> int:
     """x must end with normalized_shape; returns the number of elements normalized together."""
     k = len(normalized_shape)
     if x.dim() < k or tuple(x.shape[-k:]) != normalized_shape:
-        raise ValueError(
-            f"x has shape {tuple(x.shape)}, which does not end with normalized_shape {normalized_shape}"
-        )
+        raise ValueError(f"x has shape {tuple(x.shape)}, which does not end with normalized_shape {normalized_shape}")
     return math.prod(normalized_shape)

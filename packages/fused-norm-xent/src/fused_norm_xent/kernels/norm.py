@@ -75,7 +75,9 @@ def _store_rounded(ptrs, s, mask):
 
 
 @triton.jit
-def _affine(xhat, weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _affine(
+    xhat, weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr
+):
     """xhat * (w + offset) + b, broadcast over the rows of the tile."""
     y = xhat
     if HAS_WEIGHT:
@@ -130,7 +132,9 @@ def _norm_fwd_kernel(
         var = tl.sum(centered * centered, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
     _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM)
-    y = _affine(_xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS)
+    y = _affine(
+        _xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS
+    )
     tl.store(y_ptr + offs_m[:, None] * stride_y_row + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -193,7 +197,9 @@ def _norm_fwd_chunked_kernel(
         mask = mask_m[:, None] & mask_n[None, :]
         s_ptrs = s_ptr + offs_m[:, None] * stride_s_row + cols[None, :] * stride_s_col
         s = tl.load(s_ptrs, mask=mask, other=0.0).to(tl.float32)
-        y = _affine(_xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, cols, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS)
+        y = _affine(
+            _xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, cols, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS
+        )
         tl.store(y_ptr + offs_m[:, None] * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

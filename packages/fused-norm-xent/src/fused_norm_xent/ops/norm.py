@@ -50,7 +50,7 @@ class NormConfig(NamedTuple):
     num_warps: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def norm_config(n_cols: int, backward: bool) -> NormConfig:
     """Tile shape and warps for rows of n_cols: whole rows in one block up to 8192, else chunks."""
     if n_cols > MAX_SINGLE_BLOCK_COLS:
@@ -99,6 +99,10 @@ def _stores_residual(x: Tensor, residual: Optional[Tensor], dropout_p: float, re
     return residual is not None or dropout_p > 0.0 or _residual_out_dtype(x, residual, residual_in_fp32) != x.dtype
 
 
+def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
+    return (0, 0) if t is None else (t.stride(0), t.stride(1))
+
+
 def _empty(device) -> Tensor:
     return torch.empty(0, device=device)
 
@@ -107,7 +111,9 @@ def _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm):
     n_rows, n_cols = x.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if _stores_residual(x, residual, dropout_p, residual_in_fp32):
-        residual_out = torch.empty((n_rows, n_cols), dtype=_residual_out_dtype(x, residual, residual_in_fp32), device=x.device)
+        residual_out = torch.empty(
+            (n_rows, n_cols), dtype=_residual_out_dtype(x, residual, residual_in_fp32), device=x.device
+        )
     else:
         residual_out = _empty(x.device)
     mean = _empty(x.device) if is_rms_norm else torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -145,7 +151,7 @@ def norm_forward(
         kernel[((n_rows + cfg.block_m - 1) // cfg.block_m,)](
             x, residual, weight, bias, y, residual_out if store_residual else None, None if is_rms_norm else mean, rstd,
             x.stride(0), x.stride(1),
-            0 if residual is None else residual.stride(0), 0 if residual is None else residual.stride(1),
+            *_strides(residual),
             y.stride(0), residual_out.stride(0) if store_residual else 0,
             n_rows, n_cols, eps, weight_offset, scale, threshold, seed_lo, seed_hi, offset,
             IS_RMS_NORM=is_rms_norm, HAS_RESIDUAL=residual is not None, HAS_DROPOUT=dropout_p > 0.0,
@@ -155,14 +161,18 @@ def norm_forward(
     return y, residual_out, mean, rstd, torch.tensor(seed, dtype=torch.int64)
 
 
-def _norm_forward_fake(x, weight, bias, residual, eps, weight_offset, is_rms_norm, dropout_p, seed, seed_offset, residual_in_fp32):
+def _norm_forward_fake(
+    x, weight, bias, residual, eps, weight_offset, is_rms_norm, dropout_p, seed, seed_offset, residual_in_fp32
+):
     return (*_alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm), torch.empty((), dtype=torch.int64))
 
 
 def _alloc_backward(s, weight, bias, x_dtype, residual_dtype, store_dresidual):
     n_rows, n_cols = s.shape
     dx = torch.empty((n_rows, n_cols), dtype=x_dtype, device=s.device)
-    dresidual = torch.empty((n_rows, n_cols), dtype=residual_dtype, device=s.device) if store_dresidual else _empty(s.device)
+    dresidual = (
+        torch.empty((n_rows, n_cols), dtype=residual_dtype, device=s.device) if store_dresidual else _empty(s.device)
+    )
     dw = _empty(s.device) if weight is None else torch.empty_like(weight)
     db = _empty(s.device) if bias is None else torch.empty_like(bias)
     return dx, dresidual, dw, db
@@ -210,7 +220,7 @@ def norm_backward(
         s, dy, dresidual_out, weight, None if is_rms_norm else mean, rstd, dx,
         dresidual if store_dresidual else None, partial_dw, partial_db,
         s.stride(0), s.stride(1), dy.stride(0), dy.stride(1),
-        0 if dresidual_out is None else dresidual_out.stride(0), 0 if dresidual_out is None else dresidual_out.stride(1),
+        *_strides(dresidual_out),
         dx.stride(0), dresidual.stride(0) if store_dresidual else 0,
         n_rows, n_cols, weight_offset, scale, threshold, seed_lo, seed_hi, offset,
         IS_RMS_NORM=is_rms_norm, HAS_DRES_OUT=dresidual_out is not None, STORE_DRES=store_dresidual,

@@ -32,7 +32,7 @@ class LaunchConfig(NamedTuple):
     num_warps: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def launch_config(n_cols: int) -> LaunchConfig:
     """Block shape and warps for rows of `n_cols`; the same rule for forward and backward."""
     if n_cols > MAX_SINGLE_BLOCK_COLS:
