@@ -52,9 +52,10 @@ def check_device(**tensors: Optional[torch.Tensor]) -> None:
             raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
 
 
-def autocast_inputs(device_type: str, *tensors: Optional[torch.Tensor]):
-    """Under torch.autocast for `device_type`, floating tensors cast to its dtype (as F.linear's are)."""
-    dtype = autocast_dtype(device_type)
+def autocast_inputs(*tensors: Optional[torch.Tensor]):
+    """Under torch.autocast for the kernels' device type, floating tensors cast to its dtype (as
+    F.linear's are). Tensors on another device are left for check_device to reject."""
+    dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
     if dtype is None:
         return tensors
     return tuple(None if t is None or not t.is_floating_point() else t.to(dtype) for t in tensors)

@@ -77,29 +77,22 @@ def fp16_accumulate_matmul(a: torch.Tensor, b: torch.Tensor, rounding: str = "ne
 
 
 def swiglu_fp16_accumulate_reference(
-    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, rounding: str = "nearest"
-) -> torch.Tensor:
-    """FastAccumFusedSwiGLU's forward with fp16_accumulate=True, modelled: (M, K) fp16 -> (M, N) fp16.
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, dh: torch.Tensor, rounding: str = "nearest"
+):
+    """FastAccumFusedSwiGLU with fp16_accumulate=True, modelled on fp16 (M, K) x, (K, N) weights, (M, N) dh.
 
-    g and u are fp16-accumulated matmuls; silu(g) * u is taken in fp32, as the kernel's epilogue does.
-    """
-    gate = fp16_accumulate_matmul(x, w_gate, rounding).float()
-    up = fp16_accumulate_matmul(x, w_up, rounding).float()
-    return (F.silu(gate) * up).to(torch.float16)
-
-
-def swiglu_input_grad_fp16_accumulate_reference(
-    dh: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, rounding: str = "nearest"
-) -> torch.Tensor:
-    """dx of FastAccumFusedSwiGLU with fp16_accumulate=True, modelled: fp16 (M, N) dh -> (M, K) fp16.
-
-    g, u come from the fp16-accumulating forward (stored as fp16); d_gate and d_up are formed in
-    fp32 and stored as fp16; dx = [d_gate, d_up] @ [w_gate, w_up]^T accumulates in fp16.
+    Returns (h, dx, dw_gate, dw_up) in fp16. As the kernels: g and u are fp16-accumulated and
+    stored as fp16; h = silu(g) * u and d_gate, d_up are formed in fp32 and stored as fp16;
+    dx = [d_gate, d_up] @ [w_gate, w_up]^T accumulates in fp16; the weight gradients
+    x^T @ d_gate, x^T @ d_up accumulate in fp32 (modelled exact, then rounded once).
     """
     gate = fp16_accumulate_matmul(x, w_gate, rounding).float()
     up = fp16_accumulate_matmul(x, w_up, rounding).float()
     sig = torch.sigmoid(gate)
+    h = (gate * sig * up).half()
     dh = dh.float()
     d_gate = (dh * up * sig * (1 + gate * (1 - sig))).half()
     d_up = (dh * gate * sig).half()
-    return fp16_accumulate_matmul(torch.cat([d_gate, d_up], 1), torch.cat([w_gate.t(), w_up.t()], 0), rounding)
+    dx = fp16_accumulate_matmul(torch.cat([d_gate, d_up], 1), torch.cat([w_gate.t(), w_up.t()], 0), rounding)
+    x64 = x.double().t()
+    return h, dx, (x64 @ d_gate.double()).half(), (x64 @ d_up.double()).half()

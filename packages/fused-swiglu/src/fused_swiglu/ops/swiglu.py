@@ -49,7 +49,7 @@ def prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes: Sequence[torch.
     for name, value in named.items():
         if value is not None or not name.startswith("b_"):
             check_is_tensor(name, value)
-    named = dict(zip(named, autocast_inputs(x.device.type, *named.values())))
+    named = dict(zip(named, autocast_inputs(*named.values())))
     x = check_tensor("x", named.pop("x"), dtypes)
     check_same_dtype("x", x, **named)
     if x.dim() == 0:

@@ -1,0 +1,71 @@
+"""swiglu_mlp / FusedSwiGLUMLP (SwiGLU + down projection, fused backward) against the float64 reference."""
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
+
+from fused_swiglu import FusedSwiGLUMLP, swiglu_mlp
+from fused_swiglu.reference import swiglu_mlp_reference
+
+pytestmark = pytest.mark.kernels
+
+
+def make_mlp_inputs(sw, leading, d_model, d_inter, dtype, device, bias=False, d_out=None):
+    x, w_gate, w_up, *biases = sw.make_inputs(leading, d_model, d_inter, dtype, device, bias)
+    w_down = sw.linear_weight(d_inter, d_out or d_model, device, dtype).requires_grad_()
+    if not bias:
+        return [x, w_gate, w_up, w_down]
+    b_down = (0.5 * torch.randn(d_out or d_model, device=device)).to(dtype).requires_grad_()
+    return [x, w_gate, w_up, w_down, *biases, b_down]
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("leading, d_model, d_inter", [((37,), 100, 90), ((2, 3, 5), 48, 80)], ids=str)
+def test_forward_and_gradients(leading, d_model, d_inter, dtype, device, sw):
+    inputs = make_mlp_inputs(sw, leading, d_model, d_inter, dtype, device)
+    y, _ = sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+    assert y.shape == (*leading, d_model)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_biases_and_other_output_width(dtype, device, sw):
+    inputs = make_mlp_inputs(sw, (2, 17), 40, 72, dtype, device, bias=True, d_out=24)
+    sw.check_against_reference(FusedSwiGLUMLP.apply, swiglu_mlp_reference, inputs)
+
+
+def test_non_contiguous_input_weights_and_gradient(device, sw):
+    x = torch.randn(3, 18, 40, device=device, dtype=torch.bfloat16)[:, ::2].requires_grad_()
+    _, w_gate, w_up, _ = make_mlp_inputs(sw, (1,), 40, 56, torch.bfloat16, device)
+    w_down = sw.linear_weight(56, 40, device, torch.bfloat16).t().contiguous().t().requires_grad_()
+    dy = torch.randn(3, 40, 9, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    with_dy = [x, w_gate, w_up, w_down]
+    with poisoned_allocations():
+        y, grads, _ = sw.outputs_and_grads(swiglu_mlp, with_dy, dy)
+    y_ref, grads_ref, _ = sw.outputs_and_grads(swiglu_mlp_reference, sw.detached(with_dy, torch.float64), dy.double())
+    y_low, grads_low, _ = sw.outputs_and_grads(swiglu_mlp_reference, sw.detached(with_dy), dy)
+    assert_close_to_reference(y, y_ref, y_low, name="y")
+    for name, g, g_ref, g_low in zip(("dx", "dw_gate", "dw_up", "dw_down"), grads, grads_ref, grads_low):
+        assert_close_to_reference(g, g_ref, g_low, name=name)
+
+
+@pytest.mark.parametrize("trainable", ["x-only", "w_down-only", "weights-only"])
+def test_partial_gradients(trainable, device, sw):
+    inputs = make_mlp_inputs(sw, (21,), 32, 48, torch.bfloat16, device)
+    for name, t in zip(("x", "w_gate", "w_up", "w_down"), inputs):
+        t.requires_grad_(
+            {"x-only": name == "x", "w_down-only": name == "w_down", "weights-only": name != "x"}[trainable]
+        )
+    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+
+
+def test_second_backward_through_the_graph_raises(device, sw):
+    y = swiglu_mlp(*make_mlp_inputs(sw, (9,), 16, 16, torch.bfloat16, device))
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_torch_compile_fullgraph(device, sw):
+    inputs = make_mlp_inputs(sw, (2, 11), 32, 40, torch.bfloat16, device, bias=True)
+    compiled = torch.compile(swiglu_mlp, backend="eager", fullgraph=True)
+    sw.check_against_reference(compiled, swiglu_mlp_reference, inputs)
