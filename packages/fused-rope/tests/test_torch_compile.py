@@ -103,4 +103,4 @@ def test_apply_rotary_qk_in_place(backend, device):
 def test_custom_op_registrations(op, args, device):
     """torch.library.opcheck: schema, fake implementation and dispatch of each operator."""
     module = rope_ops if op in ("rope_fwd", "rope_bwd") else rope_qk_ops
-    torch.library.opcheck(getattr(module, op), args(device), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(getattr(module, op).op, args(device), test_utils=("test_schema", "test_faketensor"))
