@@ -75,6 +75,8 @@ def differentiable_op(
     def apply(*args):
         if is_compiling():
             return forward_op(*args)
-        return Function.apply(*args)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return Function.apply(*args)
+        return forward(*args)  # nothing to differentiate: skip autograd's bookkeeping
 
     return Function, apply

@@ -1,0 +1,118 @@
+"""Cross-entropy over the rows of (rows, classes) logits: loss, log-sum-exp and the logits gradient.
+
+Per valid row (target != ignore_index), with lse = logsumexp(x), eps = label_smoothing, V classes
+and z = lse_square_scale:
+    loss = lse - (1 - eps) * x[target] - eps * mean(x) + z * lse^2
+    dloss/dx_j = (1 + 2 z lse) * softmax(x)_j - (1 - eps) * [j == target] - eps / V
+Ignored rows have loss 0 and gradient 0.
+
+One kernel, two passes over a row in BLOCK_N chunks (a row of any width; BLOCK_M rows per program
+when rows are narrow):
+- pass 1 (COMPUTE_LOSS): online max and sum of exponentials, reduced per chunk so that each
+  element costs one exp; the sum of the row for label smoothing; the target logit by one load.
+  Writes the loss, lse and z-loss of each row.
+- pass 2 (COMPUTE_GRAD): re-reads the row (from L2: it was just read) and writes the gradient
+  times grad_scale (and times a per-row scale, e.g. the upstream gradient of reduction="none"),
+  possibly into the logits buffer itself: each element is read before it is overwritten by the
+  same thread. Without COMPUTE_LOSS, lse is read from lse_ptr (a backward from saved statistics).
+NaN/inf follow torch: a NaN or +inf logit makes the row NaN, an all -inf row gives NaN, a -inf
+target logit gives +inf. Offsets are int64, so logits past 2^31 elements are addressed correctly.
+A target outside [0, V) that is not ignored (the launcher rejects those first) loads nothing.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["ignore_index"])
+def _cross_entropy_kernel(
+    logits_ptr, target_ptr, grad_ptr, loss_ptr, lse_ptr, z_loss_ptr, row_scale_ptr,
+    stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
+    n_rows, n_cols, ignore_index, label_smoothing, lse_square_scale, grad_scale,
+    COMPUTE_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_m = offs_m < n_rows
+    target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=ignore_index).to(tl.int64)
+    valid = mask_m & (target != ignore_index)
+    row_ptrs = logits_ptr + offs_m * stride_logits_row
+    if COMPUTE_LOSS:
+        row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+        sum_exp = tl.zeros([BLOCK_M], dtype=tl.float32)
+        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + offs_n
+            mask = mask_m[:, None] & (cols < n_cols)[None, :]
+            x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_logits_col, mask=mask, other=-float("inf"))
+            x = x.to(tl.float32)
+            new_max = tl.maximum(row_max, tl.max(x, axis=1))
+            # Rows that have seen only -inf keep a zero sum instead of exp(-inf - -inf) = NaN.
+            shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+            sum_exp = sum_exp * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
+            row_max = new_max
+            if HAS_SMOOTHING:
+                row_sum += tl.sum(tl.where(mask, x, 0.0), axis=1)
+        lse = row_max + tl.log(sum_exp)
+        in_range = valid & (target >= 0) & (target < n_cols)
+        target_logit = tl.load(row_ptrs + target * stride_logits_col, mask=in_range, other=float("nan"))
+        loss = lse - target_logit.to(tl.float32)
+        if HAS_SMOOTHING:
+            loss = lse - (1.0 - label_smoothing) * target_logit.to(tl.float32) - label_smoothing * row_sum / n_cols
+        if HAS_Z_LOSS:
+            z_loss = lse_square_scale * lse * lse
+            loss += z_loss
+            tl.store(z_loss_ptr + offs_m, tl.where(valid, z_loss, 0.0), mask=mask_m)
+        tl.store(loss_ptr + offs_m, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=mask_m)
+        tl.store(lse_ptr + offs_m, lse, mask=mask_m)
+    else:
+        lse = tl.load(lse_ptr + offs_m, mask=mask_m, other=0.0)
+    if COMPUTE_GRAD:
+        scale = tl.where(valid, grad_scale, 0.0)
+        if HAS_ROW_SCALE:
+            scale *= tl.load(row_scale_ptr + offs_m * stride_row_scale, mask=mask_m, other=0.0).to(tl.float32)
+        softmax_scale = scale
+        if HAS_Z_LOSS:
+            softmax_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
+        target_grad = scale
+        if HAS_SMOOTHING:
+            target_grad = scale * (1.0 - label_smoothing)
+        uniform_grad = scale * label_smoothing / n_cols
+        grad_row_ptrs = grad_ptr + offs_m * stride_grad_row
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + offs_n
+            mask = mask_m[:, None] & (cols < n_cols)[None, :]
+            x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_logits_col, mask=mask, other=0.0)
+            grad = tl.exp(x.to(tl.float32) - lse[:, None]) * softmax_scale[:, None]
+            grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
+            if HAS_SMOOTHING:
+                grad -= uniform_grad[:, None]
+            grad_ptrs = grad_row_ptrs[:, None] + cols[None, :] * stride_grad_col
+            tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_kernel(
+    x_ptr, scale_ptr,
+    stride_x_row, stride_x_col,
+    n_rows, n_cols,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """x *= scale (a one-element tensor), in place, persistent over (BLOCK_M, BLOCK_N) tiles.
+
+    Every program reads the scale first and touches nothing when it is 1: the common backward of
+    a mean or summed loss costs one launch and no memory traffic, and no host synchronization.
+    """
+    scale = tl.load(scale_ptr).to(tl.float32)
+    if scale != 1.0:
+        n_col_tiles = (n_cols + BLOCK_N - 1) // BLOCK_N
+        n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M * n_col_tiles
+        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            offs_m = ((tile // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            offs_n = (tile % n_col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
+            ptrs = x_ptr + offs_m[:, None] * stride_x_row + offs_n[None, :] * stride_x_col
+            x = tl.load(ptrs, mask=mask, other=0.0)
+            tl.store(ptrs, (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty), mask=mask)
