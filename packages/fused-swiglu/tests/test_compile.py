@@ -1,0 +1,130 @@
+"""Every kernel specialization the launchers can choose compiles to a cubin (sm_80, sm_90).
+
+A covering set, not the cross product: every autotune config of every kernel, every dtype and
+every constexpr value appears at least once, each case on both architectures. Strides that
+the JIT sees as 1 (contiguous operands, the usual case) are compiled as the constant 1, as the
+JIT specializes them; one case per kernel keeps every stride a runtime value (transposed or
+strided operands).
+"""
+
+import pytest
+from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
+
+from fused_swiglu.kernels.backward import (
+    _mlp_down_grad_kernel,
+    _swiglu_grad_kernel,
+    _swiglu_input_grad_kernel,
+    _swiglu_weight_grad_kernel,
+)
+from fused_swiglu.kernels.forward import _swiglu_fwd_kernel
+from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARPS
+
+pytestmark = pytest.mark.aot
+
+POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
+
+# kernel -> (pointer args, int args, the int args that are 1 for contiguous operands)
+KERNELS = {
+    "fwd": (
+        _swiglu_fwd_kernel,
+        ["x_ptr", "wg_ptr", "wu_ptr", "bg_ptr", "bu_ptr", "h_ptr", "g_ptr", "u_ptr"],
+        ["stride_xm", "stride_xk", "stride_wgk", "stride_wgn", "stride_wuk", "stride_wun", "stride_hm", "M", "N", "K"],
+        ["stride_xk", "stride_wgn", "stride_wun"],
+    ),
+    "input_grad": (
+        _swiglu_input_grad_kernel,
+        ["dg_ptr", "du_ptr", "wg_ptr", "wu_ptr", "dx_ptr"],
+        ["stride_dm", "stride_wgk", "stride_wgn", "stride_wuk", "stride_wun", "stride_dxm", "M", "K", "N"],
+        ["stride_wgn", "stride_wun"],
+    ),
+    "weight_grad": (
+        _swiglu_weight_grad_kernel,
+        ["x_ptr", "dg_ptr", "du_ptr", "dwg_ptr", "dwu_ptr"],
+        ["stride_xm", "stride_xk", "stride_dm", "stride_dwk", "M", "N", "K"],
+        ["stride_xk"],
+    ),
+    "down_grad": (
+        _mlp_down_grad_kernel,
+        ["dy_ptr", "wd_ptr", "g_ptr", "u_ptr", "h_ptr"],
+        ["stride_dym", "stride_dyd", "stride_wdn", "stride_wdd", "stride_gm", "M", "N", "D"],
+        ["stride_dyd", "stride_wdd"],
+    ),
+}
+
+# Per config index of each autotuned kernel: (dtype, contiguous strides, constexprs besides the config).
+# The "EVEN" heuristic (reduction divisible by the block) alternates; fp16 accumulation and TF32
+# appear where the launchers can pick them (fp16 / fp32 operands).
+CASES = {
+    "fwd": [
+        ("bf16", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=True)),
+        ("fp16", True, dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True, ALLOW_TF32=False, EVEN_K=False)),
+        ("fp32", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=True, EVEN_K=True)),
+        ("bf16", False, dict(HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=False)),
+        ("fp16", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=True, ALLOW_TF32=False, EVEN_K=True)),
+    ],
+    "input_grad": [
+        ("bf16", True, dict(ACC_FP16=False, ALLOW_TF32=False, EVEN_N=True)),
+        ("fp16", True, dict(ACC_FP16=True, ALLOW_TF32=False, EVEN_N=False)),
+        ("fp32", False, dict(ACC_FP16=False, ALLOW_TF32=True, EVEN_N=True)),
+        ("fp16", True, dict(ACC_FP16=False, ALLOW_TF32=False, EVEN_N=False)),
+        ("fp32", True, dict(ACC_FP16=False, ALLOW_TF32=False, EVEN_N=False)),
+    ],
+    "weight_grad": [
+        ("bf16", True, dict(ALLOW_TF32=False, EVEN_M=True)),
+        ("fp16", False, dict(ALLOW_TF32=False, EVEN_M=False)),
+        ("fp32", True, dict(ALLOW_TF32=True, EVEN_M=True)),
+        ("bf16", True, dict(ALLOW_TF32=False, EVEN_M=False)),
+        ("fp32", True, dict(ALLOW_TF32=False, EVEN_M=False)),
+    ],
+    "down_grad": [
+        ("bf16", True, dict(ALLOW_TF32=False, EVEN_D=True)),
+        ("fp16", True, dict(ALLOW_TF32=False, EVEN_D=False)),
+        ("bf16", False, dict(ALLOW_TF32=False, EVEN_D=True)),
+        ("fp32", True, dict(ALLOW_TF32=True, EVEN_D=False)),
+        ("fp32", True, dict(ALLOW_TF32=False, EVEN_D=True)),
+    ],
+}
+
+
+def _params():
+    for name, cases in CASES.items():
+        configs = autotune_configs(KERNELS[name][0])
+        assert len(configs) == len(cases), f"{name}: {len(configs)} autotune configs but {len(cases)} cases"
+        for index, (config, (dtype, contiguous, constexprs)) in enumerate(zip(configs, cases)):
+            for arch in ARCHS:
+                layout = "contiguous" if contiguous else "strided"
+                yield pytest.param(
+                    name, config, dtype, contiguous, constexprs, arch, id=f"{name}-cfg{index}-{dtype}-{layout}-sm{arch}"
+                )
+
+
+@pytest.mark.parametrize("name, config, dtype, contiguous, constexprs, arch", list(_params()))
+def test_autotuned_kernels_compile(name, config, dtype, contiguous, constexprs, arch):
+    kernel, pointers, ints, unit_strides = KERNELS[name]
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    fixed = {s: 1 for s in unit_strides} if contiguous else {}
+    signature = {p: POINTER[dtype] for p in pointers}
+    signature.update({i: "i32" for i in ints if i not in fixed})
+    constexprs = dict(constexprs, UPCAST=False, **config, **fixed)
+    if name == "down_grad":
+        constexprs["EPILOGUE_M"] = min(config["BLOCK_M"], 32)  # the kernel's heuristic
+    compile_to_cubin(
+        kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps, num_stages=num_stages
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_grad_kernel_compiles(dtype, arch):
+    """The elementwise backward step: one launch shape; dh of any strides (the fp16 case keeps them runtime)."""
+    fixed = {} if dtype == "fp16" else {"stride_dhn": 1}
+    signature = {"dh_ptr": POINTER[dtype], "g_ptr": POINTER[dtype], "u_ptr": POINTER[dtype]}
+    signature.update({i: "i32" for i in ("stride_dhm", "stride_dhn", "stride_gm", "M", "N") if i not in fixed})
+    compile_to_cubin(
+        _swiglu_grad_kernel,
+        signature=signature,
+        constexprs=dict(UPCAST=False, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, **fixed),
+        arch=arch,
+        num_warps=GRAD_NUM_WARPS,
+    )
