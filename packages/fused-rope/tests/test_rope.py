@@ -10,6 +10,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, dtype_params
 
 from fused_rope import apply_rotary_pos_emb
+from fused_rope.ops import rope as rope_ops
 from fused_rope.reference import apply_rotary_pos_emb_reference
 
 pytestmark = pytest.mark.kernels
@@ -49,6 +50,14 @@ def test_odd_head_dims_and_rotary_dims(head_dim, d2, interleaved, device, rope_c
     """Head dims 80 / 96 and rotary dims whose half is not a power of two (20, 24, 12, 3), d2 = 2."""
     t = torch.randn(3, 2, 3, head_dim, device=device, dtype=torch.bfloat16)
     rope_checks.check_rope(t, rope_checks.make_freqs(3, d2, device), "sbhd", interleaved)
+
+
+@pytest.mark.parametrize("tensor_format", FORMATS)
+def test_portable_interleaved_path(tensor_format, monkeypatch, device, rope_checks):
+    """Interleaved pairs by two stride-2 loads: the path Triton 2.2 compiles (Triton 3 splits in registers)."""
+    monkeypatch.setattr(rope_ops, "SPLIT_INTERLEAVED_PAIRS", False)
+    t, cu_seqlens = make_input(tensor_format, 4, 2, 3, 16, torch.float16, device)
+    rope_checks.check_rope(t, rope_checks.make_freqs(6, 12, device), tensor_format, True, cu_seqlens)
 
 
 def test_thd_sequences_of_lengths_1_and_1000(device, rope_checks):

@@ -101,9 +101,14 @@ def _rope_rows(
 
 @triton.jit
 def _rotate_interleaved(x, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    """rot(x) for interleaved pairs: columns (2j, 2j + 1) become (-x[2j + 1], x[2j])."""
-    even, odd = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_P, 2]))
-    return tl.reshape(tl.join(-odd, even), [BLOCK_R, 2 * BLOCK_P])
+    """rot(x) for interleaved pairs: columns (2j, 2j + 1) become (-x[2j + 1], x[2j]).
+
+    split / join exist from Triton 3.0. They are spelled triton.language.* because Triton 2.2
+    resolves every tl.<name> of a kernel's call tree when it hashes the kernel, even in
+    branches it never compiles; it skips names under `triton.`.
+    """
+    even, odd = triton.language.split(tl.reshape(x, [BLOCK_R, BLOCK_P, 2]))
+    return tl.reshape(triton.language.join(-odd, even), [BLOCK_R, 2 * BLOCK_P])
 
 
 @triton.jit

@@ -7,7 +7,8 @@ are registered as torch custom operators where torch has them, so torch.compile 
 through `RoPEFunction` without a graph break.
 """
 
-from typing import Optional
+import functools
+from typing import Any, Dict, Optional
 
 import torch
 import triton
@@ -33,6 +34,20 @@ TENSOR_FORMATS = ("sbhd", "bshd", "thd")
 SPLIT_INTERLEAVED_PAIRS = _compat.HAS_SPLIT_JOIN
 
 
+@functools.cache
+def launch_meta(
+    tensor_format: str, n_rows: int, d2: int, head_dim: int, element_size: int, interleaved: bool,
+    split_pairs: bool, has_start: bool, transpose: bool,
+) -> Dict[str, Any]:  # fmt: skip
+    """The compile-time arguments and num_warps of one _rope_kernel launch (cached per shape)."""
+    cfg = launch_config(n_rows, d2 // 2, head_dim - d2, element_size, True, 2 if split_pairs else 1)
+    return dict(
+        HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=tensor_format == "thd", HAS_START=has_start, INTERLEAVED=interleaved,
+        SPLIT_PAIRS=split_pairs, TRANSPOSE=transpose, COPY_PASS=cfg.copy_pass, BLOCK_R=cfg.block_r,
+        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
 def _launch(
     t: torch.Tensor,
     freqs: torch.Tensor,
@@ -48,7 +63,7 @@ def _launch(
         return out
     t = unit_last_stride(t)
     freqs = unit_last_stride(freqs.reshape(freqs.shape[0], freqs.shape[-1]))  # (s2, d2)
-    d2, head_dim, n_heads = freqs.shape[1], t.shape[-1], t.shape[-2]
+    n_heads = t.shape[-2]
     if tensor_format == "thd":
         n_seqs = cu_seqlens.numel() - 1
         n_groups, n_batch_groups, n_rows = t.shape[0], 1, n_heads
@@ -63,18 +78,18 @@ def _launch(
         n_groups, n_rows = seq_len * n_batch_groups, n_heads * (batch // n_batch_groups)
         t_strides = (t.stride(seq_dim), t.stride(1 - seq_dim), t.stride(2))
         out_strides = (out.stride(seq_dim), out.stride(1 - seq_dim), out.stride(2))
-    split_pairs = interleaved and SPLIT_INTERLEAVED_PAIRS
-    cfg = launch_config(n_rows, d2 // 2, head_dim - d2, t.element_size(), True, 2 if split_pairs else 1)
-    grid = (n_groups, triton.cdiv(n_rows, cfg.block_r))
+    meta = launch_meta(
+        tensor_format, n_rows, freqs.shape[1], t.shape[-1], t.element_size(), interleaved,
+        interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None, transpose,
+    )  # fmt: skip
+    grid = (n_groups, triton.cdiv(n_rows, meta["BLOCK_R"]))
     _rope_kernel[grid](
         t, freqs, out,
         t if start_positions is None else start_positions,
         t if cu_seqlens is None else cu_seqlens,
         *t_strides, *out_strides, freqs.stride(0),
         n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0,
-        HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=tensor_format == "thd", HAS_START=start_positions is not None,
-        INTERLEAVED=interleaved, SPLIT_PAIRS=split_pairs, TRANSPOSE=transpose, COPY_PASS=cfg.copy_pass,
-        BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+        **meta,
     )  # fmt: skip
     return out
 

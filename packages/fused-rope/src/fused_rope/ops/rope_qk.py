@@ -4,7 +4,8 @@
 for k) from precomputed tables, q and k of one token in the same launch, optionally in place.
 """
 
-from typing import Optional, Tuple
+import functools
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import triton
@@ -30,6 +31,22 @@ def _table_strides(table: torch.Tensor) -> Tuple[int, int]:
     return table.stride(0), table.stride(1)
 
 
+@functools.cache
+def launch_meta(
+    n_heads: int, d2: int, head_dim: int, element_size: int, in_place: bool, has_position_ids: bool, transpose: bool
+) -> Dict[str, Any]:
+    """The compile-time arguments and num_warps of one _rope_qk_kernel launch (cached per shape).
+
+    n_heads: the larger of q's and k's head counts (one BLOCK_R for both).
+    """
+    cfg = launch_config(n_heads, d2 // 2, head_dim - d2, element_size, not in_place, 0)
+    return dict(
+        HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, TRANSPOSE=transpose,
+        COPY_PASS=cfg.copy_pass, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
 def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None:
     """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k.
 
@@ -42,11 +59,12 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None
     if k is None:
         k = k_out = q[:, :0]
     cos, sin = unit_last_stride(cos), unit_last_stride(sin)
-    d2 = cos.shape[-1]
-    in_place = q_out is q
-    cfg = launch_config(max(n_q_heads, n_k_heads), d2 // 2, head_dim - d2, q.element_size(), not in_place, 0)
-    n_q_blocks = triton.cdiv(n_q_heads, cfg.block_r)
-    grid = (batch * seq_len, n_q_blocks + triton.cdiv(n_k_heads, cfg.block_r))
+    meta = launch_meta(
+        max(n_q_heads, n_k_heads), cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None,
+        transpose,
+    )  # fmt: skip
+    n_q_blocks = triton.cdiv(n_q_heads, meta["BLOCK_R"])
+    grid = (batch * seq_len, n_q_blocks + triton.cdiv(n_k_heads, meta["BLOCK_R"]))
     if position_ids is None:
         pos_strides = (0, 0)
     else:
@@ -57,9 +75,7 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
         *_table_strides(cos), *_table_strides(sin), *pos_strides,
         seq_len, n_q_heads, n_k_heads, n_q_blocks,
-        HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=position_ids is not None, TRANSPOSE=transpose,
-        COPY_PASS=cfg.copy_pass, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass,
-        num_warps=cfg.num_warps,
+        **meta,
     )  # fmt: skip
 
 

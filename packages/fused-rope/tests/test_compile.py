@@ -1,0 +1,107 @@
+"""Every kernel specialization the launchers choose compiles to a cubin (sm_80, sm_90).
+
+A covering set, not the cross product: each case is what the launcher's own `launch_meta`
+picks for a representative shape, and together they give every compile-time value (formats,
+start positions, interleaved with and without tl.split, forward / transpose, pass-through
+copied or not, in place, position ids) and every dtype at least once, plus tiles from 1 to 8
+warps (head dims 64 to 512, rotary dims 40 to 256).
+"""
+
+import pytest
+from tritonformer_testkit.aot import ARCHS, compile_to_cubin
+
+from fused_rope import _compat
+from fused_rope.kernels.rope import _rope_kernel
+from fused_rope.kernels.rope_qk import _rope_qk_kernel
+from fused_rope.ops import rope as rope_ops
+from fused_rope.ops import rope_qk as rope_qk_ops
+
+pytestmark = pytest.mark.aot
+
+ELEMENT_SIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+SPLIT = _compat.HAS_SPLIT_JOIN
+
+# tensor_format, t dtype, freqs dtype, head_dim, d2, heads, batch, interleaved, split pairs,
+# start_positions dtype, cu_seqlens dtype, transpose, integer argument type
+ROPE_CASES = [
+    ("sbhd", "bf16", "fp32", 128, 128, 32, 4, False, False, None, None, False, "i32"),
+    ("bshd", "fp16", "fp32", 128, 64, 16, 2, True, SPLIT, "i64", None, True, "i32"),
+    ("thd", "fp32", "fp32", 256, 256, 8, 1, True, SPLIT, "i32", "i32", False, "i32"),
+    ("sbhd", "bf16", "fp32", 512, 256, 64, 2, False, False, None, None, True, "i64"),
+    ("thd", "bf16", "fp32", 80, 40, 4, 1, False, False, None, "i64", False, "i32"),
+    ("sbhd", "fp32", "bf16", 96, 96, 12, 1, True, SPLIT, None, None, True, "i32"),
+    ("bshd", "bf16", "fp32", 64, 32, 2, 1, False, False, "i32", None, False, "i32"),
+    ("sbhd", "fp16", "fp32", 128, 128, 8, 2, True, False, None, None, False, "i32"),
+]
+ROPE_INTS = ["stride_t_s", "stride_t_b", "stride_t_h", "stride_out_s", "stride_out_b", "stride_out_h",
+             "stride_freqs_s", "n_batch_groups", "n_heads", "n_rows", "n_seqs", "search_steps"]  # fmt: skip
+
+# q/k dtype, cos/sin dtype, head_dim, d2, q heads, k heads, in place, position_ids dtype, transpose
+QK_CASES = [
+    ("bf16", "bf16", 128, 128, 32, 8, False, None, False),
+    ("fp16", "fp32", 128, 64, 16, 16, True, "i64", False),
+    ("fp32", "fp32", 256, 256, 8, 2, False, None, True),
+    ("bf16", "fp32", 80, 40, 12, 4, False, "i32", True),
+    ("bf16", "bf16", 64, 64, 1, 1, False, None, False),
+]
+QK_STRIDES = [f"stride_{name}_{dim}" for name in ("q", "k", "q_out", "k_out") for dim in "bhs"]
+QK_INTS = [*QK_STRIDES, "stride_cos_b", "stride_cos_s", "stride_sin_b", "stride_sin_s", "stride_pos_b",
+           "stride_pos_s", "seq_len", "n_q_heads", "n_k_heads", "n_q_blocks"]  # fmt: skip
+
+
+def _split_meta(meta):
+    constexprs = dict(meta)
+    return constexprs, constexprs.pop("num_warps")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_rope_kernel_compiles(case, arch):
+    fmt, dtype, freqs_dtype, head_dim, d2, heads, batch, interleaved, split, start, cu, transpose, int_type = case
+    n_rows = heads if fmt == "thd" or start else heads * batch
+    meta = rope_ops.launch_meta(fmt, n_rows, d2, head_dim, ELEMENT_SIZE[dtype], interleaved, split, start is not None,
+                                transpose)  # fmt: skip
+    constexprs, num_warps = _split_meta(meta)
+    signature = {
+        "t_ptr": f"*{dtype}",
+        "freqs_ptr": f"*{freqs_dtype}",
+        "out_ptr": f"*{dtype}",
+        "start_ptr": f"*{start or dtype}",
+        "cu_seqlens_ptr": f"*{cu or dtype}",
+        **{name: int_type for name in ROPE_INTS},
+    }
+    compile_to_cubin(_rope_kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", QK_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_rope_qk_kernel_compiles(case, arch):
+    dtype, table_dtype, head_dim, d2, q_heads, k_heads, in_place, position_ids, transpose = case
+    meta = rope_qk_ops.launch_meta(max(q_heads, k_heads), d2, head_dim, ELEMENT_SIZE[dtype], in_place,
+                                   position_ids is not None, transpose)  # fmt: skip
+    constexprs, num_warps = _split_meta(meta)
+    signature = {
+        **{name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr")},
+        "cos_ptr": f"*{table_dtype}",
+        "sin_ptr": f"*{table_dtype}",
+        "position_ids_ptr": f"*{position_ids or dtype}",
+        **{name: "i32" for name in QK_INTS},
+    }
+    compile_to_cubin(_rope_qk_kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps)
+
+
+def test_the_covering_set_covers_every_compile_time_value():
+    """Each constexpr value and each num_warps the cases pick, as the docstring promises."""
+    metas = [
+        rope_ops.launch_meta(c[0], c[5] if c[0] == "thd" or c[9] else c[5] * c[6], c[4], c[3], ELEMENT_SIZE[c[1]],
+                             c[7], c[8], c[9] is not None, c[11])
+        for c in ROPE_CASES
+    ]  # fmt: skip
+    for flag in ("IS_THD", "HAS_START", "INTERLEAVED", "TRANSPOSE", "COPY_PASS"):
+        assert {m[flag] for m in metas} == {False, True}, flag
+    assert {m["SPLIT_PAIRS"] for m in metas} == ({False, True} if SPLIT else {False})
+    qk_metas = [rope_qk_ops.launch_meta(max(c[4], c[5]), c[3], c[2], ELEMENT_SIZE[c[0]], c[6], c[7] is not None, c[8])
+                for c in QK_CASES]  # fmt: skip
+    for flag in ("HAS_POSITION_IDS", "TRANSPOSE", "COPY_PASS"):
+        assert {m[flag] for m in qk_metas} == {False, True}, flag
+    assert {m["num_warps"] for m in metas + qk_metas} >= {1, 2, 4}
