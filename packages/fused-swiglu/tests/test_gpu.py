@@ -1,0 +1,110 @@
+"""Compiled on a GPU at real sizes: the issue's odd dims (d_model 1000, d_intermediate 2730),
+the fp16-accumulation bound at a real reduction length, int64 offsets, autocast on CUDA."""
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
+
+from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, SwiGLUMLP, swiglu, swiglu_mlp
+from fused_swiglu.reference import ROUNDINGS, swiglu_fp16_accumulate_reference, swiglu_mlp_reference, swiglu_reference
+
+
+@pytest.mark.gpu(reason="d_model 1000 x d_intermediate 2730 over 4096 rows is too slow for the interpreter")
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("function", ["FusedSwiGLU", "FastAccum-fp32acc"])
+def test_odd_real_dims(function, dtype, sw):
+    if function == "FastAccum-fp32acc" and dtype != torch.float16:
+        pytest.skip("FastAccumFusedSwiGLU takes fp16 operands only")
+    fn = (
+        FusedSwiGLU.apply
+        if function == "FusedSwiGLU"
+        else (lambda x, wg, wu: FastAccumFusedSwiGLU.apply(x, wg, wu, False))
+    )
+    inputs = sw.make_inputs((4, 1024), 1000, 2730, dtype, "cuda")
+    sw.check_against_reference(fn, swiglu_reference, inputs)
+
+
+@pytest.mark.gpu(reason="d_model 1000 x d_intermediate 2730 over 4096 rows is too slow for the interpreter")
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_mlp_odd_real_dims(bias, dtype, sw):
+    x, w_gate, w_up, *biases = sw.make_inputs((2, 2048), 1000, 2730, dtype, "cuda", bias)
+    w_down = sw.linear_weight(2730, 1000, "cuda", dtype).requires_grad_()
+    inputs = [x, w_gate, w_up, w_down]
+    if bias:
+        inputs += [*biases, (0.5 * torch.randn(1000, device="cuda")).to(dtype).requires_grad_()]
+    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+
+
+@pytest.mark.gpu(
+    reason="the fp16-accumulation bound at a real reduction length (d_model 2048) needs the GPU's fp16 MMA"
+)
+def test_fp16_accumulation_bound_at_real_size(sw):
+    x, w_gate, w_up = sw.make_inputs((1024,), 2048, 2730, torch.float16, "cuda")
+    with poisoned_allocations():
+        h, grads, dh = sw.outputs_and_grads(lambda *a: FastAccumFusedSwiGLU.apply(*a, True), [x, w_gate, w_up])
+    y_ref, grads_ref, _ = sw.outputs_and_grads(
+        swiglu_reference, sw.detached([x, w_gate, w_up], torch.float64), dh.double()
+    )
+    twins = [swiglu_fp16_accumulate_reference(x.detach(), w_gate.detach(), w_up.detach(), dh, r) for r in ROUNDINGS]
+    for i, (name, ours, expected) in enumerate(zip(("h", "dx", "dw_gate", "dw_up"), (h, *grads), (y_ref, *grads_ref))):
+        expected = expected.detach()
+        worst = max((twin[i] for twin in twins), key=lambda t: float((t.double() - expected).abs().max()))
+        assert_close_to_reference(ours, expected, worst, name=name)
+
+
+def _tail_rows_only(shape, tail, dtype):
+    """An upstream gradient that is zero except in its last `tail` rows."""
+    grad = torch.zeros(shape, device="cuda", dtype=dtype)
+    grad[-tail:] = torch.randn(tail, shape[1], device="cuda", dtype=dtype)
+    return grad
+
+
+@pytest.mark.gpu(reason="h, g and u of 800,000 x 2730 (past 2^31 elements) need 13 GB of GPU memory")
+def test_int64_offsets_past_2_31_elements(sw):
+    """Rows past element 2^31: h and dx there, and weight gradients that only those rows feed."""
+    rows, d_model, d_inter, tail = 800_000, 64, 2730, 64
+    assert rows * d_inter > 2**31
+    x, w_gate, w_up = sw.make_inputs((rows,), d_model, d_inter, torch.bfloat16, "cuda")
+    h = swiglu(x, w_gate, w_up)
+    dh = _tail_rows_only(h.shape, tail, h.dtype)
+    dx, dw_gate, dw_up = torch.autograd.grad(h, (x, w_gate, w_up), dh)
+    x_tail = x.detach()[-tail:]
+    check = [x_tail.requires_grad_(), w_gate.detach().requires_grad_(), w_up.detach().requires_grad_()]
+    y_ref, grads_ref, _ = sw.outputs_and_grads(swiglu_reference, sw.detached(check, torch.float64), dh[-tail:].double())
+    y_low, grads_low, _ = sw.outputs_and_grads(swiglu_reference, sw.detached(check), dh[-tail:])
+    assert_close_to_reference(h[-tail:], y_ref, y_low, name="h")
+    for name, ours, ref, low in zip(("dx", "dw_gate", "dw_up"), (dx[-tail:], dw_gate, dw_up), grads_ref, grads_low):
+        assert_close_to_reference(ours, ref, low, name=name)
+    assert not dx[:-tail].any(), "dx must be zero where dh is"
+
+
+@pytest.mark.gpu(reason="g, u and h of 800,000 x 2730 (past 2^31 elements) need 13 GB of GPU memory")
+def test_mlp_int64_offsets_past_2_31_elements(sw):
+    rows, d_model, d_inter, tail = 800_000, 64, 2730, 64
+    x, w_gate, w_up = sw.make_inputs((rows,), d_model, d_inter, torch.bfloat16, "cuda")
+    w_down = sw.linear_weight(d_inter, d_model, "cuda", torch.bfloat16).requires_grad_()
+    y = swiglu_mlp(x, w_gate, w_up, w_down)
+    dy = _tail_rows_only(y.shape, tail, y.dtype)
+    grads = torch.autograd.grad(y, (x, w_gate, w_up, w_down), dy)
+    check = [x.detach()[-tail:].requires_grad_()] + [w.detach().requires_grad_() for w in (w_gate, w_up, w_down)]
+    y_ref, grads_ref, _ = sw.outputs_and_grads(
+        swiglu_mlp_reference, sw.detached(check, torch.float64), dy[-tail:].double()
+    )
+    y_low, grads_low, _ = sw.outputs_and_grads(swiglu_mlp_reference, sw.detached(check), dy[-tail:])
+    assert_close_to_reference(y[-tail:], y_ref, y_low, name="y")
+    ours = (grads[0][-tail:], *grads[1:])
+    for name, g, ref, low in zip(("dx", "dw_gate", "dw_up", "dw_down"), ours, grads_ref, grads_low):
+        assert_close_to_reference(g, ref, low, name=name)
+
+
+@pytest.mark.gpu(reason="autocast runs on CUDA")
+def test_autocast_with_fp32_parameters():
+    module = SwiGLUMLP(256, 704).cuda()
+    x = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = module(x)
+    assert y.dtype == torch.bfloat16
+    y.float().square().mean().backward()
+    assert x.grad.dtype == torch.float32
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
