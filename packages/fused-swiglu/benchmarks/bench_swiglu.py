@@ -1,0 +1,116 @@
+"""SwiGLU and the SwiGLU MLP, forward and forward+backward: ours against torch eager,
+torch.compile and Liger-Kernel (LigerSiLUMulFunction between cuBLAS matmuls), in one run.
+
+Flop counts (the usual 2 flops per multiply-add; the pointwise work is not counted):
+- SwiGLU, x (M, K) -> (M, N): forward = gate + up matmuls = 4*M*K*N; forward+backward adds
+  dx (4*M*K*N) and the two weight gradients (4*M*K*N): 12*M*K*N.
+- SwiGLU MLP (down projection N -> K included): forward 6*M*K*N, forward+backward 18*M*K*N.
+The floor is the matmuls at the bf16 tensor-core ceiling (~795 TFLOP/s on this H100).
+
+Groups: the seed's sweep (batch 4 x sequence 2048 = 8192 rows, d_intermediate = 3 x d_model,
+d_model 1024..8192; bf16 and fp16), and the headline MLP (16384 x 2048 -> 5632, bf16) with
+peak memory. torch.compile runs in the bf16 groups only: compiling it for every shape, dtype
+and mode would take most of this file's time budget (under ~3 minutes on an H100).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tritonformer_testkit import triton_version
+from tritonformer_testkit.bench import OURS, measure
+
+from fused_swiglu import swiglu, swiglu_mlp
+
+pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
+
+PROVIDERS = [OURS, "torch", "torch.compile", "liger"]
+SWEEP_D_MODEL = [1024, 2048, 4096, 8192]
+SWEEP_ROWS = 4 * 2048
+HEADLINE = (16384, 2048, 5632)  # rows, d_model, d_intermediate
+MODES = ["fwd", "fwd+bwd"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _liger_silu_mul():
+    try:
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError as error:
+        pytest.skip(f"Liger-Kernel is not importable here ({error})")
+    return LigerSiLUMulFunction.apply
+
+
+def _torch_swiglu(x, w_gate, w_up, w_down=None):
+    """The unfused baseline with nn.Linear-layout (out, in) weights, as a LLaMA MLP is written."""
+    h = F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
+    return h if w_down is None else F.linear(h, w_down)
+
+
+def _provider_fn(provider: str, dtype_name: str, mlp: bool):
+    """fn(x, w_gate, w_up[, w_down]) for each provider: ours takes (in, out) weights, the anchors
+    nn.Linear-layout (out, in) ones; each gets its own layout contiguous (see _inputs)."""
+    if provider == OURS:
+        return swiglu_mlp if mlp else swiglu
+    if provider == "torch":
+        return _torch_swiglu
+    if provider == "torch.compile":
+        if triton_version() < (3, 0):
+            pytest.skip("torch.compile's Inductor needs Triton 3.x; this run has Triton 2.x first on the path")
+        if dtype_name != "bf16":
+            pytest.skip("torch.compile runs in the bf16 groups only (its compile time per shape and dtype)")
+        return torch.compile(_torch_swiglu, dynamic=False)
+    silu_mul = _liger_silu_mul()
+
+    def liger(x, wg, wu, wd=None):
+        h = silu_mul(F.linear(x, wg), F.linear(x, wu))
+        return h if wd is None else F.linear(h, wd)
+
+    return liger
+
+
+def _inputs(provider, x, weights):
+    """x and the weights in the provider's layout, made contiguous outside the timing."""
+    if provider == OURS:
+        weights = [w.t().contiguous() for w in weights]
+    return [x, *weights]
+
+
+def _run(benchmark, group, shape, provider, fn, inputs, mode, flops_fwd, memory=False):
+    x, *weights = inputs = _inputs(provider, inputs[0], inputs[1:])
+    if mode == "fwd":
+        with torch.no_grad():
+            measure(benchmark, group=group, shape=shape, provider=provider, fn=lambda: fn(*inputs),
+                    flops=flops_fwd, memory=memory)  # fmt: skip
+        return
+    leaves = [x.requires_grad_(), *(w.requires_grad_() for w in weights)]
+    dy = torch.randn_like(fn(*inputs))
+    measure(benchmark, group=group, shape=shape, provider=provider,
+            fn=lambda: torch.autograd.grad(fn(*inputs), leaves, dy), flops=3 * flops_fwd, memory=memory)  # fmt: skip
+
+
+def _linear_weights(shapes, dtype):
+    """nn.Linear-layout (out, in) weights with nn.Linear's scale."""
+    return [torch.randn(out, fan_in, device="cuda", dtype=dtype) * fan_in**-0.5 for out, fan_in in shapes]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("d_model", SWEEP_D_MODEL)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_swiglu_sweep(benchmark, dtype_name, d_model, provider, mode):
+    dtype, rows, d_inter = DTYPES[dtype_name], SWEEP_ROWS, 3 * d_model
+    fn = _provider_fn(provider, dtype_name, mlp=False)
+    x = torch.randn(4, rows // 4, d_model, device="cuda", dtype=dtype)
+    w_gate, w_up = _linear_weights([(d_inter, d_model)] * 2, dtype)
+    _run(benchmark, f"swiglu {mode} {dtype_name} (batch 4 x seq 2048)", f"{d_model}->{d_inter}", provider, fn,
+         [x, w_gate, w_up], mode, 4 * rows * d_model * d_inter)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_swiglu_mlp_headline(benchmark, provider, mode):
+    rows, d_model, d_inter = HEADLINE
+    fn = _provider_fn(provider, "bf16", mlp=True)
+    x = torch.randn(rows, d_model, device="cuda", dtype=torch.bfloat16)
+    weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)], torch.bfloat16)
+    _run(benchmark, f"swiglu MLP {mode} bf16", f"{rows}x{d_model}->{d_inter}->{d_model}", provider, fn,
+         [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
