@@ -72,6 +72,18 @@ def multiprocessor_count(device: torch.device) -> int:
     return _device_properties(device).multi_processor_count
 
 
+# The H100's opt-in shared memory per block, for torch builds whose device properties lack it
+# (a config that still does not fit fails to launch, and the autotuner skips it).
+H100_SHARED_MEMORY_PER_BLOCK = 227 * 1024
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one block may use on `device` (the opt-in maximum)."""
+    if INTERPRETING:
+        return H100_SHARED_MEMORY_PER_BLOCK
+    return getattr(_device_properties(device), "shared_memory_per_block_optin", None) or H100_SHARED_MEMORY_PER_BLOCK
+
+
 def supports_tma(device: torch.device) -> bool:
     """The persistent TMA kernel runs here: Triton has tensor descriptors and the GPU is a Hopper (sm_90).
 

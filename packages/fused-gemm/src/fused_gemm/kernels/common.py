@@ -6,6 +6,7 @@
   the derivative the forward saved (GELU) or from the saved output (ReLU: act'(Z) = [Y > 0]).
 - Epilogue: bias, activation and, when the forward saves for backward, act'(Z), computed in
   fp32 registers from the accumulator.
+- Casts to the operand dtype round to nearest even, as the GPU does, also when interpreting.
 
 The codes below are the values of the PROLOGUE and ACTIVATION constexprs.
 """
@@ -56,21 +57,24 @@ def _gelu_and_grad(z):
 def _gelu_tanh_and_grad(z):
     """tanh-approximate GELU and its derivative, fp32.
 
-    0.5 * (1 + tanh(u)) = sigmoid(2u), with u = sqrt(2/pi) * (z + 0.044715 z^3): written with one
-    exp, no tanh (a libdevice call), and saturating cleanly at both ends.
+    With u = sqrt(2/pi) * (z + 0.044715 z^3): 0.5 * (1 + tanh(u)) = sigmoid(2u) = s, and
+    d/dz = s + 2 z s (1 - s) u'. Written with one exp of -2|u| (<= 1, never overflows) and no
+    tanh (a libdevice call): s(1 - s) = t / (1 + t)^2 with t = exp(-2|u|) has no cancellation.
     """
     u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-    s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+    t = tl.exp(-2.0 * tl.abs(u))
+    r = 1.0 / (1.0 + t)
+    s = tl.where(u >= 0.0, r, t * r)
     du = 0.7978845608028654 * (1.0 + 0.134145 * z * z)  # 3 * 0.044715
-    return z * s, s + 2.0 * z * s * (1.0 - s) * du
+    return z * s, s + 2.0 * z * (t * r * r) * du
 
 
 @triton.jit
-def _bias_activation(acc, bias_ptr, cols, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
-    """(act(acc + bias), act'(acc + bias)) in fp32; bias indexes the columns `cols` (< N)."""
+def _bias_activation(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """(act(acc + bias), act'(acc + bias)) in fp32; bias (strided) indexes the columns `cols` (< N)."""
     z = acc
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0).to(tl.float32)
         z = z + bias[None, :]
     if ACTIVATION == ACT_RELU:
         # NaN stays NaN, as torch.relu.
@@ -96,3 +100,16 @@ def _scale_operand(a, s, PROLOGUE: tl.constexpr):
         # torch's threshold_backward: zero where the output is <= 0 (a NaN output passes dY on).
         a = tl.where(s.to(tl.float32) <= 0.0, 0.0, a)
     return a
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 `x` rounded to `dtype`. The interpreter truncates fp32 -> bf16 casts where the GPU rounds
+    to nearest even; when interpreting, bf16 is rounded explicitly, so that the CPU run checks the
+    GPU's numerics (a truncation bias would build up through the saved derivative and dZ)."""
+    if INTERPRETED:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+            x = tl.where(x != x, x, rounded)  # NaN stays NaN
+    return x.to(dtype)

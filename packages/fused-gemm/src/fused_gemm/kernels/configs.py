@@ -1,12 +1,16 @@
 """Autotune configs of the two matmul kernels, sized for the H100 (and fine on the A100).
 
-H100 facts that shape them: 132 SMs, 228 KB of shared memory per SM (227 KB per block), wgmma
-works on 64-row warpgroup slices, so 8 warps cover a 128-row tile and 128x256 is the largest
-tile whose fp32 accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
-A bf16 128x256x64 stage is 48 KB: three stages plus a 64 KB output staging buffer fit. When the
-prologue adds its S tile (16 KB per stage at BLOCK_K=64) or the epilogue stores a second output,
-the BLOCK_K=32 four-stage or the 128x128 configs are the ones that fit; the prune drops the rest
-before they are compiled.
+H100 facts that shape them: 132 SMs, 227 KB of shared memory per block, wgmma works on 64-row
+warpgroup slices, so 8 warps cover a 128-row tile, and 128x256 is the largest tile whose fp32
+accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
+
+Shared memory, as compiled for sm_90 (Triton 3.9, bf16; `metadata.shared`), is what the prune
+models: the TMA kernel's 128x256x64 three-stage config takes 208 KB (3 x 48 KB of operand
+stages + one 64 KB output staging buffer, which the saved derivative's store reuses), 224 KB
+with the backward prologue (one more A tile in shared memory) and 226 KB with the d(bias) row
+sums: it fits all variants, while 256x128x64 (240 KB with the prologue) fits only the forward.
+The portable kernel stages only its operands (144-180 KB at most in bf16); fp32 operands double
+that, and the prune drops what cannot fit before it is compiled.
 
 Under the interpreter the autotuner cannot time anything: it gets one config, small, so that
 CPU-sized test shapes still span several tiles in every dim and the tile edges are exercised.
@@ -18,14 +22,11 @@ from typing import Dict, List
 
 import triton
 
-from .._compat import INTERPRETING
+from .._compat import INTERPRETING, max_shared_memory
 
 # Autotune keys: the problem size and every constexpr that changes the work per tile.
 PORTABLE_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "ALLOW_TF32"]
 TMA_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "A_TRANS", "B_TRANS", "C_TRANS"]
-
-# Shared memory a block may use on the H100 (227 KB), minus a little for barriers and reductions.
-SMEM_BUDGET = 220 * 1024
 
 INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
@@ -83,13 +84,19 @@ def tma_configs() -> List[triton.Config]:
     ]
 
 
-def _fits(config: triton.Config, element_size: int, prologue: bool, epilogue_tiles: int) -> bool:
-    """Shared memory of the pipelined operand stages and the output staging buffers fits the budget."""
-    kw = config.kwargs
-    a_tile = kw["BLOCK_M"] * kw["BLOCK_K"]
-    stage = (a_tile * (2 if prologue else 1) + kw["BLOCK_K"] * kw["BLOCK_N"]) * element_size
-    epilogue = epilogue_tiles * kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
-    return config.num_stages * stage + epilogue <= SMEM_BUDGET
+def _portable_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool) -> int:
+    """Operand stages; the prologue's S tile adds up to two A tiles."""
+    a_tile = kw["BLOCK_M"] * kw["BLOCK_K"] * element_size
+    b_tile = kw["BLOCK_K"] * kw["BLOCK_N"] * element_size
+    return num_stages * (a_tile + b_tile) + (2 * a_tile if prologue else 0)
+
+
+def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool) -> int:
+    """Operand stages, one output staging tile, and (prologue) one A tile of at least 16 KB + 2 KB of row sums."""
+    a_tile = kw["BLOCK_M"] * kw["BLOCK_K"] * element_size
+    b_tile = kw["BLOCK_K"] * kw["BLOCK_N"] * element_size
+    out_tile = kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
+    return num_stages * (a_tile + b_tile) + out_tile + (max(a_tile, 16 * 1024) + 2048 if prologue else 0)
 
 
 def _sized_for(config: triton.Config, m: int, n: int, smallest_m: int, smallest_n: int) -> bool:
@@ -100,29 +107,32 @@ def _sized_for(config: triton.Config, m: int, n: int, smallest_m: int, smallest_
     )
 
 
-def _prune(configs: List[triton.Config], m: int, n: int, element_size: int, prologue: bool, epilogue_tiles: int):
+def _prune(configs: List[triton.Config], m: int, n: int, smem_bytes, budget: int) -> List[triton.Config]:
+    """Configs whose shared memory fits `budget` and whose tile is not much larger than the problem."""
     smallest_m = min(c.kwargs["BLOCK_M"] for c in configs)
     smallest_n = min(c.kwargs["BLOCK_N"] for c in configs)
-    kept = [
-        c
-        for c in configs
-        if _fits(c, element_size, prologue, epilogue_tiles) and _sized_for(c, m, n, smallest_m, smallest_n)
-    ]
+    kept = [c for c in configs if smem_bytes(c) <= budget and _sized_for(c, m, n, smallest_m, smallest_n)]
     if kept:
         return kept
-    return [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
+    return [min(configs, key=smem_bytes)]
 
 
 def prune_portable_configs(configs, named_args, **kwargs):
     """early_config_prune (Triton 2.2 passes only the positional arguments: everything but the tiles)."""
     args = {**named_args, **kwargs}
-    # Pointer loads stage only the operands; the output is stored from registers.
-    return _prune(configs, args["M"], args["N"], args["a_ptr"].element_size(), args["PROLOGUE"] != 0, 0)
+    a = args["a_ptr"]
+    size, prologue = a.element_size(), args["PROLOGUE"] != 0
+    return _prune(
+        configs, args["M"], args["N"],
+        lambda c: _portable_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
+    )  # fmt: skip
 
 
 def prune_tma_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
-    element_size = args["a_desc"].base.element_size()
-    # TMA stores stage the output tile (and the saved derivative) in shared memory.
-    epilogue_tiles = 2 if args["STORE_AUX"] else 1
-    return _prune(configs, args["M"], args["N"], element_size, args["PROLOGUE"] != 0, epilogue_tiles)
+    a = args["a_desc"].base
+    size, prologue = a.element_size(), args["PROLOGUE"] != 0
+    return _prune(
+        configs, args["M"], args["N"],
+        lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
+    )  # fmt: skip

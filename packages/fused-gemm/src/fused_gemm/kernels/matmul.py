@@ -5,19 +5,22 @@
 One program per BLOCK_M x BLOCK_N output tile, tiles in grouped order (common._grouped_tile),
 batches stacked along the one grid axis. The K loop streams BLOCK_K slices of A and B through
 tl.dot with an fp32 accumulator; Triton pipelines the loads num_stages deep (cp.async on
-sm_80, wgmma from shared memory on sm_90). Any strides: rows and columns past the edge read row
-or column 0 instead of being masked (their results are never stored), so only the K tail is
-masked, and not at all when BLOCK_K divides K (EVEN_K).
+sm_80, wgmma from shared memory on sm_90). Any strides. Loads are masked at the M and N edges
+(never clamped: a clamped index would break the contiguity that lets a tile load as 16-byte
+vectors) and at the K tail, which needs no mask when BLOCK_K divides K (EVEN_K). Along a unit
+stride the loads vectorize when the size there is a multiple of 16, which Triton's argument
+specialization tells the compiler.
 
 Options (constexprs), all fused in registers:
 - PROLOGUE: scale each A tile as it is loaded by S (same shape and indexing as A), see common.
-- ROW_SUM: also write the row sums of the (scaled) A, summed over K, to row_sum[b, :M]; the
-  backward uses it for d(bias) = sum over tokens of dZ, read while computing dW.
+- ROW_SUM: the programs of the first column tile also sum the (scaled) A tiles over K and
+  write the row sums to row_sum[b, :M]; the backward gets d(bias) = sum over tokens of dZ this
+  way, from the dZ tiles its weight-gradient launch reads anyway.
 - HAS_BIAS, ACTIVATION: C = act(acc + bias[None, :]).
 - STORE_AUX: also write act'(acc + bias) to aux (laid out like C) for the backward.
 - ALLOW_TF32: fp32 operands through TF32 tensor cores; otherwise full-precision fp32 ("ieee").
 - UPCAST: under the interpreter, bf16/fp16 dot operands are upcast to fp32 (its bf16 dot
-  computes on raw bits).
+  computes on raw bits) and bf16 casts round explicitly (common._cast).
 
 Offsets are int64, so tensors past 2^31 elements are addressed correctly.
 """
@@ -25,7 +28,7 @@ Offsets are int64, so tensors past 2^31 elements are addressed correctly.
 import triton
 import triton.language as tl
 
-from .common import PRO_NONE, _bias_activation, _grouped_tile, _scale_operand
+from .common import PRO_NONE, _bias_activation, _cast, _grouped_tile, _scale_operand
 from .configs import EVEN_K_HEURISTIC, PORTABLE_KEY, portable_configs, prune_portable_configs
 
 
@@ -54,6 +57,7 @@ def _matmul_kernel(
     stride_s_batch,
     stride_sm,
     stride_sk,
+    stride_bias,
     stride_row_sum_batch,
     M,
     N,
@@ -80,36 +84,39 @@ def _matmul_kernel(
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_in = tl.where(rows < M, rows, 0).to(tl.int64)
-    cols_in = tl.where(cols < N, cols, 0).to(tl.int64)
+    row_in = rows < M
+    col_in = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + batch * stride_a_batch + rows_in[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_b_batch + offs_k[:, None] * stride_bk + cols_in[None, :] * stride_bn
+    a_ptrs = a_ptr + batch * stride_a_batch + rows64[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_b_batch + offs_k[:, None] * stride_bk + cols64[None, :] * stride_bn
     if PROLOGUE != PRO_NONE:
-        s_ptrs = s_ptr + batch * stride_s_batch + rows_in[:, None] * stride_sm + offs_k[None, :] * stride_sk
+        s_ptrs = s_ptr + batch * stride_s_batch + rows64[:, None] * stride_sm + offs_k[None, :] * stride_sk
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
+            a_mask = row_in[:, None]
+            b_mask = col_in[None, :]
         else:
-            k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            k_in = offs_k < K - k * BLOCK_K
+            a_mask = row_in[:, None] & k_in[None, :]
+            b_mask = k_in[:, None] & col_in[None, :]
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         if PROLOGUE != PRO_NONE:
-            if EVEN_K:
-                s = tl.load(s_ptrs)
-            else:
-                s = tl.load(s_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            s = tl.load(s_ptrs, mask=a_mask, other=0.0)
             a_scaled = _scale_operand(a, s, PROLOGUE)
             if ROW_SUM:
-                row_sum += tl.sum(a_scaled, axis=1)
-            a = a_scaled.to(b.dtype)
+                if pid_n == 0:
+                    row_sum += tl.sum(a_scaled, axis=1)
+            a = _cast(a_scaled, b.dtype, UPCAST)
             s_ptrs += BLOCK_K * stride_sk
         elif ROW_SUM:
-            row_sum += tl.sum(a.to(tl.float32), axis=1)
+            if pid_n == 0:
+                row_sum += tl.sum(a.to(tl.float32), axis=1)
         if UPCAST:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, allow_tf32=ALLOW_TF32)
         else:
@@ -117,14 +124,13 @@ def _matmul_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    y, grad = _bias_activation(acc, bias_ptr, cols, N, HAS_BIAS, ACTIVATION)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    c_offs = batch * stride_c_batch + rows_in[:, None] * stride_cm + cols_in[None, :] * stride_cn
-    tl.store(c_ptr + c_offs, y.to(c_ptr.dtype.element_ty), mask=mask)
+    y, grad = _bias_activation(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS, ACTIVATION)
+    mask = row_in[:, None] & col_in[None, :]
+    c_offs = batch * stride_c_batch + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn
+    tl.store(c_ptr + c_offs, _cast(y, c_ptr.dtype.element_ty, UPCAST), mask=mask)
     if STORE_AUX:
-        tl.store(aux_ptr + c_offs, grad.to(aux_ptr.dtype.element_ty), mask=mask)
+        tl.store(aux_ptr + c_offs, _cast(grad, aux_ptr.dtype.element_ty, UPCAST), mask=mask)
     if ROW_SUM:
-        row_sum_ptrs = row_sum_ptr + batch * stride_row_sum_batch + rows_in
-        # Every column tile sums the same rows; the first one writes them.
+        row_sum_ptrs = row_sum_ptr + batch * stride_row_sum_batch + rows64
         rows_written = tl.where(pid_n == 0, M, 0)
-        tl.store(row_sum_ptrs, row_sum.to(row_sum_ptr.dtype.element_ty), mask=rows < rows_written)
+        tl.store(row_sum_ptrs, _cast(row_sum, row_sum_ptr.dtype.element_ty, UPCAST), mask=rows < rows_written)

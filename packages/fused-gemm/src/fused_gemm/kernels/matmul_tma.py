@@ -16,13 +16,13 @@ consumes directly from shared memory. BATCHED uses 3-D descriptors (batch, rows,
 a tile never crosses into the next batch.
 
 The prologue (PROLOGUE, ROW_SUM) and epilogue (HAS_BIAS, ACTIVATION, STORE_AUX) are those of
-kernels.matmul, from the same helpers. UPCAST: interpreter only, fp32 dot operands.
+kernels.matmul, from the same helpers. UPCAST: interpreter only (fp32 dot operands, rounded bf16 casts).
 """
 
 import triton
 import triton.language as tl
 
-from .common import PRO_NONE, _bias_activation, _grouped_tile, _scale_operand
+from .common import PRO_NONE, _bias_activation, _cast, _grouped_tile, _scale_operand
 from .configs import TMA_KEY, prune_tma_configs, tma_configs
 
 
@@ -70,6 +70,7 @@ def _matmul_tma_kernel(
     aux_desc,
     bias_ptr,
     row_sum_ptr,
+    stride_bias,
     stride_row_sum_batch,
     M,
     N,
@@ -112,23 +113,24 @@ def _matmul_tma_kernel(
                 s = _load_tile(s_desc, batch, off_m, off_k, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
                 a_scaled = _scale_operand(a, s, PROLOGUE)
                 if ROW_SUM:
-                    row_sum += tl.sum(a_scaled, axis=1)
-                a = a_scaled.to(b.dtype)
+                    if pid_n == 0:
+                        row_sum += tl.sum(a_scaled, axis=1)
+                a = _cast(a_scaled, b.dtype, UPCAST)
             elif ROW_SUM:
-                row_sum += tl.sum(a.to(tl.float32), axis=1)
+                if pid_n == 0:
+                    row_sum += tl.sum(a.to(tl.float32), axis=1)
             if UPCAST:
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
             else:
                 acc = tl.dot(a, b, acc)
 
         cols = off_n + tl.arange(0, BLOCK_N)
-        y, grad = _bias_activation(acc, bias_ptr, cols, N, HAS_BIAS, ACTIVATION)
-        _store_tile(c_desc, batch, off_m, off_n, y.to(c_desc.dtype), C_TRANS, BATCHED)
+        y, grad = _bias_activation(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS, ACTIVATION)
+        _store_tile(c_desc, batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, BATCHED)
         if STORE_AUX:
-            _store_tile(aux_desc, batch, off_m, off_n, grad.to(aux_desc.dtype), C_TRANS, BATCHED)
+            _store_tile(aux_desc, batch, off_m, off_n, _cast(grad, aux_desc.dtype, UPCAST), C_TRANS, BATCHED)
         if ROW_SUM:
             rows = off_m + tl.arange(0, BLOCK_M)
             row_sum_ptrs = row_sum_ptr + batch.to(tl.int64) * stride_row_sum_batch + rows
-            # Every column tile sums the same rows; the first one writes them.
             rows_written = tl.where(pid_n == 0, M, 0)
-            tl.store(row_sum_ptrs, row_sum.to(row_sum_ptr.dtype.element_ty), mask=rows < rows_written)
+            tl.store(row_sum_ptrs, _cast(row_sum, row_sum_ptr.dtype.element_ty, UPCAST), mask=rows < rows_written)

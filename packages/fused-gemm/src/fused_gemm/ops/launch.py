@@ -94,6 +94,7 @@ def launch_matmul(
     if path == "tma" and layouts is None:
         raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
     row_sum_stride = row_sum.stride(0) if row_sum is not None else 0
+    bias_stride = bias.stride(0) if bias is not None else 0
     flags = dict(
         PROLOGUE=prologue,
         ROW_SUM=row_sum is not None,
@@ -118,6 +119,7 @@ def launch_matmul(
             _descriptor(aux, c_trans, batched) if aux is not None else None,
             bias if bias is not None else c,
             row_sum if row_sum is not None else c,
+            bias_stride,
             row_sum_stride,
             m, n, k, batch,
             *flags.values(), a_trans, b_trans, c_trans, batched, INTERPRETING, num_sms,
@@ -137,6 +139,7 @@ def launch_matmul(
         b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1), c.stride(2),
         s_.stride(0), s_.stride(1), s_.stride(2),
+        bias_stride,
         row_sum_stride,
         m, n, k,
         *flags.values(), allow_tf32, INTERPRETING,
