@@ -7,11 +7,16 @@ rounding to nearest and once toward zero; the kernel's error against the float64
 must stay within 2x the larger of the two twins' errors plus the fp16 atol, for h, dx and the
 weight gradients. The twins' errors are measured on the same inputs, so the bound follows the
 shape (longer reductions, larger errors) instead of being a guessed constant.
+
+Under the interpreter the arithmetic is known exactly: it rounds the fp16 accumulator to nearest
+once per 16-wide k-step (the interpreter's tile), which is the round-to-nearest twin, so only
+that (tighter) twin bounds it there; compiled on a GPU, whose rounding mode is not documented,
+the larger of the two does.
 """
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
+from tritonformer_testkit import assert_close_to_reference, interpreting, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU
 from fused_swiglu.reference import ROUNDINGS, swiglu_fp16_accumulate_reference, swiglu_reference
@@ -31,7 +36,8 @@ def check_fp16_accumulation_bound(leading, d_model, d_inter, device, sw):
     ref = sw.outputs_and_grads(swiglu_reference, sw.detached([x, w_gate, w_up], torch.float64), dh.double())
     ref = (ref[0], *ref[1])
     flat = [t.detach().reshape(-1, t.shape[-1]) for t in (x, w_gate, w_up, dh)]
-    twins = [swiglu_fp16_accumulate_reference(*flat, rounding) for rounding in ROUNDINGS]
+    roundings = ("nearest",) if interpreting() else ROUNDINGS
+    twins = [swiglu_fp16_accumulate_reference(*flat, rounding) for rounding in roundings]
     for i, name in enumerate(("h", "dx", "dw_gate", "dw_up")):
         expected = ref[i].detach().reshape(-1, ref[i].shape[-1])
         worst = max((twin[i] for twin in twins), key=lambda t: float((t.double() - expected).abs().max()))

@@ -5,7 +5,10 @@ of rows; d_model 1024..8192): autotuning compiles and times every config once pe
 so the lists stay short. Shared memory per stage is (A tile + B tiles) x element size; the
 deepest pipelines below need up to 192 KB (H100); where they do not fit (A100: 164 KB, or fp32
 operands) Triton's autotuner skips them as out of resources and the shallower ones remain.
-Every list ends with a small config that fits anywhere (fp32 included).
+Every list ends with a small config that fits anywhere (fp32 included). One config per list
+fits two CTAs on an SM (<= ~113 KB of shared memory, <= 128 x 255 registers): while one CTA
+runs its epilogue (stores of h, g, u; or the loads and stores of the backward step) the other
+keeps the tensor cores busy, which a one-CTA-per-SM pipeline cannot do without persistence.
 
 The interpreter (TRITON_INTERPRET=1) gets one small config instead, so that the tiny shapes of
 the CPU tests still span several tiles in every dimension (Triton's autotuner cannot time
@@ -34,16 +37,16 @@ _DUAL_ROWS = [
     # P,   Q,   R, group, warps, stages   smem/stage (16-bit)
     (128, 128, 64, 8, 8, 3),  # 48 KB: the workhorse for large shapes
     (128, 128, 64, 8, 8, 4),  # 48 KB x 4 = 192 KB: deeper pipeline, H100 only
-    (128, 64, 64, 8, 4, 4),  # 32 KB: twice the tiles, for fewer waves' tail or small N
+    (128, 64, 64, 8, 4, 3),  # 32 KB x 3 = 96 KB: two CTAs per SM overlap epilogues and main loops
     (64, 128, 64, 8, 4, 4),  # 40 KB: small M (few rows)
     (64, 64, 32, 8, 4, 3),  # 12 KB: anything, fp32 included
 ]
 # Sum-of-products / single matmul (input grad: [d_gate, d_up] @ [w_gate, w_up]^T; the down
 # projection's backward): one accumulator.
 _SINGLE_ROWS = [
-    (128, 128, 64, 8, 8, 3),  # two pairs: 64 KB/stage
+    (128, 128, 64, 8, 8, 3),  # two pairs: 64 KB/stage; one pair (down projection): 96 KB, two CTAs/SM
     (128, 256, 32, 8, 8, 4),  # two pairs: 48 KB/stage; one accumulator of 128 regs/thread
-    (128, 128, 32, 8, 4, 4),  # two pairs: 32 KB/stage
+    (128, 128, 32, 8, 4, 3),  # two pairs: 32 KB x 3 = 96 KB, two CTAs per SM (one pair: 48 KB)
     (64, 128, 64, 8, 4, 3),  # small M
     (64, 64, 32, 8, 4, 3),  # anything, fp32 included
 ]
