@@ -1,4 +1,21 @@
-"""Every Triton- and torch-version difference this package meets, in one place."""
+"""Every Triton- and torch-version difference this package meets, in one place.
+
+Kernels: one code path for every Triton from 2.2 on. Its builtins (tl.dot with acc/out_dtype/
+allow_tf32, tl.static_range, tl.debug_barrier, autotune restore_value) exist in 2.2 and 3.x
+alike; on an H100, Triton 3.x pipelines its pointer loads with cp.async into wgmma (checked in
+the PTX of the AOT compiles: no spills at the chosen tiles but the forward's 36 bytes).
+
+No Hopper-only variant (TMA descriptors, persistent tiles, warp specialization) is selected
+here yet, deliberately: (1) it cannot be measured without a GPU, and the rule is that a fast
+path must pay; (2) where it could pay most, the forward's dual-accumulator main loop (255
+registers), it is 4 of the MLP's 18 M*K*N flops; the epilogue overlap a persistent kernel
+would buy is had portably from the two-CTAs-per-SM configs (kernels/configs.py); (3) host
+TensorDescriptors need 16-byte aligned strides (d_intermediate 2730 is not) and per-config
+block shapes, so the portable path stays needed anyway. The candidate for the next step, to be
+measured against this path on the H100: the forward kernel with host TensorDescriptor loads
+(Triton >= 3.4), chosen here when `TRITON_VERSION >= (3, 4)`, the device is sm_90 and the
+operands are aligned.
+"""
 
 from __future__ import annotations
 

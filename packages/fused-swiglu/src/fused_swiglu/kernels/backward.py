@@ -93,7 +93,7 @@ def _mlp_down_grad_kernel(
         )
 
 
-@triton.autotune(configs=input_grad_configs(), key=["M", "K", "N"])
+@triton.autotune(configs=input_grad_configs(), key=["M", "K", "N", "ACC_FP16"])
 @triton.heuristics({"EVEN_N": lambda args: args["N"] % args["BLOCK_N"] == 0})
 @triton.jit
 def _swiglu_input_grad_kernel(

@@ -16,7 +16,7 @@ from .configs import forward_configs
 from .matmul import _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets
 
 
-@triton.autotune(configs=forward_configs(), key=["M", "N", "K"])
+@triton.autotune(configs=forward_configs(), key=["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _swiglu_fwd_kernel(

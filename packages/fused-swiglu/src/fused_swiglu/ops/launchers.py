@@ -34,6 +34,13 @@ def _allow_tf32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
 
 
+def _mark_overwritten(*tensors: Tensor) -> None:
+    """Written through raw pointers: tell autograd, so that a second backward through the same
+    graph (which would read d_gate/d_up as g/u) fails loudly instead of computing garbage."""
+    for tensor in tensors:
+        torch.autograd.graph.increment_version(tensor)
+
+
 @library_op("swiglu_fwd")
 def swiglu_fwd(
     x: Tensor,
@@ -80,9 +87,7 @@ def swiglu_grad_(dh: Tensor, g: Tensor, u: Tensor) -> None:
             dh, g, u, dh.stride(0), dh.stride(1), g.stride(0), M, N,
             UPCAST=INTERPRETING, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, num_warps=GRAD_NUM_WARPS,
         )  # fmt: skip
-    # Written through raw pointers: tell autograd, so that a second backward through the same
-    # graph (which would read d_gate/d_up as g/u) fails loudly instead of computing garbage.
-    torch.autograd.graph.increment_version((g, u))
+    _mark_overwritten(g, u)
 
 
 @library_op("mlp_down_grad_", mutates_args=("g", "u"))
@@ -100,7 +105,7 @@ def mlp_down_grad_(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor) -> Tensor:
             M, N, w_down.shape[1],
             ALLOW_TF32=_allow_tf32(g.dtype), UPCAST=INTERPRETING,
         )  # fmt: skip
-    torch.autograd.graph.increment_version((g, u))
+    _mark_overwritten(g, u)
     return h
 
 
