@@ -15,12 +15,16 @@ Row offsets are int64, so tensors past 2^31 elements are addressed correctly. HA
 and HEAD_DIM are compile-time so that the compiler sees the alignment of every column offset
 (HALF = 40 is a multiple of 8: 16-byte bf16 vectors) and drops masks that are always true.
 
-Two ways to gather the members of a pair:
-- `_rope_rows`: two loads, columns col1 and col2 (contiguous vectors for rotate-half; stride-2
-  scalar loads for interleaved pairs, the portable path that Triton 2.2 compiles);
-- `_rope_rows_interleaved`: one contiguous load of the 2 * HALF rotary columns, pairs split
-  and joined in registers with tl.split / tl.join (Triton >= 3: vector loads and stores).
-Columns past 2 * HALF pass through: copied when COPY_PASS, else untouched (in place, or none).
+The kernels load a tile, then compute, then store, with these helpers (loads first, so that a
+kernel's angle arithmetic overlaps the loads in flight). Two ways to gather pair members:
+- `_load_pairs` / `_store_pairs`: two loads, columns col1 and col2 (contiguous vectors for
+  rotate-half; stride-2 scalar loads for interleaved pairs, the portable path that Triton 2.2
+  compiles);
+- `_load_rotary` / `_store_rotary` with `_rotate_interleaved`: one contiguous load of the
+  2 * HALF rotary columns, pairs split and joined in registers with tl.split / tl.join
+  (Triton >= 3: vector loads and stores for interleaved pairs).
+Columns past 2 * HALF pass through (`_load_pass` / `_store_pass`): copied when the output is a
+new tensor, untouched in place.
 """
 
 import triton
@@ -59,49 +63,71 @@ def _pass_offsets(rows, row_mask, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BL
 
 
 @triton.jit
-def _rope_rows(
-    x_ptr,
-    y_ptr,
-    x_rows,
-    y_rows,
-    row_mask,
-    cos1,
-    sin1,
-    cos2,
-    sin2,
-    HALF: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    TRANSPOSE: tl.constexpr,
-    COPY_PASS: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-):
-    """Transform BLOCK_R rows, pair members gathered by two loads.
+def _load_pass(x_ptr, x_rows, row_mask, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    """(BLOCK_R, BLOCK_PASS) pass-through tile, in x's dtype."""
+    offs, mask = _pass_offsets(x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+    return tl.load(x_ptr + offs, mask=mask)
 
-    x_rows, y_rows: (BLOCK_R,) int64 offsets of each row's first element in x and y.
-    cos*, sin*: fp32, broadcastable to (BLOCK_R, BLOCK_P): each pair member's angle.
-    """
+
+@triton.jit
+def _store_pass(y_ptr, y_rows, row_mask, x_pass, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    offs, mask = _pass_offsets(y_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+    tl.store(y_ptr + offs, x_pass, mask=mask)
+
+
+@triton.jit
+def _pair_offsets(rows, row_mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Offsets of the first and second pair members of each row, and their mask."""
     offs_p = tl.arange(0, BLOCK_P)
     col1, col2 = _pair_columns(offs_p, HALF, INTERLEAVED)
     mask = row_mask[:, None] & (offs_p < HALF)[None, :]
-    x1 = tl.load(x_ptr + (x_rows[:, None] + col1[None, :]), mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + (x_rows[:, None] + col2[None, :]), mask=mask, other=0.0).to(tl.float32)
-    if COPY_PASS:
-        x_pass_offs, pass_mask = _pass_offsets(x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
-        x_pass = tl.load(x_ptr + x_pass_offs, mask=pass_mask)
-    y1, y2 = _rotate(x1, x2, cos1, sin1, cos2, sin2, TRANSPOSE)
-    out_dtype = y_ptr.dtype.element_ty
-    tl.store(y_ptr + (y_rows[:, None] + col1[None, :]), y1.to(out_dtype), mask=mask)
-    tl.store(y_ptr + (y_rows[:, None] + col2[None, :]), y2.to(out_dtype), mask=mask)
-    if COPY_PASS:
-        y_pass_offs, pass_mask = _pass_offsets(y_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
-        tl.store(y_ptr + y_pass_offs, x_pass, mask=pass_mask)
+    return rows[:, None] + col1[None, :], rows[:, None] + col2[None, :], mask
+
+
+@triton.jit
+def _load_pairs(x_ptr, x_rows, row_mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
+    """(BLOCK_R, BLOCK_P) tiles of the first and second pair members, fp32.
+
+    x_rows: (BLOCK_R,) int64 offsets of each row's first element; row_mask: rows that exist.
+    """
+    offs1, offs2, mask = _pair_offsets(x_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
+    x1 = tl.load(x_ptr + offs1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + offs2, mask=mask, other=0.0).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _store_pairs(y_ptr, y_rows, row_mask, y1, y2, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Round y1, y2 (fp32) to y's dtype once and store them where _load_pairs read."""
+    offs1, offs2, mask = _pair_offsets(y_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
+    tl.store(y_ptr + offs1, y1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs2, y2.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_offsets(rows, row_mask, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
+    offs_d = tl.arange(0, 2 * BLOCK_P)
+    return rows[:, None] + offs_d[None, :], row_mask[:, None] & (offs_d < 2 * HALF)[None, :]
+
+
+@triton.jit
+def _load_rotary(x_ptr, x_rows, row_mask, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
+    """(BLOCK_R, 2 * BLOCK_P) tile of the rotary columns 0 .. 2 * HALF, one contiguous load, fp32."""
+    offs, mask = _rotary_offsets(x_rows, row_mask, HALF, BLOCK_P)
+    return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rotary(y_ptr, y_rows, row_mask, y, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
+    offs, mask = _rotary_offsets(y_rows, row_mask, HALF, BLOCK_P)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rotate_interleaved(x, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
-    """rot(x) for interleaved pairs: columns (2j, 2j + 1) become (-x[2j + 1], x[2j]).
+    """rot(x) for a `_load_rotary` tile of interleaved pairs: columns (2j, 2j + 1) become
+    (-x[2j + 1], x[2j]). The pair transform is then y = x * cos + rot(x) * sin and its
+    transpose dx = dy * cos - rot(dy * sin), cos and sin (1, 2 * BLOCK_P) per column.
 
     split / join exist from Triton 3.0. They are spelled triton.language.* because Triton 2.2
     resolves every tl.<name> of a kernel's call tree when it hashes the kernel, even in
@@ -109,42 +135,3 @@ def _rotate_interleaved(x, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
     """
     even, odd = triton.language.split(tl.reshape(x, [BLOCK_R, BLOCK_P, 2]))
     return tl.reshape(triton.language.join(-odd, even), [BLOCK_R, 2 * BLOCK_P])
-
-
-@triton.jit
-def _rope_rows_interleaved(
-    x_ptr,
-    y_ptr,
-    x_rows,
-    y_rows,
-    row_mask,
-    cos,
-    sin,
-    HALF: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    TRANSPOSE: tl.constexpr,
-    COPY_PASS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-):
-    """Transform BLOCK_R rows of interleaved pairs from one contiguous load (Triton >= 3).
-
-    cos, sin: fp32 (1, 2 * BLOCK_P): the cos/sin of each rotary column's own angle. With
-    rot(x) = (-x[2j + 1], x[2j]) per pair, the transform above reads
-    y = x * cos + rot(x) * sin and its transpose dx = dy * cos - rot(dy * sin).
-    """
-    offs_d = tl.arange(0, 2 * BLOCK_P)
-    mask = row_mask[:, None] & (offs_d < 2 * HALF)[None, :]
-    x = tl.load(x_ptr + (x_rows[:, None] + offs_d[None, :]), mask=mask, other=0.0).to(tl.float32)
-    if COPY_PASS:
-        x_pass_offs, pass_mask = _pass_offsets(x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
-        x_pass = tl.load(x_ptr + x_pass_offs, mask=pass_mask)
-    if TRANSPOSE:
-        y = x * cos - _rotate_interleaved(x * sin, BLOCK_R, BLOCK_P)
-    else:
-        y = x * cos + _rotate_interleaved(x, BLOCK_R, BLOCK_P) * sin
-    tl.store(y_ptr + (y_rows[:, None] + offs_d[None, :]), y.to(y_ptr.dtype.element_ty), mask=mask)
-    if COPY_PASS:
-        y_pass_offs, pass_mask = _pass_offsets(y_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
-        tl.store(y_ptr + y_pass_offs, x_pass, mask=pass_mask)

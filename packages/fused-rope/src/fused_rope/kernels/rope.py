@@ -21,7 +21,17 @@ row; otherwise the two members of each pair and their angles are loaded separate
 import triton
 import triton.language as tl
 
-from .common import _pair_columns, _rope_rows, _rope_rows_interleaved
+from .common import (
+    _load_pairs,
+    _load_pass,
+    _load_rotary,
+    _pair_columns,
+    _rotate,
+    _rotate_interleaved,
+    _store_pairs,
+    _store_pass,
+    _store_rotary,
+)
 
 
 @triton.jit
@@ -97,23 +107,32 @@ def _rope_kernel(
     t_rows = index_s * stride_t_s + row_b * stride_t_b + row_h * stride_t_h
     out_rows = index_s * stride_out_s + row_b * stride_out_b + row_h * stride_out_h
 
-    # cos/sin of this position's angles (fp32, accurate), computed once, shared by the rows.
+    # Loads first: the tile (one read of every element), then this position's angles; the
+    # cos/sin arithmetic (fp32, accurate, once per angle, shared by the BLOCK_R rows) overlaps
+    # the tile loads in flight.
+    if COPY_PASS:
+        t_pass = _load_pass(t_ptr, t_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
     freqs_row = freqs_ptr + pos.to(tl.int64) * stride_freqs_s
     if SPLIT_PAIRS:
+        x = _load_rotary(t_ptr, t_rows, row_mask, HALF, BLOCK_P)
         offs_d = tl.arange(0, 2 * BLOCK_P)
         angle = tl.load(freqs_row + offs_d, mask=offs_d < 2 * HALF, other=0.0).to(tl.float32)
-        _rope_rows_interleaved(
-            t_ptr, out_ptr, t_rows, out_rows, row_mask, tl.cos(angle)[None, :], tl.sin(angle)[None, :],
-            HALF, HEAD_DIM, TRANSPOSE, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
-        )  # fmt: skip
+        cos, sin = tl.cos(angle)[None, :], tl.sin(angle)[None, :]
+        if TRANSPOSE:
+            y = x * cos - _rotate_interleaved(x * sin, BLOCK_R, BLOCK_P)
+        else:
+            y = x * cos + _rotate_interleaved(x, BLOCK_R, BLOCK_P) * sin
+        _store_rotary(out_ptr, out_rows, row_mask, y, HALF, BLOCK_P)
     else:
+        x1, x2 = _load_pairs(t_ptr, t_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
         offs_p = tl.arange(0, BLOCK_P)
         col1, col2 = _pair_columns(offs_p, HALF, INTERLEAVED)
-        pair_mask = offs_p < HALF
-        angle1 = tl.load(freqs_row + col1, mask=pair_mask, other=0.0).to(tl.float32)
-        angle2 = tl.load(freqs_row + col2, mask=pair_mask, other=0.0).to(tl.float32)
-        _rope_rows(
-            t_ptr, out_ptr, t_rows, out_rows, row_mask,
-            tl.cos(angle1)[None, :], tl.sin(angle1)[None, :], tl.cos(angle2)[None, :], tl.sin(angle2)[None, :],
-            HALF, HEAD_DIM, INTERLEAVED, TRANSPOSE, COPY_PASS, BLOCK_P, BLOCK_PASS,
+        angle1 = tl.load(freqs_row + col1, mask=offs_p < HALF, other=0.0).to(tl.float32)
+        angle2 = tl.load(freqs_row + col2, mask=offs_p < HALF, other=0.0).to(tl.float32)
+        y1, y2 = _rotate(
+            x1, x2, tl.cos(angle1)[None, :], tl.sin(angle1)[None, :], tl.cos(angle2)[None, :],
+            tl.sin(angle2)[None, :], TRANSPOSE,
         )  # fmt: skip
+        _store_pairs(out_ptr, out_rows, row_mask, y1, y2, HALF, INTERLEAVED, BLOCK_P)
+    if COPY_PASS:
+        _store_pass(out_ptr, out_rows, row_mask, t_pass, HALF, HEAD_DIM, BLOCK_PASS)

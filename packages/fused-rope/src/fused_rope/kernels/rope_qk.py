@@ -11,7 +11,7 @@ output is a new tensor, untouched in place). TRANSPOSE applies the backward tran
 import triton
 import triton.language as tl
 
-from .common import _rope_rows
+from .common import _load_pairs, _load_pass, _rotate, _store_pairs, _store_pass
 
 
 @triton.jit
@@ -46,10 +46,13 @@ def _rope_qk_head_block(
     heads = heads.to(tl.int64)
     x_rows = batch * stride_x_b + index_s * stride_x_s + heads * stride_x_h
     y_rows = batch * stride_y_b + index_s * stride_y_s + heads * stride_y_h
-    _rope_rows(
-        x_ptr, y_ptr, x_rows, y_rows, row_mask, cos1, sin1, cos2, sin2, HALF, HEAD_DIM,
-        False, TRANSPOSE, COPY_PASS, BLOCK_P, BLOCK_PASS,
-    )  # fmt: skip
+    if COPY_PASS:
+        x_pass = _load_pass(x_ptr, x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+    x1, x2 = _load_pairs(x_ptr, x_rows, row_mask, HALF, False, BLOCK_P)
+    y1, y2 = _rotate(x1, x2, cos1, sin1, cos2, sin2, TRANSPOSE)
+    _store_pairs(y_ptr, y_rows, row_mask, y1, y2, HALF, False, BLOCK_P)
+    if COPY_PASS:
+        _store_pass(y_ptr, y_rows, row_mask, x_pass, HALF, HEAD_DIM, BLOCK_PASS)
 
 
 @triton.jit
