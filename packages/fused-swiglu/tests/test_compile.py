@@ -8,6 +8,7 @@ strided operands).
 """
 
 import pytest
+from tritonformer_testkit import interpreting
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_swiglu.kernels.backward import (
@@ -89,7 +90,8 @@ CASES = {
 def _params():
     for name, cases in CASES.items():
         configs = autotune_configs(KERNELS[name][0])
-        assert len(configs) == len(cases), f"{name}: {len(configs)} autotune configs but {len(cases)} cases"
+        # Under the interpreter the kernels carry its one config, and these tests are skipped.
+        assert interpreting() or len(configs) == len(cases), f"{name}: {len(configs)} configs but {len(cases)} cases"
         for index, (config, (dtype, contiguous, constexprs)) in enumerate(zip(configs, cases)):
             for arch in ARCHS:
                 layout = "contiguous" if contiguous else "strided"
