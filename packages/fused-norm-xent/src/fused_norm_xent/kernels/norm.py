@@ -127,7 +127,10 @@ def _norm_fwd_kernel(
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         var = tl.sum(s * s, axis=1) / n_cols
     else:
+        # The first mean is off by the rounding of a sum of large values; one correction with the
+        # (small, exactly computed) deviations from it makes it accurate even when |mean| >> std.
         mean = tl.sum(s, axis=1) / n_cols
+        mean += tl.sum(tl.where(mask, s - mean[:, None], 0.0), axis=1) / n_cols
         centered = tl.where(mask, s - mean[:, None], 0.0)
         var = tl.sum(centered * centered, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -175,9 +178,11 @@ def _norm_fwd_chunked_kernel(
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         var = tl.sum(lane_m2, axis=1) / n_cols
     else:
-        # Merge the lanes (Chan et al.): lane j holds ceil((n_cols - j) / BLOCK_N) values.
+        # Merge the lanes (Chan et al.): lane j holds ceil((n_cols - j) / BLOCK_N) values. The means
+        # are summed as deviations from lane 0's, so a large common offset costs no precision.
         lane_count = ((n_cols - offs_n + BLOCK_N - 1) // BLOCK_N).to(tl.float32)[None, :]
-        mean = tl.sum(lane_count * lane_mean, axis=1) / n_cols
+        shift = tl.sum(tl.where(offs_n[None, :] == 0, lane_mean, 0.0), axis=1)
+        mean = shift + tl.sum(lane_count * (lane_mean - shift[:, None]), axis=1) / n_cols
         spread = lane_mean - mean[:, None]
         var = tl.sum(lane_m2 + lane_count * spread * spread, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
