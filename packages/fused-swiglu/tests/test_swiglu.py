@@ -49,6 +49,13 @@ def test_bias(dtype, device, sw):
     sw.check_against_reference(swiglu, swiglu_reference, sw.make_inputs((29,), 48, 35, dtype, device, bias=True))
 
 
+def test_strided_bias(device, sw):
+    x, w_gate, w_up = sw.make_inputs((13,), 24, 40, torch.bfloat16, device)
+    b_gate, b_up = (torch.randn(80, device=device, dtype=torch.bfloat16)[::2].requires_grad_() for _ in range(2))
+    assert b_gate.stride() == (2,)
+    sw.check_against_reference(swiglu, swiglu_reference, [x, w_gate, w_up, b_gate, b_up])
+
+
 def test_no_leading_dims(device, sw):
     """x of shape (d_model,): a single token, as torch.matmul allows."""
     sw.check_against_reference(swiglu, swiglu_reference, sw.make_inputs((), 24, 40, torch.bfloat16, device))

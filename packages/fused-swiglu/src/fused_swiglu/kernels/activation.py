@@ -51,7 +51,8 @@ def _swiglu_backward_tile(
     """
     mask = (offs_m[:, None] < size_m) & (offs_n[None, :] < size_n)
     rows = offs_m.to(tl.int64)[:, None]
-    dh = tl.load(dh_ptr + rows * stride_dhm + offs_n[None, :] * stride_dhn, mask=mask, other=0.0).to(tl.float32)
+    cols = offs_n.to(tl.int64)[None, :]
+    dh = tl.load(dh_ptr + rows * stride_dhm + cols * stride_dhn, mask=mask, other=0.0).to(tl.float32)
     offs = rows * stride_gm + offs_n[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)

@@ -60,6 +60,8 @@ def swiglu_fwd(
     if M == 0:
         return h, g, u
     has_bias = b_gate is not None
+    if has_bias:  # the kernel reads the biases as contiguous vectors
+        b_gate, b_up = b_gate.contiguous(), b_up.contiguous()
     _swiglu_fwd_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
         x, w_gate, w_up, b_gate if has_bias else w_gate, b_up if has_bias else w_up,
         h, g if save_gu else h, u if save_gu else h,

@@ -66,7 +66,7 @@ def prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes: Sequence[torch.
 
 
 def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dtypes) -> torch.Tensor:
-    """The forward shared by both Functions; `ctx.grad_index` maps their arguments to gradients."""
+    """The forward shared by both Functions: validation, autocast, one kernel, what backward needs."""
     leading = x.shape[:-1]
     t, has_bias = prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes, {})
     check_device(x=t["x"], w_gate=t["w_gate"], w_up=t["w_up"], b_gate=t["b_gate"], b_up=t["b_up"])
