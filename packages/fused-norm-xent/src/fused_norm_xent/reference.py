@@ -80,7 +80,7 @@ def add_dropout_norm_reference(
     """
     s = x.double()
     if keep is not None:
-        s = torch.where(keep, s / (1.0 - p), torch.zeros_like(s)) if p < 1.0 else torch.zeros_like(s)
+        s = torch.where(keep, s / (1.0 - p), torch.zeros_like(s)) if p < 1.0 else s * 0.0
     if residual is not None:
         s = s + residual.double()
     if norm == "rmsnorm":
