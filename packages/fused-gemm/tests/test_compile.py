@@ -1,0 +1,231 @@
+"""Every kernel specialization the launchers can choose compiles to a cubin (sm_80, sm_90), on a covering set.
+
+Covering, not the cross product (compile time is CI time): every autotune config of each kernel
+on each arch it runs on, every value of every constexpr and every dtype appear at least once
+(test_the_sets_cover_every_value checks it), each config paired with a dtype and variant it fits
+in shared memory (as the autotuner's prune would keep it). Unit strides are specialized to the
+constant 1, as Triton's JIT does at launch. The TMA kernel compiles for sm_90 only: the launcher
+runs it on Hopper alone (Triton >= 3.4).
+"""
+
+import pytest
+from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
+
+from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK, HAS_TENSOR_DESCRIPTORS
+from fused_gemm.kernels.configs import _portable_smem, _tma_smem
+from fused_gemm.kernels.matmul import _matmul_kernel
+from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
+
+pytestmark = pytest.mark.aot
+
+SIZES = {"fp32": 4, "fp16": 2, "bf16": 2}
+RELU, GELU, GELU_TANH = 1, 2, 3
+MUL, RELU_MASK = 1, 2
+
+
+def _flags(prologue=0, row_sum=False, bias=False, activation=0, aux=False):
+    return dict(PROLOGUE=prologue, ROW_SUM=row_sum, HAS_BIAS=bias, ACTIVATION=activation, STORE_AUX=aux)
+
+
+# Portable kernel launch variants: flags and the strides that are 1. Forward: A = x (row-major),
+# B = weight.t() (unit stride along K) or a row-major w; dX: A = dY, B = w^T; dW^T: A = dY^T
+# (unit stride along M), B = x, C = dW^T (row-major, or transposed for a row-major w).
+PORTABLE_VARIANTS = {
+    "fwd": (_flags(), ("stride_ak", "stride_bk", "stride_cn")),
+    "fwd-bias-relu": (_flags(bias=True, activation=RELU), ("stride_ak", "stride_bn", "stride_cn")),
+    "fwd-bias-gelu-aux": (_flags(bias=True, activation=GELU, aux=True), ("stride_ak", "stride_bk", "stride_cn")),
+    "fwd-gelu-tanh-aux": (_flags(activation=GELU_TANH, aux=True), ("stride_ak", "stride_bk", "stride_cn")),
+    "dx-mul": (_flags(prologue=MUL), ("stride_ak", "stride_bn", "stride_cn", "stride_sk")),
+    "dx-relu-mask": (_flags(prologue=RELU_MASK), ("stride_ak", "stride_bn", "stride_cn", "stride_sk")),
+    "dw-mul-dbias": (_flags(prologue=MUL, row_sum=True), ("stride_am", "stride_bn", "stride_cn", "stride_sm")),
+    "dw-relu-mask-dbias": (
+        _flags(prologue=RELU_MASK, row_sum=True),
+        ("stride_am", "stride_bn", "stride_cm", "stride_sm"),
+    ),
+    "dw-dbias": (_flags(row_sum=True), ("stride_am", "stride_bn", "stride_cn")),
+}
+# (config index, variant, dtype, EVEN_K, ALLOW_TF32) per arch; every config on both archs.
+PORTABLE_CASES = {
+    80: [
+        (0, "fwd-bias-gelu-aux", "bf16", True, False),
+        (1, "dx-mul", "fp16", False, False),
+        (2, "dw-mul-dbias", "bf16", True, False),
+        (3, "fwd-gelu-tanh-aux", "fp16", False, False),
+        (4, "fwd", "fp32", True, True),
+        (5, "dx-relu-mask", "fp32", False, False),
+        (6, "dw-relu-mask-dbias", "bf16", True, False),
+        (7, "fwd-bias-relu", "fp32", False, True),
+        (8, "dw-dbias", "fp16", True, False),
+    ],
+    90: [
+        (0, "dw-mul-dbias", "bf16", False, False),
+        (1, "fwd-bias-relu", "bf16", True, False),
+        (2, "fwd-bias-gelu-aux", "fp16", False, False),
+        (3, "dx-mul", "bf16", True, False),
+        (4, "dx-relu-mask", "fp32", False, True),
+        (5, "fwd-gelu-tanh-aux", "fp32", True, False),
+        (6, "fwd", "bf16", False, False),
+        (7, "dw-relu-mask-dbias", "fp32", True, True),
+        (8, "dw-dbias", "fp32", False, False),
+    ],
+}
+
+
+def _tile(config):
+    return f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}-w{config['num_warps']}s{config['num_stages']}"
+
+
+def _portable_params():
+    configs = autotune_configs(_matmul_kernel)
+    for arch in ARCHS:
+        for index, variant, dtype, even_k, tf32 in PORTABLE_CASES[arch]:
+            config = configs[index]
+            yield pytest.param(
+                config, variant, dtype, even_k, tf32, arch, id=f"{_tile(config)}-{variant}-{dtype}-sm{arch}"
+            )
+
+
+@pytest.mark.parametrize("config, variant, dtype, even_k, tf32, arch", list(_portable_params()))
+def test_portable_kernel_compiles(config, variant, dtype, even_k, tf32, arch):
+    flags, unit_strides = PORTABLE_VARIANTS[variant]
+    ptr = f"*{dtype}"
+    ints = [
+        *("stride_a_batch", "stride_am", "stride_ak", "stride_b_batch", "stride_bk", "stride_bn"),
+        *("stride_c_batch", "stride_cm", "stride_cn", "stride_s_batch", "stride_sm", "stride_sk"),
+        *("stride_row_sum_batch", "M", "N", "K"),
+    ]
+    signature = {p: ptr for p in ("a_ptr", "b_ptr", "c_ptr", "s_ptr", "aux_ptr", "bias_ptr", "row_sum_ptr")}
+    signature.update({name: "i32" for name in ints if name not in unit_strides})
+    compile_to_cubin(
+        _matmul_kernel,
+        signature=signature,
+        constexprs={
+            **{name: 1 for name in unit_strides},
+            "stride_bias": 1,
+            **flags,
+            "ALLOW_TF32": tf32,
+            "UPCAST": False,
+            "EVEN_K": even_k,
+            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+        },  # fmt: skip
+        arch=arch,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
+
+
+# TMA kernel launch variants: flags, A_TRANS, B_TRANS, C_TRANS, BATCHED.
+TMA_VARIANTS = {
+    "fwd-linear-weight-bias-gelu-aux": (_flags(bias=True, activation=GELU, aux=True), False, True, False, False),
+    "fwd-relu": (_flags(activation=RELU), False, True, False, False),
+    "dx-mul": (_flags(prologue=MUL), False, False, False, False),
+    "dw-mul-dbias": (_flags(prologue=MUL, row_sum=True), True, False, False, False),
+    "dw-relu-mask-dbias-transposed-out": (_flags(prologue=RELU_MASK, row_sum=True), True, False, True, False),
+    "bmm-fwd-gelu-tanh-aux": (_flags(bias=True, activation=GELU_TANH, aux=True), False, False, False, True),
+    "bmm-db-dbias": (_flags(row_sum=True), True, False, True, True),
+}
+# (config index, variant, dtype), sm_90; the headline backward (128x256x64 with the prologue) included.
+TMA_CASES = [
+    (0, "fwd-linear-weight-bias-gelu-aux", "bf16"),
+    (0, "dw-mul-dbias", "bf16"),
+    (1, "dx-mul", "fp16"),
+    (2, "fwd-relu", "bf16"),
+    (3, "dw-relu-mask-dbias-transposed-out", "fp16"),
+    (4, "bmm-db-dbias", "bf16"),
+    (5, "bmm-fwd-gelu-tanh-aux", "fp16"),
+]
+
+
+def _tma_params():
+    configs = autotune_configs(_matmul_tma_kernel)
+    for index, variant, dtype in TMA_CASES:
+        config = configs[index]
+        yield pytest.param(config, variant, dtype, id=f"{_tile(config)}-{variant}-{dtype}-sm90")
+
+
+@pytest.mark.skipif(
+    not HAS_TENSOR_DESCRIPTORS,
+    reason="this Triton has no tensor descriptors (< 3.4): launchers use the portable kernel only",
+)
+@pytest.mark.parametrize("config, variant, dtype", list(_tma_params()))
+def test_tma_kernel_compiles(config, variant, dtype):
+    flags, a_trans, b_trans, c_trans, batched = TMA_VARIANTS[variant]
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    lead = [1] if batched else []
+
+    def desc(block):
+        return f"tensordesc<{dtype}[{','.join(str(d) for d in lead + block)}]>"
+
+    a_block = [bk, bm] if a_trans else [bm, bk]
+    c_block = [bn, bm] if c_trans else [bm, bn]
+    signature = {
+        "a_desc": desc(a_block),
+        "b_desc": desc([bn, bk] if b_trans else [bk, bn]),
+        "c_desc": desc(c_block),
+        "bias_ptr": f"*{dtype}",
+        "row_sum_ptr": "*fp32" if batched else f"*{dtype}",  # per-batch fp32 sums for bmm
+        "stride_row_sum_batch": "i32", "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32",
+    }  # fmt: skip
+    optional = {}
+    for name, used, block in (("s_desc", flags["PROLOGUE"] != 0, a_block), ("aux_desc", flags["STORE_AUX"], c_block)):
+        if used:
+            signature[name] = desc(block)
+        else:
+            optional[name] = None  # the launcher passes None: a constexpr
+    compile_to_cubin(
+        _matmul_tma_kernel,
+        signature=signature,
+        constexprs={
+            **optional,
+            "stride_bias": 1,
+            **flags,
+            "A_TRANS": a_trans,
+            "B_TRANS": b_trans,
+            "C_TRANS": c_trans,
+            "BATCHED": batched,
+            "UPCAST": False,
+            "NUM_SMS": 132,
+            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+        },  # fmt: skip
+        arch=90,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
+
+
+def test_the_sets_cover_every_value():
+    """Each config on each arch, each constexpr value and dtype at least once, every case fitting shared memory."""
+    configs = autotune_configs(_matmul_kernel)
+    for arch, cases in PORTABLE_CASES.items():
+        assert sorted(case[0] for case in cases) == list(range(len(configs))), arch
+    portable = [case for cases in PORTABLE_CASES.values() for case in cases]
+    flags = [PORTABLE_VARIANTS[case[1]][0] for case in portable]
+    for name, values in _flags_values().items():
+        assert {f[name] for f in flags} == values, name
+    assert {case[2] for case in portable} == set(SIZES)
+    assert {case[3] for case in portable} == {True, False} and {case[4] for case in portable} == {True, False}
+    assert all(case[2] == "fp32" for case in portable if case[4]), "ALLOW_TF32 only matters for fp32"
+    for index, variant, dtype, _, _ in portable:
+        config = configs[index]
+        smem = _portable_smem(
+            config, config["num_stages"], SIZES[dtype], PORTABLE_VARIANTS[variant][0]["PROLOGUE"] != 0
+        )
+        assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, variant, dtype)
+
+    configs = autotune_configs(_matmul_tma_kernel)
+    assert sorted({case[0] for case in TMA_CASES}) == list(range(len(configs)))
+    variants = [TMA_VARIANTS[case[1]] for case in TMA_CASES]
+    for name, values in _flags_values().items():
+        assert {v[0][name] for v in variants} == values, name
+    for i in range(1, 5):
+        assert {v[i] for v in variants} == {True, False}, ("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED")[i - 1]
+    assert {case[2] for case in TMA_CASES} == {"bf16", "fp16"}
+    for index, variant, _ in TMA_CASES:
+        config = configs[index]
+        smem = _tma_smem(config, config["num_stages"], 2, TMA_VARIANTS[variant][0]["PROLOGUE"] != 0)
+        assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, variant)
+
+
+def _flags_values():
+    return {"PROLOGUE": {0, MUL, RELU_MASK}, "ROW_SUM": {True, False}, "HAS_BIAS": {True, False},
+            "ACTIVATION": {0, RELU, GELU, GELU_TANH}, "STORE_AUX": {True, False}}  # fmt: skip
