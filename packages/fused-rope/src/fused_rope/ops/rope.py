@@ -64,11 +64,12 @@ def _launch(
     t = unit_last_stride(t)
     freqs = unit_last_stride(freqs.reshape(freqs.shape[0], freqs.shape[-1]))  # (s2, d2)
     n_heads = t.shape[-2]
+    t_stride, out_stride = t.stride(), out.stride()
     if tensor_format == "thd":
         n_seqs = cu_seqlens.numel() - 1
         n_groups, n_batch_groups, n_rows = t.shape[0], 1, n_heads
-        t_strides = (t.stride(0), 0, t.stride(1))
-        out_strides = (out.stride(0), 0, out.stride(1))
+        t_strides = (t_stride[0], 0, t_stride[1])
+        out_strides = (out_stride[0], 0, out_stride[1])
     else:
         seq_dim = 0 if tensor_format == "sbhd" else 1
         seq_len, batch = t.shape[seq_dim], t.shape[1 - seq_dim]
@@ -76,8 +77,8 @@ def _launch(
         # With start positions each batch entry has its own angles: one batch entry per program.
         n_batch_groups = batch if start_positions is not None else 1
         n_groups, n_rows = seq_len * n_batch_groups, n_heads * (batch // n_batch_groups)
-        t_strides = (t.stride(seq_dim), t.stride(1 - seq_dim), t.stride(2))
-        out_strides = (out.stride(seq_dim), out.stride(1 - seq_dim), out.stride(2))
+        t_strides = (t_stride[seq_dim], t_stride[1 - seq_dim], t_stride[2])
+        out_strides = (out_stride[seq_dim], out_stride[1 - seq_dim], out_stride[2])
     meta = launch_meta(
         tensor_format, n_rows, freqs.shape[1], t.shape[-1], t.element_size(), interleaved,
         interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None, transpose,
@@ -87,7 +88,7 @@ def _launch(
         t, freqs, out,
         t if start_positions is None else start_positions,
         t if cu_seqlens is None else cu_seqlens,
-        *t_strides, *out_strides, freqs.stride(0),
+        *t_strides, *out_strides, freqs.stride()[0],
         n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0,
         **meta,
     )  # fmt: skip

@@ -26,9 +26,10 @@ from .config import launch_config
 
 def _table_strides(table: torch.Tensor) -> Tuple[int, int]:
     """(batch, position) strides of a (P, d2) or (Bc, P, d2) table; 0 where it broadcasts."""
-    if table.dim() == 2 or table.shape[0] == 1:
-        return 0, table.stride(-2)
-    return table.stride(0), table.stride(1)
+    stride = table.stride()
+    if len(stride) == 2 or table.shape[0] == 1:
+        return 0, stride[-2]
+    return stride[0], stride[1]
 
 
 @functools.cache
@@ -68,11 +69,11 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None
     if position_ids is None:
         pos_strides = (0, 0)
     else:
-        pos_strides = (0 if position_ids.shape[0] == 1 else position_ids.stride(0), position_ids.stride(1))
+        pos_strides = position_ids.stride()
+        pos_strides = (0 if position_ids.shape[0] == 1 else pos_strides[0], pos_strides[1])
     _rope_qk_kernel[grid](
         q, k, cos, sin, q if position_ids is None else position_ids, q_out, k_out,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
         *_table_strides(cos), *_table_strides(sin), *pos_strides,
         seq_len, n_q_heads, n_k_heads, n_q_blocks,
         **meta,
