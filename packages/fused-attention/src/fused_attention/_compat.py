@@ -52,7 +52,10 @@ else:  # pragma: no cover - torch < 2.4
 
 
 def autocast_dtype(device_type: str):
-    """The dtype autocast casts to on `device_type`, or None when autocast is off there."""
+    """The dtype autocast casts to on `device_type`, or None when autocast is off there (or the
+    device is one the kernels never run on, such as meta)."""
+    if device_type not in ("cuda", "cpu"):
+        return None
     try:
         enabled = torch.is_autocast_enabled(device_type)
     except TypeError:  # pragma: no cover - torch < 2.4 takes no device argument (CUDA only)

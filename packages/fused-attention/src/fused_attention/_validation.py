@@ -88,10 +88,12 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     return float(softmax_scale)
 
 
-def check_window(window_size, causal, max_seqlen_k: int) -> Tuple[int, int]:
+def check_window(window_size, causal, max_seqlen_q: int, max_seqlen_k: int) -> Tuple[int, int]:
     """Normalized (left, right) bounds, -1 for none; causal forces right = 0 (as FlashAttention-2).
 
-    A bound that no key can exceed (>= max_seqlen_k) becomes -1, so it costs no masking.
+    A bound that no (query, key) pair can cross becomes -1, so it costs no masking: the left one
+    when left >= S_k - 1, the right one when right >= S_q - 1 (keys i + S_k - S_q - left ...
+    i + S_k - S_q + right, for queries i in [0, S_q)).
     """
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -106,9 +108,9 @@ def check_window(window_size, causal, max_seqlen_k: int) -> Tuple[int, int]:
         raise ValueError(f"window_size entries must be >= -1 (-1: unbounded), got {tuple(window_size)}")
     if causal:
         right = 0
-    if left >= max_seqlen_k:
+    if left >= max_seqlen_k - 1:
         left = -1
-    if right >= max_seqlen_k:
+    if right >= max_seqlen_q - 1:
         right = -1
     return left, right
 

@@ -22,7 +22,7 @@ class FlashAttention(nn.Module):
                  layout: str = "bshd"):  # fmt: skip
         super().__init__()
         check_layout(layout)
-        check_window(window_size, causal, 2**31)
+        check_window(window_size, causal, 2**31, 2**31)
         self.causal = causal
         self.softmax_scale = softmax_scale
         self.window_size = tuple(window_size)
@@ -74,7 +74,7 @@ class MultiheadSelfAttention(nn.Module):
             raise ValueError(f"d_model={d_model} must be a multiple of n_head={n_head}")
         if n_kv_head < 1 or n_head % n_kv_head:
             raise ValueError(f"n_head={n_head} must be a multiple of n_kv_head={n_kv_head}")
-        check_window(window_size, causal, 2**31)
+        check_window(window_size, causal, 2**31, 2**31)
         self.d_model, self.n_head, self.n_kv_head = d_model, n_head, n_kv_head
         self.head_dim = d_model // n_head
         self.causal, self.window_size, self.softmax_scale = causal, tuple(window_size), softmax_scale

@@ -28,6 +28,7 @@ from .common import (
     _band_mask,
     _dot,
     _dot_acc,
+    _load_rows,
     _load_tile,
     _seq_bounds,
     _store_tile,
@@ -116,50 +117,33 @@ def _dkdv_blocks(
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block."""
     offs_r = tl.arange(0, BLOCK_M)
-    if TMA:
-        for start_m in range(lo, hi, BLOCK_M):
-            rows = start_m + offs_r
-            q = q_desc.load([desc_batch, desc_row + start_m, head, 0]).reshape([BLOCK_M, BLOCK_D])
-            do = do_desc.load([desc_batch, desc_row + start_m, head, 0]).reshape([BLOCK_M, BLOCK_D])
+    offs_d = tl.arange(0, BLOCK_D)
+    q_offs = offs_r[:, None] * stride_qs + offs_d[None, :]
+    do_offs = offs_r[:, None] * stride_dos + offs_d[None, :]
+    stride_qs64 = stride_qs.to(tl.int64)
+    stride_dos64 = stride_dos.to(tl.int64)
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_r
+        q = _load_rows(
+            q_base, q_desc, desc_batch, desc_row, head, start_m, offs_r, stride_qs64, q_offs, seqlen_q,
+            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, TMA,
+        )  # fmt: skip
+        do = _load_rows(
+            do_base, do_desc, desc_batch, desc_row, head, start_m, offs_r, stride_dos64, do_offs, seqlen_q,
+            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, TMA,
+        )  # fmt: skip
+        if MASKED:
+            lse2 = tl.load(lse_base + rows, mask=rows < seqlen_q, other=0.0) * LOG2E
+            delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+        else:
             lse2 = tl.load(lse_base + rows) * LOG2E
-            if ALIBI == 1:
-                lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
             delta = tl.load(delta_base + rows)
-            dk, dv = _dkdv_update(
-                dk, dv, k, v, q, do, lse2, delta, rows, offs_n, seqlen_q, diag, window_left, window_right, qk_scale,
-                slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-            )  # fmt: skip
-    else:
-        offs_d = tl.arange(0, BLOCK_D)
-        q_offs = offs_r[:, None] * stride_qs + offs_d[None, :]
-        do_offs = offs_r[:, None] * stride_dos + offs_d[None, :]
-        stride_qs64 = stride_qs.to(tl.int64)
-        stride_dos64 = stride_dos.to(tl.int64)
-        for start_m in range(lo, hi, BLOCK_M):
-            rows = start_m + offs_r
-            q = _load_tile(
-
-                q_base + start_m * stride_qs64 + q_offs, rows, seqlen_q, offs_d, HEAD_DIM, MASKED,
-
-                BLOCK_D != HEAD_DIM,
-
-            )  # fmt: skip
-            do = _load_tile(
-                do_base + start_m * stride_dos64 + do_offs, rows, seqlen_q, offs_d, HEAD_DIM, MASKED,
-                BLOCK_D != HEAD_DIM,
-            )  # fmt: skip
-            if MASKED:
-                lse2 = tl.load(lse_base + rows, mask=rows < seqlen_q, other=0.0) * LOG2E
-                delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
-            else:
-                lse2 = tl.load(lse_base + rows) * LOG2E
-                delta = tl.load(delta_base + rows)
-            if ALIBI == 1:
-                lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
-            dk, dv = _dkdv_update(
-                dk, dv, k, v, q, do, lse2, delta, rows, offs_n, seqlen_q, diag, window_left, window_right, qk_scale,
-                slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-            )  # fmt: skip
+        if ALIBI == 1:
+            lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
+        dk, dv = _dkdv_update(
+            dk, dv, k, v, q, do, lse2, delta, rows, offs_n, seqlen_q, diag, window_left, window_right, qk_scale,
+            slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+        )  # fmt: skip
     return dk, dv
 
 
@@ -240,7 +224,8 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
                 stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
-                start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+                start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
+                USE_TMA and not IS_VARLEN, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
@@ -251,7 +236,8 @@ def _attn_bwd_dkdv_kernel(
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
             stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
-            full_end, end, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+            full_end, end, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
+            UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
@@ -297,37 +283,24 @@ def _dq_blocks(
 ):  # fmt: skip
     """Key blocks [lo, hi) against the resident query block."""
     offs_n = tl.arange(0, BLOCK_N)
-    if TMA:
-        for start_n in range(lo, hi, BLOCK_N):
-            k = k_desc.load([desc_batch, desc_row + start_n, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
-            v = v_desc.load([desc_batch, desc_row + start_n, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
-            dq = _dq_update(
-                dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-            )  # fmt: skip
-    else:
-        offs_d = tl.arange(0, BLOCK_D)
-        k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
-        v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
-        stride_ks64 = stride_ks.to(tl.int64)
-        stride_vs64 = stride_vs.to(tl.int64)
-        for start_n in range(lo, hi, BLOCK_N):
-            cols = start_n + offs_n
-            k = _load_tile(
-
-                k_base + start_n * stride_ks64 + k_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
-
-                BLOCK_D != HEAD_DIM,
-
-            )  # fmt: skip
-            v = _load_tile(
-                v_base + start_n * stride_vs64 + v_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
-                BLOCK_D != HEAD_DIM,
-            )  # fmt: skip
-            dq = _dq_update(
-                dq, q, do, k, v, lse2, delta, offs_m, cols, seqlen_k, diag, window_left, window_right, qk_scale,
-                slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-            )  # fmt: skip
+    offs_d = tl.arange(0, BLOCK_D)
+    k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
+    stride_ks64 = stride_ks.to(tl.int64)
+    stride_vs64 = stride_vs.to(tl.int64)
+    for start_n in range(lo, hi, BLOCK_N):
+        k = _load_rows(
+            k_base, k_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_ks64, k_offs, seqlen_k,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+        )  # fmt: skip
+        v = _load_rows(
+            v_base, v_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_vs64, v_offs, seqlen_k,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+        )  # fmt: skip
+        dq = _dq_update(
+            dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
+            qk_scale, slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+        )  # fmt: skip
     return dq
 
 
@@ -405,7 +378,8 @@ def _attn_bwd_dq_kernel(
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start,
-            full_start, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+            full_start, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
+            UPCAST,
         )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
@@ -415,7 +389,7 @@ def _attn_bwd_dq_kernel(
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
         offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, UPCAST,
     )  # fmt: skip
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh

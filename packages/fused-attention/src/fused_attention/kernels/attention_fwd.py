@@ -29,6 +29,7 @@ from .common import (
     _band_mask,
     _dot,
     _dot_acc,
+    _load_rows,
     _load_tile,
     _seq_bounds,
     _store_tile,
@@ -77,42 +78,28 @@ def _fwd_blocks(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Key blocks [lo, hi). MASKED: on the band's edges or past the key tail (pointer loads, masked
-    scores). Otherwise fully visible: no mask, and with TMA the tiles come through descriptors
-    (the caller passes TMA only for unmasked ranges, so descriptors never read past a sequence)."""
+    """Key blocks [lo, hi): MASKED ones on the band's edges or past the key tail, the others fully
+    visible. TMA: K/V tiles through descriptors (the caller only asks for it where a tile cannot
+    cross into another sequence's rows)."""
     offs_n = tl.arange(0, BLOCK_N)
-    if TMA:
-        for start_n in range(lo, hi, BLOCK_N):
-            row = desc_row + start_n
-            k = k_desc.load([desc_batch, row, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
-            v = v_desc.load([desc_batch, row, kv_head, 0]).reshape([BLOCK_N, BLOCK_D])
-            acc, l_i, m_i = _fwd_update(
-                acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-            )  # fmt: skip
-    else:
-        offs_d = tl.arange(0, BLOCK_D)
-        k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
-        v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
-        stride_ks64 = stride_ks.to(tl.int64)
-        stride_vs64 = stride_vs.to(tl.int64)
-        for start_n in range(lo, hi, BLOCK_N):
-            cols = start_n + offs_n
-            k = _load_tile(
-
-                k_base + start_n * stride_ks64 + k_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
-
-                BLOCK_D != HEAD_DIM,
-
-            )  # fmt: skip
-            v = _load_tile(
-                v_base + start_n * stride_vs64 + v_offs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED,
-                BLOCK_D != HEAD_DIM,
-            )  # fmt: skip
-            acc, l_i, m_i = _fwd_update(
-                acc, l_i, m_i, q, k, v, offs_m, cols, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
-                alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-            )  # fmt: skip
+    offs_d = tl.arange(0, BLOCK_D)
+    k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
+    stride_ks64 = stride_ks.to(tl.int64)
+    stride_vs64 = stride_vs.to(tl.int64)
+    for start_n in range(lo, hi, BLOCK_N):
+        k = _load_rows(
+            k_base, k_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_ks64, k_offs, seqlen_k,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+        )  # fmt: skip
+        v = _load_rows(
+            v_base, v_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_vs64, v_offs, seqlen_k,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_update(
+            acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
+            slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+        )  # fmt: skip
     return acc, l_i, m_i
 
 
@@ -185,7 +172,7 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start, full_start,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, UPCAST,
         )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
@@ -195,7 +182,7 @@ def _attn_fwd_kernel(
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
         offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, UPCAST,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, UPCAST,
     )  # fmt: skip
 
     # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.

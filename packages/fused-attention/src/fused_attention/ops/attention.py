@@ -183,7 +183,7 @@ def flash_attention(
     if v.shape != k.shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     scale = check_softmax_scale(softmax_scale, head_dim)
-    window_left, window_right = check_window(window_size, causal, seqlen_k)
+    window_left, window_right = check_window(window_size, causal, seqlen_q, seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
     check_device(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
     spec = AttentionSpec(
@@ -245,7 +245,7 @@ def flash_attention_varlen(
     if batch_k != batch:
         raise ValueError(f"cu_seqlens_q holds {batch} sequences but cu_seqlens_k holds {batch_k}")
     scale = check_softmax_scale(softmax_scale, head_dim)
-    window_left, window_right = check_window(window_size, causal, max_seqlen_k)
+    window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
     check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
     spec = AttentionSpec(

@@ -1,0 +1,145 @@
+"""The API around the kernels: both autograd paths, torch.compile, autocast, modules, empty inputs."""
+
+import pytest
+import torch
+
+from fused_attention import (
+    FlashAttention,
+    FlashAttentionFunction,
+    MultiheadSelfAttention,
+    alibi_slopes,
+    flash_attention,
+    flash_attention_varlen,
+)
+from fused_attention._compat import HAS_CUSTOM_OP
+from fused_attention.ops.launch import AttentionSpec
+
+pytestmark = pytest.mark.kernels
+
+BF16 = torch.bfloat16
+
+
+def _outputs_and_grads(fn, q, k, v, dout, dlse):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    grads = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+    return (out, lse, *grads)
+
+
+def _assert_identical(actual, expected):
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_autograd_function_path_matches_custom_op(attn, device):
+    """FlashAttentionFunction (the torch < 2.4 path) runs the same launchers: identical results."""
+    q, k, v = attn.random_qkv(2, 23, 30, 4, 2, 64, BF16, device)
+    slopes = alibi_slopes(4, device=device)
+    dout = torch.randn(q.shape, device=device).to(BF16)
+    dlse = torch.randn(2, 4, 23, device=device)
+    spec = AttentionSpec(2, 4, 2, 64, 23, 30, 0.125, -1, 0, True, False, False)
+
+    def through_function(q, k, v):
+        return FlashAttentionFunction.apply(q, k, v, slopes, None, None, spec)
+
+    def through_api(q, k, v):
+        return flash_attention(q, k, v, causal=True, alibi_slopes=slopes, return_lse=True)
+
+    _assert_identical(
+        _outputs_and_grads(through_function, q, k, v, dout, dlse), _outputs_and_grads(through_api, q, k, v, dout, dlse)
+    )
+
+
+@pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
+def test_torch_compile_fullgraph(attn, device):
+    """No graph break: the kernels are custom ops with fake implementations and registered autograd."""
+    q, k, v = attn.random_qkv(2, 19, 19, 2, 1, 32, BF16, device)
+    dout = torch.randn(q.shape, device=device).to(BF16)
+    dlse = torch.randn(2, 2, 19, device=device)
+
+    def dense(q, k, v):
+        return flash_attention(q, k, v, causal=True, window_size=(5, 0), return_lse=True)
+
+    compiled = torch.compile(dense, backend="eager", fullgraph=True)
+    _assert_identical(_outputs_and_grads(compiled, q, k, v, dout, dlse), _outputs_and_grads(dense, q, k, v, dout, dlse))
+
+    cu = attn.cu_seqlens([7, 12], device)
+
+    def packed(q, k, v):
+        return flash_attention_varlen(q, k, v, cu, cu, 12, 12, causal=True, return_lse=True)
+
+    flat = [t.flatten(0, 1)[:19] for t in (q, k, v)]
+    compiled = torch.compile(packed, backend="eager", fullgraph=True)
+    dout_flat, dlse_flat = dout.flatten(0, 1)[:19], torch.randn(2, 19, device=device)
+    _assert_identical(
+        _outputs_and_grads(compiled, *flat, dout_flat, dlse_flat),
+        _outputs_and_grads(packed, *flat, dout_flat, dlse_flat),
+    )
+
+
+def test_autocast_casts_fp32_inputs(attn, device):
+    """Under torch.autocast, fp32 q/k/v run in the autocast dtype (as SDPA); their grads come back fp32."""
+    q, k, v = attn.random_qkv(1, 17, 17, 2, 2, 64, torch.float32, device)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    with torch.autocast(device_type=device, dtype=BF16):
+        out = flash_attention(q, k, v, causal=True)
+    assert out.dtype == BF16
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and torch.isfinite(q.grad).all()
+    expected = flash_attention(*(t.detach().to(BF16) for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_empty_inputs(attn, device):
+    """Zero queries, zero keys or zero batch: the right shapes, no launch errors; no keys gives 0 and -inf."""
+    q, k, v = attn.random_qkv(2, 0, 5, 2, 2, 64, BF16, device)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 2, 0)
+    q, k, v = (t.requires_grad_(True) for t in attn.random_qkv(2, 6, 0, 2, 2, 64, BF16, device))
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == -float("inf"))
+    (out.float().sum() + 0 * lse.sum()).backward()
+    assert torch.all(q.grad == 0) and k.grad.shape == k.shape
+    q, k, v = attn.random_qkv(0, 4, 4, 2, 2, 64, BF16, device)
+    assert flash_attention(q, k, v).shape == q.shape
+
+
+def test_flash_attention_module(attn, device):
+    q, k, v = attn.random_qkv(2, 9, 12, 4, 4, 32, BF16, device, layout="bhsd")
+    module = FlashAttention(causal=True, window_size=(3, 0), layout="bhsd")
+    assert list(module.parameters()) == []
+    expected = flash_attention(q, k, v, causal=True, window_size=(3, 0), layout="bhsd")
+    torch.testing.assert_close(module(q, k, v), expected, rtol=0, atol=0)
+    assert "causal=True" in repr(module) and "layout='bhsd'" in repr(module)
+
+
+@pytest.mark.parametrize("n_kv_head, alibi", [(None, False), (2, True)], ids=["mha", "gqa-alibi"])
+def test_multihead_self_attention(n_kv_head, alibi, device):
+    """The module is the projections around flash_attention: same result as composing them by hand."""
+    module = MultiheadSelfAttention(128, 4, n_kv_head, bias=True, causal=True, alibi=alibi, device=device, dtype=BF16)
+    assert [name for name, _ in module.named_parameters()] == [
+        f"{proj}.{p}" for proj in ("q_proj", "k_proj", "v_proj", "out_proj") for p in ("weight", "bias")
+    ]
+    assert module.k_proj.weight.shape == ((n_kv_head or 4) * 32, 128)
+    x = torch.randn(2, 21, 128, device=device).to(BF16).requires_grad_(True)
+    seen = []
+
+    def rotate(q, k):
+        seen.append((q.shape, k.shape))
+        return q.flip(-1), k.flip(-1)
+
+    y = module(x, qk_transform=rotate)
+    assert seen == [((2, 21, 4, 32), (2, 21, n_kv_head or 4, 32))]
+    q = module.q_proj(x).view(2, 21, 4, 32).flip(-1)
+    k = module.k_proj(x).view(2, 21, -1, 32).flip(-1)
+    v = module.v_proj(x).view(2, 21, -1, 32)
+    slopes = alibi_slopes(4, device=device) if alibi else None
+    expected = module.out_proj(flash_attention(q, k, v, causal=True, alibi_slopes=slopes).reshape(2, 21, 128))
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    dy = torch.randn_like(y)
+    params = [x, *module.parameters()]
+    for got, want in zip(torch.autograd.grad(y, params, dy), torch.autograd.grad(expected, params, dy)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if alibi:
+        module.to(torch.float16)  # casts the slopes buffer too; forward restores fp32 slopes
+        assert module(x.detach().to(torch.float16)).dtype == torch.float16

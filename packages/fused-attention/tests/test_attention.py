@@ -1,0 +1,128 @@
+"""flash_attention forward and every gradient against the fp64 reference, interpreter-sized.
+
+Each check runs our kernels (allocations poisoned), the fp64 reference and the low-precision
+twin (see _helpers.py) on fresh random inputs and compares out, lse, dq, dk and dv. The
+interpreter runs small blocks (configs.INTERPRETER_CONFIGS), so these shapes span several query
+and key blocks, ragged tails, and both the masked and the fully visible loop ranges.
+"""
+
+import pytest
+import torch
+
+from fused_attention import alibi_slopes
+
+pytestmark = pytest.mark.kernels
+
+FP16, BF16 = torch.float16, torch.bfloat16
+
+# (batch, seqlen_q, seqlen_k, heads, kv heads, head dim, options): each mask/bias/length case once.
+CASES = {
+    "plain": (2, 37, 50, 2, 2, 64, {}),
+    "causal-short-q": (2, 37, 50, 2, 1, 64, {"causal": True}),
+    "causal-long-q-empty-rows": (1, 50, 20, 2, 2, 64, {"causal": True}),
+    "causal-aligned-blocks": (1, 64, 64, 2, 2, 32, {"causal": True}),
+    "length-1": (3, 1, 1, 2, 1, 64, {"causal": True}),
+    "decode-q1": (2, 1, 33, 2, 2, 64, {"causal": True}),
+    "one-key": (2, 33, 1, 2, 2, 64, {}),
+    "alibi-causal": (2, 45, 45, 4, 2, 64, {"causal": True, "alibi": "heads"}),
+    "alibi-per-batch": (2, 30, 41, 2, 2, 64, {"alibi": "batch"}),
+    "alibi-sliding-window": (1, 50, 50, 2, 2, 64, {"causal": True, "window_size": (9, 0), "alibi": "heads"}),
+    "window-both-sides": (1, 40, 47, 2, 2, 64, {"window_size": (5, 3)}),
+    "window-right-only": (1, 33, 33, 2, 2, 64, {"window_size": (-1, 4)}),
+    "window-left-only": (1, 33, 40, 2, 1, 64, {"window_size": (6, -1)}),
+    "window-empty-rows": (1, 60, 20, 2, 2, 64, {"window_size": (2, 1)}),
+    "window-one-key-q": (1, 33, 1, 2, 2, 64, {"window_size": (5, 3)}),
+    "softmax-scale": (1, 29, 35, 2, 2, 64, {"softmax_scale": 0.3, "causal": True}),
+}
+
+
+def _options(options: dict, batch: int, n_heads: int, device) -> dict:
+    options = dict(options)
+    kind = options.pop("alibi", None)
+    if kind == "heads":
+        options["alibi_slopes"] = alibi_slopes(n_heads, device=device)
+    elif kind == "batch":
+        options["alibi_slopes"] = torch.rand(batch, n_heads, device=device) + 0.05
+    return options
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(FP16, id="fp16"), pytest.param(BF16, id="bf16")])
+@pytest.mark.parametrize("case", list(CASES))
+def test_masks_bias_and_lengths(case, dtype, attn, device):
+    batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options = CASES[case]
+    q, k, v = attn.random_qkv(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, dtype, device)
+    attn.check_attention(q, k, v, with_dlse=True, **_options(options, batch, n_heads, device))
+
+
+@pytest.mark.parametrize(
+    "head_dim, dtype, options",
+    [
+        (16, FP16, {"causal": True}),
+        (32, BF16, {}),
+        (80, FP16, {"causal": True, "alibi": "heads"}),
+        (96, BF16, {"window_size": (7, 2)}),
+        (128, BF16, {"causal": True}),
+        (160, FP16, {"alibi": "heads"}),
+        (192, BF16, {"causal": True}),
+        (256, FP16, {"causal": True, "window_size": (5, 0)}),
+    ],
+    ids=lambda x: f"d{x}" if isinstance(x, int) else None,
+)
+def test_head_dims(head_dim, dtype, options, attn, device):
+    q, k, v = attn.random_qkv(1, 20, 26, 2, 1, head_dim, dtype, device)
+    attn.check_attention(q, k, v, **_options(options, 1, 2, device))
+
+
+@pytest.mark.parametrize(
+    "n_heads, n_kv_heads, seqlen, options",
+    [(8, 1, 24, {"causal": True}), (32, 1, 9, {}), (8, 2, 21, {"causal": True, "alibi": "heads"})],
+    ids=["gqa-8to1", "mqa-32to1", "gqa-4to1-alibi"],
+)
+def test_grouped_query_heads(n_heads, n_kv_heads, seqlen, options, attn, device):
+    """dK/dV sum over the query heads that share a kv head (reduced in registers, no atomics)."""
+    q, k, v = attn.random_qkv(2, seqlen, seqlen + 3, n_heads, n_kv_heads, 32, BF16, device)
+    attn.check_attention(q, k, v, **_options(options, 2, n_heads, device))
+
+
+@pytest.mark.parametrize("options", [{}, {"causal": True, "alibi": "heads"}], ids=["plain", "causal-alibi"])
+def test_sdpa_layout(options, attn, device):
+    q, k, v = attn.random_qkv(2, 33, 40, 4, 2, 64, FP16, device, layout="bhsd")
+    ours = attn.check_attention(q, k, v, layout="bhsd", **_options(options, 2, 4, device))
+    assert ours["out"].shape == q.shape and ours["out"].is_contiguous()
+
+
+def test_packed_qkv_views_without_copies(attn, device):
+    """q, k, v as strided views of one (B, S, 3, H, D) projection, in both layouts."""
+    qkv = torch.randn(2, 30, 3, 4, 64, device=device).to(BF16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    attn.check_attention(q, k, v, causal=True)
+    attn.check_attention(*(t.transpose(1, 2) for t in (q, k, v)), layout="bhsd")
+
+
+def test_non_contiguous_inputs(attn, device):
+    """Sliced batch/positions/heads, and a head dim with stride 2 (the one case that is copied)."""
+    big = torch.randn(3, 50, 6, 128, device=device).to(FP16)
+    q = big[1:, 5:40, 1:5, :64]
+    k = big[:2, 10:50, ::3, 64:]
+    v = big[:2, :40, 2:4, 64:]
+    attn.check_attention(q, k, v, causal=True)
+    strided = torch.randn(2, 24, 2, 128, device=device).to(FP16)[..., ::2]
+    attn.check_attention(strided, strided.flip(1), strided, window_size=(4, 4))
+
+
+def test_lse_gradient_and_values(attn, device):
+    """return_lse gives fp32 (B, H, S_q); a gradient through the LSE reaches q and k."""
+    q, k, v = attn.random_qkv(2, 26, 31, 2, 2, 64, BF16, device)
+    ours = attn.check_attention(q, k, v, with_dlse=True, causal=True, window_size=(6, 0))
+    assert ours["lse"].dtype == torch.float32 and ours["lse"].shape == (2, 2, 26)
+
+
+def test_rows_that_see_no_key(attn, device):
+    """Causal with S_q > S_k: the first S_q - S_k queries see nothing: out 0, lse -inf, zero grads."""
+    q, k, v = attn.random_qkv(1, 40, 15, 2, 2, 64, FP16, device)
+    ours = attn.check_attention(q, k, v, causal=True)
+    empty = slice(0, 25)
+    assert torch.all(ours["out"][:, empty] == 0)
+    assert torch.all(ours["lse"][:, :, empty] == -float("inf"))
+    assert torch.all(ours["dq"][:, empty] == 0)

@@ -1,0 +1,149 @@
+"""Bad input raises a clear TypeError/ValueError naming the argument, before any launch.
+
+These tests launch nothing, so they run on every machine and Triton (the device check comes last:
+valid shapes on the wrong device are the only ones that reach it).
+"""
+
+import pytest
+import torch
+
+from fused_attention import (
+    FlashAttention,
+    MultiheadSelfAttention,
+    alibi_slopes,
+    flash_attention,
+    flash_attention_varlen,
+)
+from fused_attention._compat import KERNEL_DEVICE_TYPE
+
+BF16 = torch.bfloat16
+
+
+def qkv(batch=2, seqlen=8, heads=4, kv_heads=4, head_dim=64, dtype=BF16, device="meta"):
+    return (
+        torch.empty(batch, seqlen, heads, head_dim, dtype=dtype, device=device),
+        torch.empty(batch, seqlen, kv_heads, head_dim, dtype=dtype, device=device),
+        torch.empty(batch, seqlen, kv_heads, head_dim, dtype=dtype, device=device),
+    )
+
+
+def test_rejects_fp32_with_a_hint():
+    with pytest.raises(TypeError, match=r"^q has dtype torch.float32; supported: float16, bfloat16 \(cast to"):
+        flash_attention(*qkv(dtype=torch.float32))
+
+
+def test_rejects_non_tensor_and_integer_dtypes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"^k must be a torch.Tensor, got list"):
+        flash_attention(q, [1.0], v)
+    with pytest.raises(TypeError, match=r"^v has dtype torch.int32"):
+        flash_attention(q, k, v.to(torch.int32))
+
+
+def test_rejects_mixed_dtypes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"^k has dtype torch.float16 but q has torch.bfloat16"):
+        flash_attention(q, k.half(), v)
+
+
+@pytest.mark.parametrize("head_dim", [8, 48, 100, 512])
+def test_rejects_unsupported_head_dims(head_dim):
+    with pytest.raises(ValueError, match=rf"^head dim {head_dim} is not supported; supported: 16, 32, 64, 80"):
+        flash_attention(*qkv(head_dim=head_dim))
+
+
+def test_rejects_mismatched_heads_and_shapes():
+    with pytest.raises(ValueError, match=r"^q has 6 heads and k/v have 4"):
+        flash_attention(*qkv(heads=6, kv_heads=4))
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"^v has head dim 32 but q and k have 64"):
+        flash_attention(q, k, v[..., :32])
+    with pytest.raises(ValueError, match=r"^q has head dim 32 but k has 64"):
+        flash_attention(q[..., :32], k, v)
+    with pytest.raises(ValueError, match=r"^v must have k's shape"):
+        flash_attention(q, k, v[:, :5])
+    with pytest.raises(ValueError, match=r"^q, k and v must share the batch size, got 2, 1, 1"):
+        flash_attention(q, k[:1], v[:1])
+    with pytest.raises(ValueError, match=r"^q must be 4-D \(B, H, S, D\) for layout='bhsd'"):
+        flash_attention(q[0], k, v, layout="bhsd")
+
+
+def test_rejects_bad_options():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"^layout must be 'bshd' or 'bhsd', got 'sbhd'"):
+        flash_attention(q, k, v, layout="sbhd")
+    with pytest.raises(TypeError, match=r"^window_size must be a pair of ints"):
+        flash_attention(q, k, v, window_size=(4,))
+    with pytest.raises(ValueError, match=r"^window_size entries must be >= -1"):
+        flash_attention(q, k, v, window_size=(-2, 0))
+    with pytest.raises(TypeError, match=r"^causal must be a bool"):
+        flash_attention(q, k, v, causal=1)
+    with pytest.raises(ValueError, match=r"^softmax_scale must be positive and finite, got -0.5"):
+        flash_attention(q, k, v, softmax_scale=-0.5)
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a float or None"):
+        flash_attention(q, k, v, softmax_scale="0.1")
+
+
+def test_rejects_bad_alibi_slopes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"^alibi_slopes has dtype torch.bfloat16; supported: float32"):
+        flash_attention(q, k, v, alibi_slopes=torch.ones(4, dtype=BF16, device="meta"))
+    with pytest.raises(ValueError, match=r"^alibi_slopes must have shape \(4,\) or \(2, 4\), got \(3,\)"):
+        flash_attention(q, k, v, alibi_slopes=torch.ones(3, device="meta"))
+
+
+def test_rejects_wrong_device_last():
+    """Valid tensors on a device the kernels do not run on (meta here; CPU without the interpreter)."""
+    with pytest.raises(ValueError, match=r"^q is on meta"):
+        flash_attention(*qkv())
+    other = "meta" if KERNEL_DEVICE_TYPE == "cpu" else "cpu"
+    q, k, v = qkv(device=other)
+    with pytest.raises(ValueError, match=rf"^q is on {other}"):
+        flash_attention(q, k, v)
+
+
+def _varlen(lengths_q=(3, 5), lengths_k=(4, 4), heads=2, device="cpu"):
+    q = torch.empty(sum(lengths_q), heads, 64, dtype=BF16, device=device)
+    k = torch.empty(sum(lengths_k), heads, 64, dtype=BF16, device=device)
+    cu_q = torch.tensor([0, lengths_q[0], sum(lengths_q)], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, lengths_k[0], sum(lengths_k)], dtype=torch.int32, device=device)
+    return q, k, k.clone(), cu_q, cu_k
+
+
+def test_varlen_rejects_mismatched_cu_seqlens():
+    q, k, v, cu_q, cu_k = _varlen()
+    with pytest.raises(TypeError, match=r"^cu_seqlens_q has dtype torch.int64; supported: int32"):
+        flash_attention_varlen(q, k, v, cu_q.long(), cu_k, 5, 4)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k must be 1-D with batch \+ 1 >= 2 entries"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k[:1], 5, 4)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q holds 2 sequences but cu_seqlens_k holds 1"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k[::2], 5, 8)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q must rise from 0 to the packed length 8, got 0 ... 7"):
+        flash_attention_varlen(q, k, v, torch.tensor([0, 3, 7], dtype=torch.int32), cu_k, 5, 4)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k must rise .* \(decreasing somewhere\)"):
+        flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 9, 8], dtype=torch.int32), 5, 9)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q has a sequence of length 5 > max_seqlen 4"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 4, 4)
+    with pytest.raises(ValueError, match=r"^q must be 3-D \(total, H, D\)"):
+        flash_attention_varlen(q[None], k, v, cu_q, cu_k, 5, 4)
+    with pytest.raises(TypeError, match=r"^max_seqlen_k must be an int"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4.0)
+
+
+def test_varlen_device_check_comes_last():
+    q, k, v, cu_q, cu_k = _varlen(device="meta")
+    with pytest.raises(ValueError, match=r"^q is on meta"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4, check_seqlens=False)
+
+
+def test_module_and_helper_arguments():
+    with pytest.raises(ValueError, match=r"^d_model=100 must be a multiple of n_head=8"):
+        MultiheadSelfAttention(100, 8)
+    with pytest.raises(ValueError, match=r"^n_head=8 must be a multiple of n_kv_head=3"):
+        MultiheadSelfAttention(128, 8, 3)
+    with pytest.raises(ValueError, match=r"^layout must be 'bshd' or 'bhsd'"):
+        FlashAttention(layout="bsh")
+    with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0"):
+        alibi_slopes(0)
+    with pytest.raises(TypeError, match=r"^n_heads must be an int"):
+        alibi_slopes(4.0)
