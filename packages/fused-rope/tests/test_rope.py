@@ -170,3 +170,15 @@ def test_autocast_keeps_input_dtype():
         y = apply_rotary_pos_emb(t, torch.randn(8, 1, 1, 64, device="cuda"))
     y.sum().backward()
     assert y.dtype == torch.bfloat16 and t.grad.dtype == torch.bfloat16
+
+
+def test_backward_of_a_sum_gets_an_expanded_gradient(device):
+    """y.sum().backward() hands the backward a stride-0 gradient (copied for the kernel)."""
+    t = torch.randn(4, 2, 3, 16, device=device, requires_grad=True)
+    freqs = torch.rand(4, 1, 1, 12, device=device) * 10
+    apply_rotary_pos_emb(t, freqs, "sbhd", True).sum().backward()
+    t64 = t.detach().double().requires_grad_(True)
+    apply_rotary_pos_emb_reference(t64, freqs.double(), "sbhd", True).sum().backward()
+    t32 = t.detach().requires_grad_(True)
+    apply_rotary_pos_emb_reference(t32, freqs, "sbhd", True).sum().backward()
+    assert_close_to_reference(t.grad, t64.grad, t32.grad, name="dt")
