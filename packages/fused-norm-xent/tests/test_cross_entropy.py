@@ -1,0 +1,231 @@
+"""cross_entropy and CrossEntropyLoss against the float64 reference, forward and backward, every
+option and dtype; NaN/inf and ignored rows as torch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tritonformer_testkit import assert_close_to_reference, dtype_params
+
+from fused_norm_xent import CrossEntropyLoss, cross_entropy
+from fused_norm_xent.reference import cross_entropy_reference
+
+pytestmark = [
+    pytest.mark.kernels,
+    # Interpreted kernels also evaluate the padding rows of a tile, whose sum of exponentials is 0.
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
+]
+
+
+def torch_twin(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0):
+    """F.cross_entropy plus the z-loss on low-precision logits, as PyTorch's CUDA kernels compute it:
+    fp32 inside, results rounded to the logits' dtype. (Its CPU fp16 kernel accumulates the
+    label-smoothing sum in fp16 and overflows to inf, which would leave no baseline at all.)"""
+    x = logits.float()
+    loss = F.cross_entropy(
+        x, target.long(), ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+    )
+    valid = target != ignore_index
+    z_rows = torch.where(valid, lse_square_scale * torch.logsumexp(x, -1).square(), 0.0)
+    z = {"none": z_rows, "sum": z_rows.sum(), "mean": z_rows.sum() / valid.sum()}[reduction]
+    return (loss + z).to(logits.dtype), z.to(logits.dtype)
+
+
+def check(helpers, logits, target, *, upstream=None, inplace=False, **options):
+    """Loss, z-loss and the logits gradient against the reference; our allocations poisoned."""
+    reduction = options.get("reduction", "mean")
+    if upstream is None:
+        shape = target.shape if reduction == "none" else ()
+        upstream = torch.randn(shape, device=logits.device)
+    (leaf,) = helpers.leaves(logits)
+
+    def ours(x):
+        # In place, the kernel writes into a copy (a non-leaf): the gradient reaches the leaf through it.
+        return cross_entropy(x.clone() if inplace else x, target, return_z_loss=True, inplace_backward=inplace,
+                             **options)  # fmt: skip
+
+    (loss, z_loss), (grad,) = helpers.forward_backward(ours, [leaf], [upstream], poison=True)
+    assert loss.dtype == logits.dtype and grad.dtype == logits.dtype and grad.shape == logits.shape
+    (loss_ref, z_ref), (grad_ref,) = helpers.forward_backward(
+        lambda x: cross_entropy_reference(x, target, **options), helpers.as_float64(leaf), [upstream.double()]
+    )
+    (loss_low, z_low), (grad_low,) = helpers.forward_backward(
+        lambda x: torch_twin(x, target, **options), helpers.leaves(logits), [upstream]
+    )
+    helpers.assert_all_close(
+        {"loss": (loss, loss_ref, loss_low), "z_loss": (z_loss, z_ref, z_low), "dlogits": (grad, grad_ref, grad_low)}
+    )
+
+
+def _inputs(n_rows, n_cols, dtype, device, ignored_every=4, scale=3.0):
+    logits = (scale * torch.randn(n_rows, n_cols, device=device)).to(dtype)
+    target = torch.randint(0, n_cols, (n_rows,), device=device)
+    target[::ignored_every] = -100
+    return logits, target
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("n_rows, n_cols", [(37, 1), (37, 127), (19, 1000), (3, 4097)])
+def test_widths_dtypes(helpers, n_rows, n_cols, dtype, device):
+    check(helpers, *_inputs(n_rows, n_cols, dtype, device), label_smoothing=0.1, lse_square_scale=1e-3)
+
+
+@pytest.mark.parametrize("smoothing, z", [(0.0, 0.0), (0.2, 0.0), (0.0, 1e-2), (0.1, 1e-3)])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reductions_and_options(helpers, reduction, smoothing, z, device):
+    check(helpers, *_inputs(21, 300, torch.float32, device), reduction=reduction, label_smoothing=smoothing,
+          lse_square_scale=z)  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_upstream_gradient_of_one(helpers, reduction, device):
+    """loss.backward() hands the backward a 1: the scaling kernel then leaves the gradient as is."""
+    check(helpers, *_inputs(10, 70, torch.float32, device), reduction=reduction, upstream=torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_rows_wider_than_a_block(helpers, dtype, device):
+    """20000 classes: three 8192-wide chunks per row, the online log-sum-exp across them."""
+    check(helpers, *_inputs(3, 20000, dtype, device, ignored_every=3), label_smoothing=0.05, lse_square_scale=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_inplace_backward(helpers, reduction, device):
+    check(helpers, *_inputs(9, 500, torch.bfloat16, device), reduction=reduction, inplace=True, label_smoothing=0.1)
+
+
+def test_inplace_writes_the_gradient_into_the_logits(device):
+    logits, target = _inputs(6, 50, torch.float32, device)
+    (leaf,) = [logits.clone().requires_grad_(True)]
+    buffer = leaf * 1.0
+    cross_entropy(buffer, target, inplace_backward=True)
+    expected = torch.autograd.grad(F.cross_entropy(leaf, target), leaf)[0]
+    assert_close_to_reference(buffer.detach(), expected.double(), expected, name="logits buffer")
+    other, saved = _inputs(2, 5, torch.float32, device)[0].requires_grad_(True), None
+    saved = other.exp()  # exp saves its output: overwriting it in place must not go unnoticed
+    cross_entropy(saved, torch.tensor([1, 2], device=device), inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
+def test_non_contiguous_logits(helpers, device):
+    logits, target = _inputs(8, 300, torch.float32, device)
+    check(helpers, torch.randn(300, 8, device=device).t(), target, label_smoothing=0.1)  # column stride 8
+    check(helpers, torch.randn(16, 600, device=device)[::2, ::2], target, reduction="none")
+    check(helpers, torch.randn(8, 300, device=device).t().contiguous().t(), target, inplace=True)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 0, 5])
+def test_ignored_rows(helpers, ignore_index, device):
+    logits, _ = _inputs(12, 40, torch.float32, device)
+    target = torch.randint(0, 40, (12,), device=device)
+    target[[0, 3, 4, 11]] = ignore_index
+    for reduction in ("mean", "none"):
+        check(helpers, logits, target, ignore_index=ignore_index, reduction=reduction, label_smoothing=0.1,
+              lse_square_scale=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_rows_ignored(reduction, device):
+    """The mean of nothing is 0 / 0 = NaN, as in torch; sum and none give zeros; gradients are 0."""
+    logits = torch.randn(5, 30, device=device, requires_grad=True)
+    target = torch.full((5,), -100, device=device)
+    loss = cross_entropy(logits, target, reduction=reduction, label_smoothing=0.1)
+    expected = F.cross_entropy(logits.detach(), target, reduction=reduction, label_smoothing=0.1)
+    assert torch.equal(loss.isnan(), expected.isnan()) and (reduction == "mean") == bool(loss.isnan().all())
+    assert_close_to_reference(loss.detach(), expected.double(), expected)
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_empty_batch(device):
+    logits = torch.randn(0, 10, device=device, requires_grad=True)
+    target = torch.zeros(0, dtype=torch.int64, device=device)
+    assert cross_entropy(logits, target).isnan() and cross_entropy(logits, target, reduction="sum") == 0
+    assert cross_entropy(logits, target, reduction="none").shape == (0,)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("n_cols", [50, 20000])
+def test_non_finite_logits_propagate_like_torch(smoothing, n_cols, device):
+    logits = torch.randn(7, n_cols, device=device)
+    logits[0, 1] = float("inf")  # + inf: NaN row
+    logits[1, 2] = float("nan")
+    logits[2, :] = -float("inf")  # all -inf: NaN row
+    logits[3, 0] = -float("inf")  # -inf target logit: loss +inf
+    logits[4, 5] = -float("inf")  # a -inf elsewhere: finite
+    logits[5, 3] = float("nan")  # ignored row with a NaN: loss 0, gradient NaN (as torch)
+    target = torch.tensor([1, 0, 0, 0, 1, -100, 2], device=device)
+    leaf = logits.clone().requires_grad_(True)
+    loss = cross_entropy(leaf, target, reduction="none", label_smoothing=smoothing)
+    (grad,) = torch.autograd.grad(loss, leaf, torch.ones_like(loss))
+    ref_leaf = logits.double().requires_grad_(True)
+    expected = F.cross_entropy(ref_leaf, target, reduction="none", label_smoothing=smoothing)
+    (expected_grad,) = torch.autograd.grad(expected, ref_leaf, torch.ones_like(expected))
+    assert_close_to_reference(loss.detach(), expected.detach(), name="loss")
+    assert_close_to_reference(grad, expected_grad, name="dlogits")
+
+
+def test_int32_targets_and_unbatched_input(helpers, device):
+    logits, target = _inputs(11, 90, torch.float32, device)
+    check(helpers, logits, target.to(torch.int32), label_smoothing=0.1)
+    one = torch.randn(90, device=device)
+    for reduction in ("mean", "none"):
+        ours = cross_entropy(one, torch.tensor(4, device=device), reduction=reduction)
+        expected = F.cross_entropy(one.double(), torch.tensor(4, device=device), reduction=reduction)
+        assert ours.shape == expected.shape == ()
+        assert_close_to_reference(ours, expected, F.cross_entropy(one, torch.tensor(4, device=device)))
+
+
+def test_module_is_a_drop_in(device):
+    logits, target = _inputs(13, 64, torch.float32, device)
+    target[target == 3] = 4
+    for kwargs in ({}, {"reduction": "sum", "label_smoothing": 0.2}, {"ignore_index": 3, "reduction": "none"}):
+        target = target.masked_fill(target == -100, 3) if kwargs.get("ignore_index") == 3 else target
+        theirs = torch.nn.CrossEntropyLoss(**kwargs)
+        expected = theirs(logits.double(), target)
+        assert_close_to_reference(CrossEntropyLoss(**kwargs)(logits, target), expected, theirs(logits, target))
+    loss, z_loss = CrossEntropyLoss(lse_square_scale=1e-2, return_z_loss=True)(logits, target)
+    assert_close_to_reference(z_loss, cross_entropy_reference(logits, target, lse_square_scale=1e-2)[1])
+
+
+@pytest.mark.gpu(reason="N * V past 2^31 elements: 4.3 GB of bf16 logits")
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_int64_offsets_past_2_31_elements(reduction):
+    n_cols = 50304
+    n_rows = 2**31 // n_cols + 8
+    logits = torch.randn(n_rows, n_cols, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, n_cols, (n_rows,), device="cuda")
+    tail = slice(n_rows - 4, n_rows)
+    tail_logits = logits[tail].clone()
+    leaf = logits.requires_grad_(True)
+    buffer = leaf.detach().requires_grad_(True)
+    loss = cross_entropy(buffer, target, reduction=reduction, inplace_backward=True)
+    upstream = torch.ones_like(loss)
+    (grad,) = torch.autograd.grad(loss, buffer, upstream)
+    ref_leaf = tail_logits.double().requires_grad_(True)
+    divisor = n_rows if reduction == "mean" else 1
+    ref = cross_entropy_reference(ref_leaf, target[tail], reduction="none")[0]
+    (ref_grad,) = torch.autograd.grad(ref.sum() / divisor, ref_leaf)
+    low_leaf = tail_logits.clone().requires_grad_(True)
+    low = F.cross_entropy(low_leaf, target[tail], reduction="none")
+    (low_grad,) = torch.autograd.grad(low.sum() / divisor, low_leaf)
+    if reduction == "none":
+        assert_close_to_reference(loss[tail], ref, low, name="loss")
+    assert_close_to_reference(grad[tail], ref_grad, low_grad, name="dlogits")
+
+
+@pytest.mark.gpu(reason="GPT-2 and 256k vocabularies are too wide for the interpreter")
+@pytest.mark.parametrize("shape", [(4096, 50257), (16384, 50304), (64, 262144), (1000, 128256)])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_large_vocabularies(helpers, shape, reduction):
+    check(helpers, *_inputs(*shape, torch.bfloat16, "cuda"), reduction=reduction, label_smoothing=0.1,
+          lse_square_scale=1e-4)  # fmt: skip
+
+
+@pytest.mark.gpu(reason="autocast runs on CUDA")
+def test_autocast_keeps_input_dtype():
+    logits = torch.randn(8, 300, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = cross_entropy(logits, torch.randint(0, 300, (8,), device="cuda"))
+    loss.backward()
+    assert loss.dtype == torch.bfloat16 and logits.grad.dtype == torch.bfloat16
