@@ -9,7 +9,7 @@ the in-place operator. Results must equal eager bit for bit (the same kernels ru
 import pytest
 import torch
 
-from fused_rope import _compat, apply_rotary_pos_emb, apply_rotary_qk
+from fused_rope import RotaryEmbedding, _compat, apply_rotary_pos_emb, apply_rotary_qk
 from fused_rope.ops import rope as rope_ops
 from fused_rope.ops import rope_qk as rope_qk_ops
 
@@ -83,6 +83,23 @@ def test_apply_rotary_qk_in_place(backend, device):
         _assert_same(got, want)
     with torch.no_grad():
         _assert_same([compiled(inputs[0])], [fn(inputs[0])])
+
+
+def test_rotary_embedding_inside_a_compiled_block(device):
+    """The module's cached tables are built and reused inside a fullgraph-compiled block."""
+    torch._dynamo.reset()
+    rope = RotaryEmbedding(16, rotary_percent=0.5).to(device)
+
+    def block(q, k):
+        cos, sin = rope.cos_sin(q.shape[1])
+        q_out, k_out = apply_rotary_qk(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q_out, k_out, apply_rotary_pos_emb(q, rope(q.shape[1]), "bshd")
+
+    inputs = [torch.randn(2, 5, 3, 16, device=device), torch.randn(2, 5, 1, 16, device=device)]
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    for _ in range(2):  # the first call fills the caches, the second reads them
+        for got, want in zip(_grads(compiled, inputs), _grads(block, inputs)):
+            _assert_same(got, want)
 
 
 @pytest.mark.parametrize(
