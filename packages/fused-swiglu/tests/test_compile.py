@@ -11,13 +11,14 @@ import pytest
 from tritonformer_testkit import interpreting
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
+from fused_swiglu._compat import TRITON_VERSION
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_weight_grad_kernel,
 )
-from fused_swiglu.kernels.forward import _swiglu_fwd_kernel
+from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARPS
 
 pytestmark = pytest.mark.aot
@@ -129,4 +130,46 @@ def test_grad_kernel_compiles(dtype, arch):
         constexprs=dict(UPCAST=False, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, **fixed),
         arch=arch,
         num_warps=GRAD_NUM_WARPS,
+    )
+
+
+# The Hopper TMA forward: sm_90 only (the launcher never picks it elsewhere), 16-bit operands.
+TMA_CASES = [
+    ("bf16", dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
+    ("fp16", dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True)),
+    ("bf16", dict(HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
+    ("fp16", dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
+    ("bf16", dict(HAS_BIAS=False, SAVE_GU=False, ACC_FP16=False)),
+]
+
+
+def _tma_params():
+    configs = autotune_configs(_swiglu_fwd_tma_kernel)
+    assert interpreting() or len(configs) == len(TMA_CASES)
+    for index, (config, (dtype, constexprs)) in enumerate(zip(configs, TMA_CASES)):
+        yield pytest.param(config, dtype, constexprs, id=f"fwd_tma-cfg{index}-{dtype}-sm90")
+
+
+@pytest.mark.skipif(
+    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
+)
+@pytest.mark.parametrize("config, dtype, constexprs", list(_tma_params()))
+def test_tma_forward_compiles(config, dtype, constexprs):
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    signature = {
+        "x_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
+        "wg_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
+        "wu_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
+        **{p: POINTER[dtype] for p in ("bg_ptr", "bu_ptr", "h_ptr", "g_ptr", "u_ptr")},
+        **{i: "i32" for i in ("stride_hm", "M", "N", "K")},
+    }
+    compile_to_cubin(
+        _swiglu_fwd_tma_kernel,
+        signature=signature,
+        constexprs=dict(constexprs, UPCAST=False, **config),
+        arch=90,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )

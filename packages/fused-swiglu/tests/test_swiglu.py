@@ -5,6 +5,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, swiglu
+from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
 from fused_swiglu.reference import swiglu_reference
 
 pytestmark = pytest.mark.kernels
@@ -170,3 +171,30 @@ def test_torch_compile_fullgraph(device, sw):
     inputs = sw.make_inputs((3, 13), 32, 40, torch.bfloat16, device)
     compiled = torch.compile(swiglu, backend="eager", fullgraph=True)
     sw.check_against_reference(compiled, swiglu_reference, inputs)
+
+
+@pytest.mark.parametrize("dtype", dtype_params((torch.bfloat16, torch.float16)))
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_tma_forward_kernel(bias, dtype, device, sw):
+    """The Hopper TMA forward kernel (run here through the interpreter's descriptors): edges of
+    every dim zero-padded by the descriptors (M=37, N=72, K=40 against 32 x 32 x 16 tiles)."""
+    x, w_gate, w_up, *biases = (t.detach() for t in sw.make_inputs((37,), 40, 72, dtype, device, bias))
+    b_gate, b_up = biases if bias else (None, None)
+    with poisoned_allocations():
+        h, g, u = (torch.empty(37, 72, device=device, dtype=dtype) for _ in range(3))
+    launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, True, False, True)
+    inputs = [x, w_gate, w_up, *biases]
+    expected = swiglu_reference(*(t.double() for t in inputs))
+    assert_close_to_reference(h, expected, swiglu_reference(*inputs), name="h")
+    gate = x.double() @ w_gate.double() + (b_gate.double() if bias else 0)
+    assert_close_to_reference(g, gate, x @ w_gate + (b_gate if bias else 0), name="g")
+
+
+def test_tma_forward_is_not_chosen_off_hopper(device, sw):
+    """Under the interpreter (or any non-sm_90 device) the launcher keeps the pointer kernel."""
+    x, w_gate, w_up = (t.detach() for t in sw.make_inputs((8,), 64, 64, torch.bfloat16, device))
+    if device == "cpu":
+        assert not use_tma_forward(x, w_gate, w_up)
+    elif torch.cuda.get_device_capability()[0] != 9:
+        assert not use_tma_forward(x, w_gate, w_up)
+    assert not use_tma_forward(x, w_gate[:, :63], w_up[:, :63])  # 63-element rows: not 16-byte aligned

@@ -5,16 +5,16 @@ allow_tf32, tl.static_range, tl.debug_barrier, autotune restore_value) exist in 
 alike; on an H100, Triton 3.x pipelines its pointer loads with cp.async into wgmma (checked in
 the PTX of the AOT compiles: no spills at the chosen tiles but the forward's 36 bytes).
 
-No Hopper-only variant (TMA descriptors, persistent tiles, warp specialization) is selected
-here yet, deliberately: (1) it cannot be measured without a GPU, and the rule is that a fast
-path must pay; (2) where it could pay most, the forward's dual-accumulator main loop (255
-registers), it is 4 of the MLP's 18 M*K*N flops; the epilogue overlap a persistent kernel
-would buy is had portably from the two-CTAs-per-SM configs (kernels/configs.py); (3) host
-TensorDescriptors need 16-byte aligned strides (d_intermediate 2730 is not) and per-config
-block shapes, so the portable path stays needed anyway. The candidate for the next step, to be
-measured against this path on the H100: the forward kernel with host TensorDescriptor loads
-(Triton >= 3.4), chosen here when `TRITON_VERSION >= (3, 4)`, the device is sm_90 and the
-operands are aligned.
+Hopper fast path, chosen here: the forward kernel in a variant whose x and weight tiles come
+by TMA through host tensor descriptors (Triton >= 3.4; sm_90; 16-bit operands whose rows are
+unit-stride and 16-byte aligned, which the launcher checks per call; everything else takes
+the portable kernel). Why only there: the forward's two accumulators put the pointer kernel
+at ptxas' 255-register limit with spills at 128x128 (the addresses of three operand tiles);
+the TMA variant compiles to 183 registers and no spills (ptxas -v, sm_90a, Triton 3.9),
+while the backward kernels already compile at 102-237 registers without spills; and the epilogue
+overlap that a persistent kernel would buy is had portably from the two-CTAs-per-SM configs
+(kernels/configs.py). That it pays is a prediction until the H100 run compares the two
+(benchmarks/bench_swiglu.py times both forward kernels).
 """
 
 from __future__ import annotations
@@ -55,6 +55,20 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     if device_type == "cpu":  # pragma: no cover - torch < 2.4
         return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
     return None  # pragma: no cover
+
+
+# Host-side TMA descriptors (triton.tools.tensor_descriptor, Triton >= 3.4), compiled kernels only.
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - Triton < 3.4
+    TensorDescriptor = None
+HOPPER_TMA_FORWARD = TensorDescriptor is not None and TRITON_VERSION >= (3, 4) and not INTERPRETING
+
+
+@functools.cache
+def is_hopper(device_index: int) -> bool:
+    """sm_90 (H100/H200), where the TMA forward runs."""
+    return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 # torch.compile: where torch has torch.library.custom_op (>= 2.4), the launchers are registered as

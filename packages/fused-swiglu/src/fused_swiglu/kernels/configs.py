@@ -20,14 +20,22 @@ import triton
 from .._compat import INTERPRETING
 
 
-def _configs(names, rows):
+def _configs(names, rows, pre_hook=None):
     """triton.Config for each (block sizes..., group, num_warps, num_stages) row."""
     configs = []
     for *blocks, group, num_warps, num_stages in rows:
         kwargs = dict(zip(names, blocks))
         kwargs[names[-1]] = group
-        configs.append(triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages))
+        configs.append(triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages, pre_hook=pre_hook))
     return configs
+
+
+def _set_forward_tma_blocks(nargs):
+    """Each config's tile shapes onto the host tensor descriptors, before its launch."""
+    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["x_desc"].block_shape = [block_m, block_k]
+    nargs["wg_desc"].block_shape = [block_k, block_n]
+    nargs["wu_desc"].block_shape = [block_k, block_n]
 
 
 # Shared-A dual matmul (forward: x @ [w_gate, w_up]; weight grads: x^T @ [d_gate, d_up]).
@@ -59,6 +67,10 @@ def _rows(rows):
 
 def forward_configs():
     return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), _rows(_DUAL_ROWS))
+
+
+def forward_tma_configs():
+    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), _rows(_DUAL_ROWS), _set_forward_tma_blocks)
 
 
 def weight_grad_configs():

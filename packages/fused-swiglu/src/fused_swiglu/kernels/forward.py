@@ -12,8 +12,44 @@ import triton
 import triton.language as tl
 
 from .activation import _swiglu
-from .configs import forward_configs
-from .matmul import _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets
+from .configs import forward_configs, forward_tma_configs
+from .matmul import _dot, _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets, _zeros
+
+
+@triton.jit
+def _swiglu_fwd_epilogue(
+    acc_g,
+    acc_u,
+    pid_m,
+    pid_n,
+    bg_ptr,
+    bu_ptr,
+    h_ptr,
+    g_ptr,
+    u_ptr,
+    stride_hm,
+    M,
+    N,
+    HAS_BIAS: tl.constexpr,
+    SAVE_GU: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Biases, h = silu(g) * u in fp32, and the stores of h (and of g, u when SAVE_GU)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = acc_g.to(tl.float32)
+    u = acc_u.to(tl.float32)
+    if HAS_BIAS:
+        g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
+    _store(h_ptr + offs, _swiglu(g, u), mask, UPCAST)
+    if SAVE_GU:
+        _store(g_ptr + offs, g, mask, UPCAST)
+        _store(u_ptr + offs, u, mask, UPCAST)
 
 
 @triton.autotune(configs=forward_configs(), key=["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"])
@@ -56,16 +92,51 @@ def _swiglu_fwd_kernel(
         stride_xm, stride_xk, stride_wgk, stride_wgn, stride_wuk, stride_wun,
         K, ACC_FP16, ALLOW_TF32, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
     )  # fmt: skip
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    g = acc_g.to(tl.float32)
-    u = acc_u.to(tl.float32)
-    if HAS_BIAS:
-        g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
-    _store(h_ptr + offs, _swiglu(g, u), mask, UPCAST)
-    if SAVE_GU:
-        _store(g_ptr + offs, g, mask, UPCAST)
-        _store(u_ptr + offs, u, mask, UPCAST)
+    _swiglu_fwd_epilogue(
+        acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
+        HAS_BIAS, SAVE_GU, UPCAST, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.autotune(configs=forward_tma_configs(), key=["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"])
+@triton.jit
+def _swiglu_fwd_tma_kernel(
+    x_desc,
+    wg_desc,
+    wu_desc,
+    bg_ptr,
+    bu_ptr,
+    h_ptr,
+    g_ptr,
+    u_ptr,
+    stride_hm,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    SAVE_GU: tl.constexpr,
+    ACC_FP16: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """The Hopper variant (Triton >= 3.4, 16-bit operands with aligned, unit-stride rows): the
+    x and weight tiles arrive by TMA through tensor descriptors (zero-padded past the edges, so
+    no masks and no address registers in the main loop; the pointer kernel's two accumulators
+    leave it at ptxas' 255-register limit). Same epilogue as `_swiglu_fwd_kernel`."""
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc_g = _zeros(BLOCK_M, BLOCK_N, ACC_FP16)
+    acc_u = _zeros(BLOCK_M, BLOCK_N, ACC_FP16)
+    for step in range(0, tl.cdiv(K, BLOCK_K)):
+        off_k = step * BLOCK_K
+        x = x_desc.load([off_m, off_k])
+        acc_g = _dot(x, wg_desc.load([off_k, off_n]), acc_g, ACC_FP16, False, UPCAST)
+        acc_u = _dot(x, wu_desc.load([off_k, off_n]), acc_u, ACC_FP16, False, UPCAST)
+    _swiglu_fwd_epilogue(
+        acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
+        HAS_BIAS, SAVE_GU, UPCAST, BLOCK_M, BLOCK_N,
+    )  # fmt: skip

@@ -12,14 +12,14 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from .._compat import INTERPRETING, library_op
+from .._compat import HOPPER_TMA_FORWARD, INTERPRETING, TensorDescriptor, is_hopper, library_op
 from ..kernels.backward import (
     _mlp_down_grad_kernel,
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_weight_grad_kernel,
 )
-from ..kernels.forward import _swiglu_fwd_kernel
+from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 Tensor = torch.Tensor
 
@@ -41,6 +41,51 @@ def _mark_overwritten(*tensors: Tensor) -> None:
         torch.autograd.graph.increment_version(tensor)
 
 
+def _tma_ready(t: Tensor) -> bool:
+    """Rows unit-stride and 16-byte aligned, as a TMA descriptor needs."""
+    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def use_tma_forward(x: Tensor, w_gate: Tensor, w_up: Tensor) -> bool:
+    """The Hopper TMA forward (see _compat) applies: Triton >= 3.4, sm_90, aligned 16-bit operands."""
+    return (
+        HOPPER_TMA_FORWARD
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and is_hopper(x.device.index)
+        and all(_tma_ready(t) for t in (x, w_gate, w_up))
+    )
+
+
+def launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu: bool, fp16_accumulate: bool, tma: bool) -> None:
+    """One forward launch into h (and g, u when save_gu), by the TMA or the pointer kernel."""
+    M, K = x.shape
+    N = w_gate.shape[1]
+    has_bias = b_gate is not None
+    if has_bias:  # the kernel reads the biases as contiguous vectors
+        b_gate, b_up = b_gate.contiguous(), b_up.contiguous()
+    b_gate, b_up = (b_gate, b_up) if has_bias else (h, h)
+    g, u = (g, u) if save_gu else (h, h)
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    if tma:
+        # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
+        descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, w_gate, w_up)]
+        _swiglu_fwd_tma_kernel[grid](
+            *descriptors, b_gate, b_up, h, g, u, h.stride(0), M, N, K,
+            HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING,
+        )  # fmt: skip
+        return
+    _swiglu_fwd_kernel[grid](
+        x, w_gate, w_up, b_gate, b_up, h, g, u,
+        x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1), h.stride(0),
+        M, N, K,
+        HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, ALLOW_TF32=_allow_tf32(x.dtype),
+        UPCAST=INTERPRETING,
+    )  # fmt: skip
+
+
 @library_op("swiglu_fwd")
 def swiglu_fwd(
     x: Tensor,
@@ -52,24 +97,14 @@ def swiglu_fwd(
     fp16_accumulate: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """h = silu(x @ w_gate + b_gate) * (x @ w_up + b_up), and (g, u) when save_gu (else empty)."""
-    M, K = x.shape
+    M = x.shape[0]
     N = w_gate.shape[1]
     h = torch.empty((M, N), dtype=x.dtype, device=x.device)
     g = torch.empty((M, N) if save_gu else (0,), dtype=x.dtype, device=x.device)
     u = torch.empty((M, N) if save_gu else (0,), dtype=x.dtype, device=x.device)
-    if M == 0:
-        return h, g, u
-    has_bias = b_gate is not None
-    if has_bias:  # the kernel reads the biases as contiguous vectors
-        b_gate, b_up = b_gate.contiguous(), b_up.contiguous()
-    _swiglu_fwd_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
-        x, w_gate, w_up, b_gate if has_bias else w_gate, b_up if has_bias else w_up,
-        h, g if save_gu else h, u if save_gu else h,
-        x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1), h.stride(0),
-        M, N, K,
-        HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, ALLOW_TF32=_allow_tf32(x.dtype),
-        UPCAST=INTERPRETING,
-    )  # fmt: skip
+    if M > 0:
+        tma = use_tma_forward(x, w_gate, w_up)
+        launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu, fp16_accumulate, tma)
     return h, g, u
 
 
