@@ -112,12 +112,24 @@ def test_weight_gradient_keeps_the_nn_linear_layout(device):
     assert w.grad.is_contiguous()
 
 
-def test_inference_stores_no_derivative(device):
-    """Without grad the forward skips the saved derivative; the output is the same."""
+def test_inference_stores_no_derivative(device, monkeypatch):
+    """Under no_grad (parameters requiring grad, as in model evaluation) the forward skips the saved
+    derivative; the output is the same as in training."""
+    from fused_gemm.ops import matmul as ops
+
+    calls = []
+
+    def recording(*args):
+        calls.append(args[4])  # save_aux
+        return forward_op(*args)
+
+    forward_op = ops.gemm_fwd_op
+    monkeypatch.setattr(ops, "gemm_fwd_op", recording)
     x, w, b = _operands(33, 40, 24, torch.bfloat16, device)
     with torch.no_grad():
         y_inference = matmul(x, w, b, "gelu")
     y_training = matmul(x, w, b, "gelu")
+    assert calls == [False, True]
     assert torch.equal(y_inference, y_training.detach())
     assert y_training.grad_fn is not None and y_inference.grad_fn is None
 

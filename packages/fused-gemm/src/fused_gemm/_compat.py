@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 import triton
+import triton.testing
 
 TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 
@@ -24,6 +25,16 @@ try:  # pragma: no cover - depends on the installed Triton
 except ImportError:  # pragma: no cover - Triton < 3.4
     TensorDescriptor = None
 HAS_TENSOR_DESCRIPTORS = TensorDescriptor is not None and TRITON_VERSION >= (3, 4)
+
+
+# Autotuning times each config over ~40 ms (Triton's default is 100 ms): a new problem size then
+# costs a fraction of a second per kernel, and a GEMM of a millisecond is still timed ~40 times.
+# Triton >= 3.1 takes a do_bench callable; older versions take warmup / rep.
+def _autotune_bench(kernel_call, quantiles):
+    return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
+
+
+AUTOTUNE_TIMING = {"do_bench": _autotune_bench} if TRITON_VERSION >= (3, 1) else {"warmup": 10, "rep": 40}
 
 # Programs of the persistent kernel when interpreting: a few, so that each runs several tiles.
 INTERPRETER_PROGRAMS = 3

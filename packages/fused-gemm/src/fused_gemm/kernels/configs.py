@@ -28,6 +28,9 @@ from .._compat import INTERPRETING, max_shared_memory
 PORTABLE_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "ALLOW_TF32"]
 TMA_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "A_TRANS", "B_TRANS", "C_TRANS"]
 
+# Output elements from which 128x128 tiles fill 132 SMs four times over: only large tiles compete.
+LARGE_PROBLEM = 4 * 132 * 128 * 128
+
 INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
 
@@ -40,9 +43,9 @@ def _config(block_m, block_n, block_k, num_warps, num_stages, pre_hook=None) -> 
     return triton.Config(tile, num_warps=num_warps, num_stages=num_stages, pre_hook=pre_hook)
 
 
-def portable_configs() -> List[triton.Config]:
+def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     """Pointer-based kernel: large tiles for large problems, smaller ones for thin or fp32 problems."""
-    if INTERPRETING:
+    if interpreting:
         return [triton.Config(dict(INTERPRETER_TILE), num_warps=1, num_stages=1)]
     return [
         _config(128, 256, 64, 8, 3),
@@ -70,9 +73,9 @@ def set_tma_block_shapes(nargs: Dict) -> None:
             nargs[name].block_shape = lead + block
 
 
-def tma_configs() -> List[triton.Config]:
+def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     """Persistent TMA kernel (Hopper): wgmma-sized tiles, 3-4 stages, one program per SM."""
-    if INTERPRETING:
+    if interpreting:
         return [triton.Config(dict(INTERPRETER_TILE), num_warps=4, num_stages=1, pre_hook=set_tma_block_shapes)]
     return [
         _config(128, 256, 64, 8, 3, set_tma_block_shapes),
@@ -99,19 +102,25 @@ def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool) -> i
     return num_stages * (a_tile + b_tile) + out_tile + (max(a_tile, 16 * 1024) + 2048 if prologue else 0)
 
 
-def _sized_for(config: triton.Config, m: int, n: int, smallest_m: int, smallest_n: int) -> bool:
-    """The tile is not much larger than the problem (a 1000-row problem may use 128-row tiles, a 7-row one not)."""
+def _sized_for(config: triton.Config, m: int, n: int, batch: int, smallest_m: int, smallest_n: int) -> bool:
+    """The tile suits the problem: not much larger than it (a 1000-row problem may use 128-row tiles,
+    a 7-row one not), and at least 128x128 with 8 warps when even those tiles fill the GPU several
+    times over (smaller tiles only add operand traffic there, and each candidate costs a compile)."""
     kw = config.kwargs
-    return kw["BLOCK_M"] <= max(triton.next_power_of_2(m), smallest_m) and kw["BLOCK_N"] <= max(
-        triton.next_power_of_2(n), smallest_n
-    )
+    if kw["BLOCK_M"] > max(triton.next_power_of_2(m), smallest_m):
+        return False
+    if kw["BLOCK_N"] > max(triton.next_power_of_2(n), smallest_n):
+        return False
+    if batch * m * n >= LARGE_PROBLEM:
+        return kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128 and config.num_warps == 8
+    return True
 
 
-def _prune(configs: List[triton.Config], m: int, n: int, smem_bytes, budget: int) -> List[triton.Config]:
-    """Configs whose shared memory fits `budget` and whose tile is not much larger than the problem."""
+def _prune(configs: List[triton.Config], m: int, n: int, batch: int, smem_bytes, budget: int) -> List[triton.Config]:
+    """Configs whose shared memory fits `budget` and whose tile suits the problem size."""
     smallest_m = min(c.kwargs["BLOCK_M"] for c in configs)
     smallest_n = min(c.kwargs["BLOCK_N"] for c in configs)
-    kept = [c for c in configs if smem_bytes(c) <= budget and _sized_for(c, m, n, smallest_m, smallest_n)]
+    kept = [c for c in configs if smem_bytes(c) <= budget and _sized_for(c, m, n, batch, smallest_m, smallest_n)]
     if kept:
         return kept
     return [min(configs, key=smem_bytes)]
@@ -122,8 +131,9 @@ def prune_portable_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     a = args["a_ptr"]
     size, prologue = a.element_size(), args["PROLOGUE"] != 0
+    # The batch count is not an argument of the portable kernel (it is in the grid): counted as 1.
     return _prune(
-        configs, args["M"], args["N"],
+        configs, args["M"], args["N"], 1,
         lambda c: _portable_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
     )  # fmt: skip
 
@@ -133,6 +143,6 @@ def prune_tma_configs(configs, named_args, **kwargs):
     a = args["a_desc"].base
     size, prologue = a.element_size(), args["PROLOGUE"] != 0
     return _prune(
-        configs, args["M"], args["N"],
+        configs, args["M"], args["N"], args["BATCH"],
         lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
     )  # fmt: skip

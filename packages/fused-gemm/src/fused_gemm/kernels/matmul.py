@@ -28,12 +28,16 @@ Offsets are int64, so tensors past 2^31 elements are addressed correctly.
 import triton
 import triton.language as tl
 
+from .._compat import AUTOTUNE_TIMING
 from .common import PRO_NONE, _bias_activation, _cast, _grouped_tile, _scale_operand
 from .configs import EVEN_K_HEURISTIC, PORTABLE_KEY, portable_configs, prune_portable_configs
 
 
 @triton.autotune(
-    configs=portable_configs(), key=PORTABLE_KEY, prune_configs_by={"early_config_prune": prune_portable_configs}
+    configs=portable_configs(),
+    key=PORTABLE_KEY,
+    prune_configs_by={"early_config_prune": prune_portable_configs},
+    **AUTOTUNE_TIMING,
 )
 @triton.heuristics({"EVEN_K": EVEN_K_HEURISTIC})
 @triton.jit

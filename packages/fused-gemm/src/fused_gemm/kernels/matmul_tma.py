@@ -22,6 +22,7 @@ kernels.matmul, from the same helpers. UPCAST: interpreter only (fp32 dot operan
 import triton
 import triton.language as tl
 
+from .._compat import AUTOTUNE_TIMING
 from .common import PRO_NONE, _bias_activation, _cast, _grouped_tile, _scale_operand
 from .configs import TMA_KEY, prune_tma_configs, tma_configs
 
@@ -60,7 +61,9 @@ def _store_tile(desc, batch, off_0, off_1, tile, TRANS: tl.constexpr, BATCHED: t
             desc.store([off_0, off_1], tile)
 
 
-@triton.autotune(configs=tma_configs(), key=TMA_KEY, prune_configs_by={"early_config_prune": prune_tma_configs})
+@triton.autotune(
+    configs=tma_configs(), key=TMA_KEY, prune_configs_by={"early_config_prune": prune_tma_configs}, **AUTOTUNE_TIMING
+)
 @triton.jit
 def _matmul_tma_kernel(
     a_desc,

@@ -22,9 +22,10 @@ class GemmFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, a, b, bias, activation: Optional[str], allow_tf32: bool):
-        save_aux = any(ctx.needs_input_grad[:3])
-        c, aux = gemm_fwd_op(a, b, bias, activation, save_aux, allow_tf32)
+    def forward(ctx, a, b, bias, activation: Optional[str], allow_tf32: bool, training: bool):
+        # training: grad mode is on and an input requires grad (inside forward, grad mode is always
+        # off and needs_input_grad ignores torch.no_grad, so the caller decides).
+        c, aux = gemm_fwd_op(a, b, bias, activation, training, allow_tf32)
         saved = aux if activation in SAVES_DERIVATIVE else (c if activation == "relu" else None)
         ctx.save_for_backward(a, b, saved)
         ctx.activation = activation
@@ -37,11 +38,16 @@ class GemmFunction(torch.autograd.Function):
         a, b, saved = ctx.saved_tensors
         need_da, need_db, need_dbias = ctx.needs_input_grad[:3]
         da, db, dbias = gemm_bwd_op(dc, a, b, saved, ctx.activation, need_da, need_db, need_dbias, ctx.allow_tf32)
-        return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None)
+        return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None, None)
 
 
 def _resolve_tf32(allow_tf32: Optional[bool]) -> bool:
     return tf32_allowed_by_torch() if allow_tf32 is None else allow_tf32
+
+
+def _training(*tensors: Optional[torch.Tensor]) -> bool:
+    """The forward must save for backward: grad mode is on and some operand requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _prepare(names, tensors, bias, activation, allow_tf32):
@@ -108,7 +114,8 @@ def matmul(
     tokens = math.prod(x.shape[:-1])
     # (1, M, n) view of x (a copy only when its leading dims cannot be flattened into one stride).
     a = x.reshape(1, tokens, x.shape[-1])
-    c = GemmFunction.apply(a, w.unsqueeze(0), bias, activation, _resolve_tf32(allow_tf32))
+    training = _training(a, w, bias)
+    c = GemmFunction.apply(a, w.unsqueeze(0), bias, activation, _resolve_tf32(allow_tf32), training)
     return c.view(*x.shape[:-1], w.shape[1])
 
 
@@ -140,4 +147,5 @@ def bmm(
         )
     _check_bias(bias, b.shape[2], "b.shape[2]")
     ops = _cast_and_check({"a": a, "b": b, "bias": bias})
-    return GemmFunction.apply(ops["a"], ops["b"], ops["bias"], activation, _resolve_tf32(allow_tf32))
+    a, b, bias = ops["a"], ops["b"], ops["bias"]
+    return GemmFunction.apply(a, b, bias, activation, _resolve_tf32(allow_tf32), _training(a, b, bias))

@@ -1,0 +1,50 @@
+"""The autotune candidates each problem gets after pruning (no kernel runs): what fits and what suits the size."""
+
+from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK
+from fused_gemm.kernels.configs import _portable_smem, _prune, _tma_smem, portable_configs, tma_configs
+
+H100 = H100_SHARED_MEMORY_PER_BLOCK
+
+
+def _tiles(configs):
+    return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in configs}
+
+
+def _tma(m, n, batch=1, prologue=False):
+    configs = tma_configs(interpreting=False)
+    return _tiles(_prune(configs, m, n, batch, lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue), H100))
+
+
+def _portable(m, n, element_size=2, prologue=False):
+    configs = portable_configs(interpreting=False)
+    smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size, prologue)  # noqa: E731
+    return _tiles(_prune(configs, m, n, 1, smem, H100))
+
+
+def test_issue_shapes_keep_the_large_hopper_tiles():
+    forward = _tma(16384, 8192)
+    assert forward == {(128, 256, 64, 8, 3), (128, 256, 32, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4)}
+    # With the backward prologue's extra A tile, 256x128x64 (240 KB compiled) no longer fits.
+    assert _tma(16384, 2048, prologue=True) == forward - {(256, 128, 64, 8, 3)}
+    # bmm 64 x (2048 x 2048 outputs): large in total.
+    assert _tma(2048, 2048, batch=64) == forward
+
+
+def test_small_problems_get_small_tiles():
+    assert _tma(7, 1000) == {(64, 128, 64, 4, 4)}
+    assert all(tile[0] <= 32 for tile in _portable(7, 1000))
+    assert (128, 128, 64, 4, 3) in _tma(1000, 768)
+
+
+def test_fp32_drops_what_does_not_fit():
+    kept = _portable(4096, 4096, element_size=4)
+    assert (128, 256, 64, 8, 3) not in kept and kept
+    for block_m, block_n, block_k, _, stages in kept:
+        kw = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
+        assert _portable_smem(kw, stages, 4, False) <= H100
+
+
+def test_nothing_fits_falls_back_to_the_smallest():
+    configs = tma_configs(interpreting=False)
+    kept = _prune(configs, 4096, 4096, 1, lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True), 1024)
+    assert len(kept) == 1 and kept[0].kwargs["BLOCK_M"] * kept[0].kwargs["BLOCK_N"] == 64 * 128
