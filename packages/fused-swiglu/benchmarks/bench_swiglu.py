@@ -8,8 +8,9 @@ Flop counts (the usual 2 flops per multiply-add; the pointwise work is not count
 The floor is the matmuls at the bf16 tensor-core ceiling (~795 TFLOP/s on this H100).
 
 Groups: the seed's sweep (batch 4 x sequence 2048 = 8192 rows, d_intermediate = 3 x d_model,
-d_model 1024..8192; bf16 and fp16), and the headline MLP (16384 x 2048 -> 5632, bf16) with
-peak memory. torch.compile runs in the bf16 groups only: compiling it for every shape, dtype
+d_model 1024..8192; bf16 and fp16); the headline MLP (16384 x 2048 -> 5632, bf16) with peak
+memory; and the forward kernel alone at the headline's gate/up shape, the Hopper TMA variant
+(what the launcher picks on an H100 with Triton >= 3.4) against the portable pointer kernel. torch.compile runs in the bf16 groups only: compiling it for every shape, dtype
 and mode would take most of this file's time budget (under ~3 minutes on an H100).
 """
 
@@ -20,6 +21,7 @@ from tritonformer_testkit import triton_version
 from tritonformer_testkit.bench import OURS, measure
 
 from fused_swiglu import swiglu, swiglu_mlp
+from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
@@ -114,3 +116,19 @@ def test_swiglu_mlp_headline(benchmark, provider, mode):
     weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)], torch.bfloat16)
     _run(benchmark, f"swiglu MLP {mode} bf16", f"{rows}x{d_model}->{d_inter}->{d_model}", provider, fn,
          [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", [OURS, "pointer kernel"])
+def test_forward_kernel_tma_vs_pointer(benchmark, kernel):
+    """The fused gate/up/activation kernel alone, saving g and u as in training: the TMA variant
+    (OURS, when the launcher picks it) against the portable kernel on the same inputs."""
+    rows, d_model, d_inter = HEADLINE
+    x = torch.randn(rows, d_model, device="cuda", dtype=torch.bfloat16)
+    w_gate, w_up = (t.t().contiguous() for t in _linear_weights([(d_inter, d_model)] * 2, torch.bfloat16))
+    tma = use_tma_forward(x, w_gate, w_up)
+    if kernel == OURS and not tma:
+        pytest.skip("the TMA forward is not chosen here (it needs sm_90 and Triton >= 3.4)")
+    h, g, u = (torch.empty(rows, d_inter, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    measure(benchmark, group="swiglu forward kernel bf16 (TMA vs pointer)", shape=f"{rows}x{d_model}->{d_inter}",
+            provider=kernel, flops=4 * rows * d_model * d_inter,
+            fn=lambda: launch_forward(x, w_gate, w_up, None, None, h, g, u, True, False, kernel == OURS))  # fmt: skip

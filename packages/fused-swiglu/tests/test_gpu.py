@@ -6,6 +6,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, SwiGLUMLP, swiglu, swiglu_mlp
+from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
 from fused_swiglu.reference import ROUNDINGS, swiglu_fp16_accumulate_reference, swiglu_mlp_reference, swiglu_reference
 
 
@@ -108,3 +109,18 @@ def test_autocast_with_fp32_parameters():
     y.float().square().mean().backward()
     assert x.grad.dtype == torch.float32
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
+
+
+@pytest.mark.gpu(reason="the TMA forward runs compiled on sm_90")
+@pytest.mark.parametrize("dtype", dtype_params((torch.bfloat16, torch.float16)))
+def test_tma_and_pointer_forward_kernels_agree_with_the_reference(dtype, sw):
+    x, w_gate, w_up, b_gate, b_up = (t.detach() for t in sw.make_inputs((1000,), 1024, 2816, dtype, "cuda", True))
+    if not use_tma_forward(x, w_gate, w_up):
+        pytest.skip("the TMA forward is not chosen on this GPU / Triton (it needs sm_90 and Triton >= 3.4)")
+    expected = swiglu_reference(*(t.double() for t in (x, w_gate, w_up, b_gate, b_up)))
+    low = swiglu_reference(x, w_gate, w_up, b_gate, b_up)
+    for tma in (True, False):
+        with poisoned_allocations():
+            h, g, u = (torch.empty(1000, 2816, device="cuda", dtype=dtype) for _ in range(3))
+        launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, True, False, tma)
+        assert_close_to_reference(h, expected, low, name=f"h ({'TMA' if tma else 'pointer'} kernel)")
