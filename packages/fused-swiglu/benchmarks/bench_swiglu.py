@@ -10,8 +10,9 @@ The floor is the matmuls at the bf16 tensor-core ceiling (~795 TFLOP/s on this H
 Groups: the seed's sweep (batch 4 x sequence 2048 = 8192 rows, d_intermediate = 3 x d_model,
 d_model 1024..8192; bf16 and fp16); the headline MLP (16384 x 2048 -> 5632, bf16) with peak
 memory; and the forward kernel alone at the headline's gate/up shape, the Hopper TMA variant
-(what the launcher picks on an H100 with Triton >= 3.4) against the portable pointer kernel. torch.compile runs in the bf16 groups only: compiling it for every shape, dtype
-and mode would take most of this file's time budget (under ~3 minutes on an H100).
+(what the launcher picks on an H100 with Triton >= 3.4) against the portable pointer kernel.
+torch.compile runs in the bf16 groups only: compiling it for every shape, dtype and mode would
+take most of this file's time budget (under ~3 minutes on an H100).
 """
 
 import pytest
