@@ -38,7 +38,9 @@ else:  # pragma: no cover - torch < 2.3
 
 
 def autocast_dtype(device_type: str):
-    """The autocast dtype on `device_type`, or None when autocast is off there."""
+    """The autocast dtype on `device_type`, or None when autocast is off there (or has no such device)."""
+    if device_type not in ("cuda", "cpu"):
+        return None
     if hasattr(torch, "get_autocast_dtype"):
         return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
     if device_type == "cuda" and torch.is_autocast_enabled():  # pragma: no cover - torch < 2.4
