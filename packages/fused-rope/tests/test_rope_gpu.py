@@ -12,6 +12,7 @@ positions' rows of the reference equal the rows of the reference of the whole te
 packs `batch` sequences of seq_length tokens (each starting at position 0).
 
 apply_rotary_qk: the headline shape (4, 32, 4096, 128) and GQA variants, in and out of place.
+Also thd with sequences of 1 and 1000 tokens forward and backward, and start positions.
 """
 
 import itertools
@@ -119,6 +120,14 @@ def test_qk_headline_shapes(dtype, q_heads, k_heads, head_dim, d2, inplace):
     twins = reference(*rows)
     for name, got, ref, twin in zip(("q_out", "k_out", "dq", "dk"), (q_out, k_out, dq, dk), refs, twins):
         assert_close_to_reference(got[:, :, pos], ref, twin, name=name)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate_half", "interleaved"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_thd_sequences_of_lengths_1_and_1000(dtype, interleaved, rope_checks):
+    cu_seqlens = torch.tensor([0, 1, 1001], dtype=torch.int32, device="cuda")
+    t = torch.randn(1001, 8, 128, device="cuda", dtype=DTYPES[dtype])
+    rope_checks.check_rope(t, rope_checks.make_freqs(1000, 96, "cuda"), "thd", interleaved, cu_seqlens)
 
 
 @pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
