@@ -3,7 +3,7 @@ the fp16-accumulation bound at a real reduction length, int64 offsets, autocast 
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
+from tritonformer_testkit import FLOAT_DTYPES, assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, SwiGLUMLP, swiglu, swiglu_mlp
 from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
@@ -11,16 +11,16 @@ from fused_swiglu.reference import ROUNDINGS, swiglu_fp16_accumulate_reference, 
 
 
 @pytest.mark.gpu(reason="d_model 1000 x d_intermediate 2730 over 4096 rows is too slow for the interpreter")
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("function", ["FusedSwiGLU", "FastAccum-fp32acc"])
+@pytest.mark.parametrize(
+    "function, dtype",
+    [*(("FusedSwiGLU", dtype) for dtype in FLOAT_DTYPES), ("FastAccum-fp32acc", torch.float16)],
+    ids=["FusedSwiGLU-fp32", "FusedSwiGLU-fp16", "FusedSwiGLU-bf16", "FastAccum-fp32acc-fp16"],
+)
 def test_odd_real_dims(function, dtype, sw):
-    if function == "FastAccum-fp32acc" and dtype != torch.float16:
-        pytest.skip("FastAccumFusedSwiGLU takes fp16 operands only")
-    fn = (
-        FusedSwiGLU.apply
-        if function == "FusedSwiGLU"
-        else (lambda x, wg, wu: FastAccumFusedSwiGLU.apply(x, wg, wu, False))
-    )
+    if function == "FusedSwiGLU":
+        fn = FusedSwiGLU.apply
+    else:
+        fn = lambda x, wg, wu: FastAccumFusedSwiGLU.apply(x, wg, wu, False)  # noqa: E731
     inputs = sw.make_inputs((4, 1024), 1000, 2730, dtype, "cuda")
     sw.check_against_reference(fn, swiglu_reference, inputs)
 
