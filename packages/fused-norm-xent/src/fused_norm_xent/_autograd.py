@@ -39,8 +39,10 @@ def differentiable_op(
         named in backward_mutates and returns None.
     setup_context(ctx, inputs, output): saves what the backward rule needs (torch.library names the
         third argument `output`).
-    backward_rule(ctx, grads, backward) -> one gradient (or None) per forward argument; it calls
-        `backward` (the launcher in eager mode, the custom op under torch.compile).
+    backward_rule(ctx, grads, backward, eager) -> one gradient (or None) per forward argument; it
+        calls `backward` (the launcher in eager mode, the custom op under torch.compile). eager is
+        False while AOTAutograd traces the backward: a rule may then use plain torch ops where the
+        eager launcher would write into a saved tensor (Inductor reuses dead buffers by itself).
     """
 
     class Function(torch.autograd.Function):
@@ -57,7 +59,7 @@ def differentiable_op(
         @custom_bwd
         @once_differentiable
         def backward(ctx, *grads):
-            return backward_rule(ctx, grads, backward)
+            return backward_rule(ctx, grads, backward, True)
 
     Function.__name__ = Function.__qualname__ = "".join(part.title() for part in name.split("_")) + "Function"
 
@@ -69,7 +71,7 @@ def differentiable_op(
     backward_op = torch.library.custom_op(f"{LIBRARY}::{name}_bwd", backward, mutates_args=tuple(backward_mutates))
     backward_op.register_fake(fake_backward)
     forward_op.register_autograd(
-        lambda ctx, *grads: backward_rule(ctx, grads, backward_op), setup_context=setup_context
+        lambda ctx, *grads: backward_rule(ctx, grads, backward_op, False), setup_context=setup_context
     )
 
     def apply(*args):

@@ -227,15 +227,17 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(grad)
 
 
-def _backward_rule(ctx, grads, backward):
+def _backward_rule(ctx, grads, backward, eager):
     grad_loss = grads[0]
     if ctx.per_row:
         logits, target, lse = ctx.saved_tensors
         grad = logits if ctx.inplace else torch.empty_like(logits)
         backward(grad_loss, grad, logits, target, lse, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
-    else:
+    elif eager:
         grad = ctx.grad_buffer if ctx.inplace else ctx.saved_tensors[0]
         backward(grad_loss, grad, None, None, None, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
+    else:
+        grad = ctx.saved_tensors[0] * grad_loss
     return (grad, *([None] * 8))
 
 

@@ -264,7 +264,7 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias if bias is not None else None)
 
 
-def _backward_rule(ctx, grads, backward):
+def _backward_rule(ctx, grads, backward, eager):
     grad_loss = grads[0]
     options = (ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
     settings = (ctx.chunk_size, ctx.fp32_accumulation, ctx.compute_dtype)
@@ -273,9 +273,11 @@ def _backward_rule(ctx, grads, backward):
         grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)
         grad_bias = None if bias is None else torch.empty_like(bias)
         backward(grad_loss, grad_hidden, grad_weight, grad_bias, hidden, weight, bias, target, lse, *options, *settings)
-    else:
+    elif eager:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         backward(grad_loss, grad_hidden, grad_weight, grad_bias, None, None, None, None, None, *options, *settings)
+    else:
+        grad_hidden, grad_weight, grad_bias = (None if t is None else t * grad_loss for t in ctx.saved_tensors)
     return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 10))
 
 

@@ -255,7 +255,7 @@ def _setup_context(ctx, inputs, output):
     ctx.has_residual_out = residual_out.numel() > 0
 
 
-def _backward_rule(ctx, grads, backward):
+def _backward_rule(ctx, grads, backward, eager):
     dy, dresidual_out = grads[0], grads[1]
     s, weight, bias, mean, rstd, seed = ctx.saved_tensors
     if dy is None:  # only the new residual was used: a zero gradient that occupies no memory

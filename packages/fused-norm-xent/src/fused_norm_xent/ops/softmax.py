@@ -124,7 +124,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[0])
 
 
-def _backward_rule(ctx, grads, backward):
+def _backward_rule(ctx, grads, backward, eager):
     (y,) = ctx.saved_tensors
     return backward(y, grads[0], ctx.dim, ctx.log)[0], None, None
 
