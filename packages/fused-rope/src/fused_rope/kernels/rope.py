@@ -88,33 +88,38 @@ def _rope_kernel(
     if IS_THD:
         index_s = pid_g
         batch = 0
+    else:
+        index_s = pid_g // n_batch_groups
+        batch = pid_g % n_batch_groups
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = offs_r < n_rows
+    row_b = (offs_r // n_heads + batch).to(tl.int64)
+    row_h = (offs_r % n_heads).to(tl.int64)
+    t_rows = index_s.to(tl.int64) * stride_t_s + row_b * stride_t_b + row_h * stride_t_h
+    out_rows = index_s.to(tl.int64) * stride_out_s + row_b * stride_out_b + row_h * stride_out_h
+
+    # Loads first: the tile (one read of every element) needs only the token, so it is in
+    # flight while the position is found (a binary search for thd) and while the cos/sin of
+    # the position's angles are computed (fp32, accurate, once per angle, shared by the rows).
+    if COPY_PASS:
+        t_pass = _load_pass(t_ptr, t_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+    if SPLIT_PAIRS:
+        x = _load_rotary(t_ptr, t_rows, row_mask, HALF, BLOCK_P)
+    else:
+        x1, x2 = _load_pairs(t_ptr, t_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
+
+    if IS_THD:
         seq = _find_sequence(cu_seqlens_ptr, pid_g, n_seqs, search_steps)
         pos = pid_g - tl.load(cu_seqlens_ptr + seq).to(tl.int32)
         if HAS_START:
             pos += tl.load(start_ptr + seq).to(tl.int32)
     else:
-        index_s = pid_g // n_batch_groups
-        batch = pid_g % n_batch_groups
         pos = index_s
         if HAS_START:
             pos += tl.load(start_ptr + batch).to(tl.int32)
-
-    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_mask = offs_r < n_rows
-    row_b = (offs_r // n_heads + batch).to(tl.int64)
-    row_h = (offs_r % n_heads).to(tl.int64)
-    index_s = index_s.to(tl.int64)
-    t_rows = index_s * stride_t_s + row_b * stride_t_b + row_h * stride_t_h
-    out_rows = index_s * stride_out_s + row_b * stride_out_b + row_h * stride_out_h
-
-    # Loads first: the tile (one read of every element), then this position's angles; the
-    # cos/sin arithmetic (fp32, accurate, once per angle, shared by the BLOCK_R rows) overlaps
-    # the tile loads in flight.
-    if COPY_PASS:
-        t_pass = _load_pass(t_ptr, t_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
     freqs_row = freqs_ptr + pos.to(tl.int64) * stride_freqs_s
+
     if SPLIT_PAIRS:
-        x = _load_rotary(t_ptr, t_rows, row_mask, HALF, BLOCK_P)
         offs_d = tl.arange(0, 2 * BLOCK_P)
         angle = tl.load(freqs_row + offs_d, mask=offs_d < 2 * HALF, other=0.0).to(tl.float32)
         cos, sin = tl.cos(angle)[None, :], tl.sin(angle)[None, :]
@@ -124,7 +129,6 @@ def _rope_kernel(
             y = x * cos + _rotate_interleaved(x, BLOCK_R, BLOCK_P) * sin
         _store_rotary(out_ptr, out_rows, row_mask, y, HALF, BLOCK_P)
     else:
-        x1, x2 = _load_pairs(t_ptr, t_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
         offs_p = tl.arange(0, BLOCK_P)
         col1, col2 = _pair_columns(offs_p, HALF, INTERLEAVED)
         angle1 = tl.load(freqs_row + col1, mask=offs_p < HALF, other=0.0).to(tl.float32)
