@@ -64,7 +64,8 @@ def test_attention_matches_the_naive_formula(options):
     for p in attn.parameters():  # non-zero biases too
         torch.nn.init.normal_(p, 0.0, 0.3)
     x = torch.randn(2, 19, 32, dtype=torch.float64)
-    torch.testing.assert_close(attn(x), naive_attention(attn, x), rtol=1e-10, atol=1e-10)
+    out = attn(x, model.position_tables(19, x.device))
+    torch.testing.assert_close(out, naive_attention(attn, x), rtol=1e-10, atol=1e-10)
 
 
 def test_alibi_slopes_are_the_standard_ones():
@@ -76,10 +77,10 @@ def test_alibi_slopes_are_the_standard_ones():
 
 def test_rope_scores_depend_only_on_relative_position():
     D = 16
-    angles = positions.rope_angles(40, D, 10000.0).double()
+    cos, sin = positions.rope_cos_sin(40, D, 10000.0)
     q, k = torch.randn(1, 1, 1, D, dtype=torch.float64), torch.randn(1, 1, 1, D, dtype=torch.float64)
-    qs = positions.apply_rope(q.expand(1, 40, 1, D), angles)[0, :, 0]  # (40, D)
-    ks = positions.apply_rope(k.expand(1, 40, 1, D), angles)[0, :, 0]
+    qs = positions.apply_rope(q.expand(1, 40, 1, D), cos, sin)[0, :, 0]  # (40, D)
+    ks = positions.apply_rope(k.expand(1, 40, 1, D), cos, sin)[0, :, 0]
     # Equal up to the fp32 cos/sin the angles are kept in.
     torch.testing.assert_close(qs[10] @ ks[7], qs[35] @ ks[32], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(qs[0] @ ks[0], q.flatten() @ k.flatten())

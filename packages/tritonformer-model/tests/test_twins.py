@@ -28,3 +28,43 @@ def test_swiglu_mlp(bias, dtype, device, check_twins):
         torch.nn.init.normal_(p, 0.0, 0.2)
     ours = model.SwiGLUMLP(config).to(device)
     check_twins(ours, reference, [torch.randn(2, 7, 32, device=device)], dtype)
+
+
+@pytest.mark.parametrize("activation", ["gelu-tanh", "gelu-exact", "relu"])
+def test_mlp(activation, device, check_twins):
+    mlp, approximate = ("relu", "tanh") if activation == "relu" else ("gelu", activation.split("-")[1])
+    config = tiny(mlp=mlp, gelu_approximate=approximate.replace("exact", "none"), d_ff=48)
+    reference = torch_model.MLP(config).to(device)
+    for p in reference.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    check_twins(model.MLP(config).to(device), reference, [torch.randn(2, 5, 32, device=device)], torch.bfloat16)
+
+
+class WithPositions(torch.nn.Module):
+    """An attention module fed its model's position tables (they are a model-level input)."""
+
+    def __init__(self, attn, owner):
+        super().__init__()
+        self.attn, self.owner = attn, [owner]
+
+    def forward(self, x):
+        return self.attn(x, self.owner[0].position_tables(x.shape[1], x.device))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(dict(position="learned"), id="mha"),
+        pytest.param(dict(position="rope", n_kv_head=2), id="rope-gqa"),
+        pytest.param(dict(position="alibi", n_kv_head=1, qkv_bias=False), id="alibi-mqa"),
+    ],
+)
+def test_attention(options, device, check_twins, require_kernels):
+    config = tiny(d_model=64, **options)  # head_dim 16, the smallest the attention kernel takes
+    require_kernels(config)
+    ref_model, our_model = torch_model.TorchTransformer(config), model.Transformer(config)
+    reference = WithPositions(ref_model.blocks[0].attn, ref_model).to(device)
+    for p in reference.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    ours = WithPositions(our_model.blocks[0].attn, our_model).to(device)
+    check_twins(ours, reference, [torch.randn(2, 19, 64, device=device)], torch.bfloat16)

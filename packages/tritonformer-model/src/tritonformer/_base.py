@@ -65,14 +65,15 @@ class CausalLM(nn.Module):
         if idx.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
 
-    def _run_blocks(self, blocks: nn.ModuleList, *state):
-        """Each block in turn; with activation checkpointing, recomputed in backward."""
+    def _run_blocks(self, blocks: nn.ModuleList, state: tuple, position) -> tuple:
+        """state = block(*state, position) for each block; with activation checkpointing each
+        block is recomputed in backward (its RNG state, hence its dropout masks, replayed)."""
         checkpointing = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in blocks:
             if checkpointing:
-                state = torch.utils.checkpoint.checkpoint(block, *state, use_reentrant=False)
+                state = torch.utils.checkpoint.checkpoint(block, *state, position, use_reentrant=False)
             else:
-                state = block(*state)
+                state = block(*state, position)
             if not isinstance(state, tuple):
                 state = (state,)
         return state

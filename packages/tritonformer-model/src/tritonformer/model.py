@@ -5,7 +5,7 @@ both; every computation runs in the kernel packages:
 
     linear layers           fused_gemm.Linear (bias and GELU/ReLU epilogues fused into fc1)
     attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA)
-    rotary embedding        fused_rope.apply_rotary_pos_emb (bshd, rotate-half)
+    rotary embedding        fused_rope.apply_rotary_qk (q and k in one launch, rotate-half)
     SwiGLU MLP              fused_swiglu.swiglu_mlp (gate, up and activation in one kernel)
     norms                   fused_norm_xent.add_dropout_norm: residual add + dropout + norm
     loss                    fused_norm_xent.cross_entropy / linear_cross_entropy (fused_loss)
@@ -47,12 +47,14 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
         (fused_attention, "flash_attention", "attention"),
         (fused_norm_xent, "add_dropout_norm", "the residual + dropout + norm of each block"),
         (fused_norm_xent, "LayerNorm" if config.norm == "layernorm" else "RMSNorm", "the norm parameters"),
+        (fused_norm_xent, "cross_entropy", "the loss"),
     ]
     if config.fused_loss:
         apis.append((fused_norm_xent, "linear_cross_entropy", "fused_loss=True"))
-    apis.append((fused_norm_xent, "cross_entropy", "the loss"))
     if config.position == "rope":
-        apis.append((fused_rope, "apply_rotary_pos_emb", "position='rope'"))
+        apis.append((fused_rope, "apply_rotary_qk", "position='rope'"))
+    if config.position == "alibi":
+        apis.append((fused_attention, "alibi_slopes", "position='alibi'"))
     if config.mlp == "swiglu":
         apis.append((fused_swiglu, "swiglu_mlp", "mlp='swiglu'"))
     return apis
@@ -98,23 +100,24 @@ class Attention(nn.Module):
         c = config
         self.qkv = fused_gemm.Linear(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=c.qkv_bias)
         self.proj = fused_gemm.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
-        self.alibi_slopes = positions.alibi_slopes(c.n_head) if c.position == "alibi" else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position: Optional[tuple]) -> torch.Tensor:
+        """x (B, S, d); position: (cos, sin) (S, D) fp32 for rope, (slopes (H,) fp32,) for alibi."""
         c = self.config
         B, S, _ = x.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
         q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, S, H*D), 2 x (B, S, Hkv*D)
         q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)  # strided views of qkv
-        if c.position == "rope":
-            freqs = positions.rope_angles(S, D, c.rope_base, device=x.device)[:, None, None, :]  # (S, 1, 1, D)
-            q = fused_rope.apply_rotary_pos_emb(q, freqs, tensor_format="bshd")
-            k = fused_rope.apply_rotary_pos_emb(k, freqs, tensor_format="bshd")
         slopes = None
-        if self.alibi_slopes is not None:
-            slopes = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=x.device)  # (H,)
-        y = fused_attention.flash_attention(q, k, v, causal=True, alibi_slopes=slopes)  # (B, S, H, D)
-        return self.proj(y.reshape(B, S, H * D))
+        if c.position == "rope":
+            cos, sin = position
+            # One launch for q and k; (B, H, S, D) views in, results keep the (B, S, H, D) memory.
+            q, k = fused_rope.apply_rotary_qk(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H or Hkv, D) views
+        elif c.position == "alibi":
+            (slopes,) = position
+        y = fused_attention.flash_attention(q, k, v, causal=True, alibi_slopes=slopes, layout="bshd")  # (B, S, H, D)
+        return self.proj(y.reshape(B, S, H * D))  # contiguous (B, S, H, D): a free reshape
 
 
 class MLP(nn.Module):
@@ -149,10 +152,12 @@ class Block(nn.Module):
         self.norm_mlp = make_norm(config)
         self.mlp = SwiGLUMLP(config) if config.mlp == "swiglu" else MLP(config)
 
-    def forward(self, h: torch.Tensor, residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, h: torch.Tensor, residual: Optional[torch.Tensor], position: Optional[tuple]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         p = self.config.dropout if self.training else 0.0
         x, residual = add_dropout_norm(h, residual, self.norm_attn, p, self.config)  # x = norm(residual)
-        h = self.attn(x)
+        h = self.attn(x, position)
         x, residual = add_dropout_norm(h, residual, self.norm_mlp, p, self.config)
         return self.mlp(x), residual
 
@@ -179,10 +184,19 @@ class Transformer(CausalLM):
         h = self.embed(idx)  # (B, S, d)
         if self.pos_embed is not None:
             h = h + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))  # + (S, d)
-        h, residual = self._run_blocks(self.blocks, h, None)
+        h, residual = self._run_blocks(self.blocks, (h, None), self.position_tables(idx.shape[1], idx.device))
         p = self.config.dropout if self.training else 0.0
         x, _ = add_dropout_norm(h, residual, self.norm_f, p, self.config)
         return x
+
+    def position_tables(self, seq_len: int, device: torch.device) -> Optional[tuple]:
+        """What every block's attention needs of the positions, computed once per forward."""
+        c = self.config
+        if c.position == "rope":
+            return positions.rope_cos_sin(seq_len, c.head_dim, c.rope_base, device)  # 2 x (S, D) fp32
+        if c.position == "alibi":
+            return (fused_attention.alibi_slopes(c.n_head, device=device),)  # (H,) fp32
+        return None
 
     def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return fused_norm_xent.cross_entropy(logits, targets, ignore_index=self.config.ignore_index)

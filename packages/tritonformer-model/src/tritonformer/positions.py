@@ -7,7 +7,7 @@ from the kernel packages, and the tests compare the two.
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -23,10 +23,15 @@ def rope_angles(seq_len: int, head_dim: int, base: float, device=None) -> torch.
     return torch.cat((angles, angles), dim=-1)  # (S, D)
 
 
-def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, S, H, D) by angles (S, D): x * cos + rotate_half(x) * sin, in x's dtype."""
-    cos = angles.cos()[:, None, :].to(x.dtype)  # (S, 1, D): broadcast over heads
-    sin = angles.sin()[:, None, :].to(x.dtype)
+def rope_cos_sin(seq_len: int, head_dim: int, base: float, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (seq_len, head_dim) fp32 of the rotate-half angles (rope_angles)."""
+    angles = rope_angles(seq_len, head_dim, base, device)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, S, H, D) by cos, sin (S, D): x * cos + rotate_half(x) * sin, in x's dtype (as HF)."""
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # (S, 1, D): broadcast over heads
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
     return x * cos + rotated * sin

@@ -52,23 +52,23 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position: Optional[tuple]) -> torch.Tensor:
+        """x (B, S, d); position: (cos, sin) (S, D) for rope, (alibi_bias (H, S, S),) for alibi."""
         c = self.config
         B, S, _ = x.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
         q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, S, H*D), 2 x (B, S, Hkv*D)
         q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)
         if c.position == "rope":
-            angles = positions.rope_angles(S, D, c.rope_base, device=x.device)  # (S, D)
-            q, k = positions.apply_rope(q, angles), positions.apply_rope(k, angles)
+            cos, sin = position
+            q, k = positions.apply_rope(q, cos, sin), positions.apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H or Hkv, S, D)
         if Hkv != H and not SDPA_HAS_GQA:  # torch < 2.5: repeat each kv head for its query group
             k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
         gqa = {"enable_gqa": True} if Hkv != H and SDPA_HAS_GQA else {}
         if c.position == "alibi":
-            slopes = torch.tensor(positions.alibi_slopes(H), device=x.device)  # (H,)
-            bias = positions.alibi_causal_bias(slopes, S).to(q.dtype)  # (H, S, S), causal mask included
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, **gqa)
+            (bias,) = position  # (H, S, S) fp32, the causal mask included
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), **gqa)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)  # (B, H, S, D)
         y = y.transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
@@ -126,8 +126,8 @@ class Block(nn.Module):
         self.mlp = SwiGLUMLP(config) if config.mlp == "swiglu" else MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm_attn(x)))
+    def forward(self, x: torch.Tensor, position: Optional[tuple]) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm_attn(x), position))
         x = x + self.drop(self.mlp(self.norm_mlp(x)))
         return x
 
@@ -154,8 +154,18 @@ class TorchTransformer(CausalLM):
         x = self.embed(idx)  # (B, S, d)
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))  # + (S, d)
-        (x,) = self._run_blocks(self.blocks, self.drop(x))
+        (x,) = self._run_blocks(self.blocks, (self.drop(x),), self.position_tables(idx.shape[1], idx.device))
         return self.norm_f(x)
+
+    def position_tables(self, seq_len: int, device: torch.device) -> Optional[tuple]:
+        """What every block's attention needs of the positions, computed once per forward."""
+        c = self.config
+        if c.position == "rope":
+            return positions.rope_cos_sin(seq_len, c.head_dim, c.rope_base, device)  # 2 x (S, D) fp32
+        if c.position == "alibi":
+            slopes = torch.tensor(positions.alibi_slopes(c.n_head), device=device)  # (H,)
+            return (positions.alibi_causal_bias(slopes, seq_len),)  # (H, S, S) fp32
+        return None
 
     def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, targets, ignore_index=self.config.ignore_index)
