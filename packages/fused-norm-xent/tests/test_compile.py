@@ -1,58 +1,184 @@
-"""Every softmax kernel specialization the launcher can choose compiles to a cubin (sm_80, sm_90)."""
+"""Every kernel specialization the launchers can choose compiles to a cubin (sm_80, sm_90).
+
+A covering set, not the cross product: every launch configuration (block shape and warps) of
+each kernel, and every constexpr flag value and dtype, appears at least once. `_spec` turns
+launcher-like arguments into a signature the way the JIT does: a tensor becomes a pointer of its
+dtype, None and the int 1 become constexprs, other ints i32, floats fp32.
+"""
 
 import itertools
 
 import pytest
 from tritonformer_testkit.aot import ARCHS, compile_to_cubin
 
-from fused_norm_xent.kernels import softmax as kernels
+from fused_norm_xent.kernels import cross_entropy as ce_kernels
+from fused_norm_xent.kernels import norm as norm_kernels
+from fused_norm_xent.kernels import softmax as softmax_kernels
+from fused_norm_xent.ops.cross_entropy import SCALE_TILE, cross_entropy_config
+from fused_norm_xent.ops.norm import MAX_SINGLE_BLOCK_COLS, PARAM_GRAD_BLOCK, norm_config
 from fused_norm_xent.ops.softmax import launch_config
 
 pytestmark = pytest.mark.aot
 
-TRITON_TYPES = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
-# One width per launch shape the heuristic produces: multi-row, one row per block, chunked.
-WIDTHS = [1, 100, 1000, 4097, 16384, 65536]
+DTYPES = ["fp32", "fp16", "bf16"]
+# One width per launch configuration: every power of two up to the widest single block, then chunked.
+NORM_WIDTHS = [2**k for k in range(MAX_SINGLE_BLOCK_COLS.bit_length())] + [MAX_SINGLE_BLOCK_COLS + 1]
+CE_WIDTHS = [2**k for k in range(14)] + [50304]
+SOFTMAX_WIDTHS = [2**k for k in range(15)] + [65536]
 
 
-def _cases():
-    for width, dtype, log, arch in itertools.product(WIDTHS, TRITON_TYPES, (False, True), ARCHS):
-        yield pytest.param(width, dtype, log, arch, id=f"cols{width}-{dtype}-{'log' if log else 'softmax'}-sm{arch}")
+def _spec(kernel, arch, num_warps, constexprs, **args):
+    signature, consts = {}, dict(constexprs)
+    for name, value in args.items():
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            consts[name] = value
+        elif isinstance(value, str):
+            signature[name] = value if value.startswith("*") else f"*{value}"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    compile_to_cubin(kernel, signature=signature, constexprs=consts, arch=arch, num_warps=num_warps)
 
 
-@pytest.mark.parametrize("width, dtype, log, arch", list(_cases()))
+def _cycle(values, i):
+    return values[i % len(values)]
+
+
+def _norm_cases():
+    for i, width in enumerate(NORM_WIDTHS):
+        rms, residual, dropout = i % 2 == 1, (i // 2) % 2 == 1, i % 3 == 0
+        dtype, res_dtype = _cycle(DTYPES, i), _cycle(DTYPES, i + 1) if residual else None
+        flags = {
+            "IS_RMS_NORM": rms, "HAS_RESIDUAL": residual, "HAS_DROPOUT": dropout,
+            "STORE_RESIDUAL": residual or dropout or i % 5 == 2, "HAS_WEIGHT": i % 4 != 1,
+            "HAS_BIAS": i % 4 in (0, 2), "strided": i % 7 == 3,
+        }  # fmt: skip
+        yield pytest.param(width, dtype, res_dtype or "fp32", flags, id=f"cols{width}-{dtype}-{'rms' if rms else 'ln'}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("width, dtype, res_dtype, flags", list(_norm_cases()))
+def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
+    flags = dict(flags)
+    strided = flags.pop("strided")
+    rms, store, has_w, has_b = flags["IS_RMS_NORM"], flags["STORE_RESIDUAL"], flags["HAS_WEIGHT"], flags["HAS_BIAS"]
+    residual = res_dtype if flags["HAS_RESIDUAL"] else None
+    rng = {"dropout_threshold": 123456, "seed_lo": 77, "seed_hi": -5, "rng_offset": 9}
+    cfg = norm_config(width, False)
+    kernel = norm_kernels._norm_fwd_chunked_kernel if cfg.chunked else norm_kernels._norm_fwd_kernel
+    _spec(
+        kernel, arch, cfg.num_warps, dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
+        x_ptr=dtype, residual_ptr=residual, weight_ptr=res_dtype if has_w else None, bias_ptr=dtype if has_b else None,
+        y_ptr=dtype, residual_out_ptr=res_dtype if store else None, mean_ptr=None if rms else "fp32", rstd_ptr="fp32",
+        stride_x_row=width * (3 if strided else 1), stride_x_col=3 if strided else 1, stride_res_row=width,
+        stride_res_col=1 if residual else 0, stride_y_row=width, stride_res_out_row=width if store else 0,
+        n_rows=64, n_cols=width, eps=1e-5, weight_offset=0.0, dropout_scale=1.25, **rng,
+    )  # fmt: skip
+    cfg = norm_config(width, True)
+    kernel = norm_kernels._norm_bwd_chunked_kernel if cfg.chunked else norm_kernels._norm_bwd_kernel
+    bwd_flags = {
+        "IS_RMS_NORM": rms, "HAS_DRES_OUT": store, "STORE_DRES": flags["HAS_RESIDUAL"] and flags["HAS_DROPOUT"],
+        "HAS_DROPOUT": flags["HAS_DROPOUT"], "HAS_WEIGHT": has_w, "HAS_BIAS": has_b,
+    }  # fmt: skip
+    _spec(
+        kernel, arch, cfg.num_warps, dict(bwd_flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
+        s_ptr=res_dtype if store else dtype, dy_ptr=dtype, dres_out_ptr=res_dtype if store else None,
+        weight_ptr=res_dtype if has_w else None, mean_ptr=None if rms else "fp32", rstd_ptr="fp32", dx_ptr=dtype,
+        dres_ptr=res_dtype if bwd_flags["STORE_DRES"] else None, partial_dw_ptr="fp32" if has_w else None,
+        partial_db_ptr="fp32" if has_b else None, stride_s_row=width * (2 if strided else 1),
+        stride_s_col=2 if strided else 1, stride_dy_row=width, stride_dy_col=1, stride_dres_out_row=width,
+        stride_dres_out_col=1 if store else 0, stride_dx_row=width, stride_dres_row=width, n_rows=64, n_cols=width,
+        weight_offset=1.0 if rms else 0.0, dropout_scale=1.25, **rng,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "has_weight, has_bias, dtype", [(True, True, "bf16"), (True, False, "fp32"), (False, True, "fp16")]
+)
+def test_norm_param_grad_kernel_compiles(has_weight, has_bias, dtype, arch):
+    block_p, block_n = PARAM_GRAD_BLOCK
+    _spec(
+        norm_kernels._norm_param_grad_kernel, arch, 4,
+        {"HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, "BLOCK_P": block_p, "BLOCK_N": block_n},
+        partial_dw_ptr="fp32" if has_weight else None, partial_db_ptr="fp32" if has_bias else None,
+        dw_ptr=dtype if has_weight else None, db_ptr=dtype if has_bias else None, n_partials=528, n_cols=4096,
+    )  # fmt: skip
+
+
+def _cross_entropy_cases():
+    modes = [(True, True, False), (True, False, False), (False, True, True)]  # forward+grad, loss only, from lse
+    for i, width in enumerate(CE_WIDTHS):
+        compute_loss, compute_grad, row_scale = _cycle(modes, i)
+        yield pytest.param(
+            width, _cycle(DTYPES, i), _cycle(["i64", "i32"], i // 3), compute_loss, compute_grad, row_scale,
+            i % 2 == 0, i % 4 < 2, id=f"cols{width}-{_cycle(DTYPES, i)}",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "width, dtype, target_dtype, compute_loss, compute_grad, row_scale, smoothing, z_loss", list(_cross_entropy_cases())
+)
+def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss, compute_grad, row_scale, smoothing,
+                                       z_loss, arch):  # fmt: skip
+    cfg = cross_entropy_config(width)
+    flags = {
+        "COMPUTE_LOSS": compute_loss, "COMPUTE_GRAD": compute_grad, "HAS_SMOOTHING": smoothing,
+        "HAS_Z_LOSS": z_loss, "HAS_ROW_SCALE": row_scale, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+    }  # fmt: skip
+    _spec(
+        ce_kernels._cross_entropy_kernel, arch, cfg.num_warps, flags,
+        logits_ptr=dtype, target_ptr=target_dtype, grad_ptr=dtype if compute_grad else None,
+        loss_ptr=("fp32" if width % 2 else dtype) if compute_loss else None, lse_ptr="fp32",
+        z_loss_ptr="fp32" if z_loss and compute_loss else None, row_scale_ptr=dtype if row_scale else None,
+        stride_logits_row=width, stride_logits_col=1 if width != 2 else 8, stride_grad_row=width,
+        stride_grad_col=1 if compute_grad else 0, stride_target=1, stride_row_scale=1 if width % 3 else 0,
+        n_rows=4096, n_cols=width, ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, grad_scale=0.5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_kernel_compiles(dtype, arch):
+    block_m, block_n = SCALE_TILE
+    _spec(
+        ce_kernels._scale_kernel, arch, 8, {"BLOCK_M": block_m, "BLOCK_N": block_n},
+        x_ptr=dtype, scale_ptr=dtype, stride_x_row=4096, stride_x_col=1 if dtype != "fp16" else 2, n_rows=64,
+        n_cols=4096,
+    )  # fmt: skip
+
+
+def _softmax_cases():
+    for i, width in enumerate(SOFTMAX_WIDTHS):
+        yield pytest.param(width, _cycle(DTYPES, i), i % 2 == 1, id=f"cols{width}-{_cycle(DTYPES, i)}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("width, dtype, log", list(_softmax_cases()))
 def test_softmax_kernels_compile(width, dtype, log, arch):
     cfg = launch_config(width)
-    ptr = TRITON_TYPES[dtype]
-    strides = {"stride_y_row": "i32"}
-    if cfg.chunked:
-        fwd, bwd = kernels._softmax_fwd_chunked_kernel, kernels._softmax_bwd_chunked_kernel
-        consts = {"LOG": log, "BLOCK_N": cfg.block_n}
-        sizes = {"n_cols": "i32"}
-    else:
-        fwd, bwd = kernels._softmax_fwd_kernel, kernels._softmax_bwd_kernel
-        consts = {"LOG": log, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
-        sizes = {"n_rows": "i32", "n_cols": "i32"}
-    compile_to_cubin(
-        fwd,
-        signature={"x_ptr": ptr, "y_ptr": ptr, "stride_x_row": "i32", "stride_x_col": "i32", **strides, **sizes},
-        constexprs=consts,
-        arch=arch,
-        num_warps=cfg.num_warps,
+    sizes = {"n_cols": width} if cfg.chunked else {"n_rows": 512, "n_cols": width}
+    consts = {"LOG": log, "BLOCK_N": cfg.block_n} if cfg.chunked else {"LOG": log, "BLOCK_M": cfg.block_m,
+                                                                       "BLOCK_N": cfg.block_n}  # fmt: skip
+    fwd, bwd = (
+        (softmax_kernels._softmax_fwd_chunked_kernel, softmax_kernels._softmax_bwd_chunked_kernel)
+        if cfg.chunked
+        else (softmax_kernels._softmax_fwd_kernel, softmax_kernels._softmax_bwd_kernel)
     )
-    compile_to_cubin(
-        bwd,
-        signature={
-            "y_ptr": ptr,
-            "dy_ptr": ptr,
-            "dx_ptr": ptr,
-            "stride_dy_row": "i32",
-            "stride_dy_col": "i32",
-            "stride_dx_row": "i32",
-            **strides,
-            **sizes,
-        },  # fmt: skip
-        constexprs=consts,
-        arch=arch,
-        num_warps=cfg.num_warps,
-    )
+    _spec(fwd, arch, cfg.num_warps, consts, x_ptr=dtype, y_ptr=dtype, stride_x_row=width * 2, stride_x_col=2 - log,
+          stride_y_row=width, **sizes)  # fmt: skip
+    _spec(bwd, arch, cfg.num_warps, consts, y_ptr=dtype, dy_ptr=dtype, dx_ptr=dtype, stride_y_row=width,
+          stride_dy_row=width, stride_dy_col=1 + log, stride_dx_row=width, **sizes)  # fmt: skip
+
+
+def test_the_covering_sets_cover_every_configuration():
+    """Each launch configuration a launcher can pick, for any width, is in the sets above."""
+    widths = list(range(1, 20000, 37)) + [2**k for k in range(18)] + [2**k + 1 for k in range(18)]
+    for config, covered in (
+        (lambda w: norm_config(w, False), NORM_WIDTHS), (lambda w: norm_config(w, True), NORM_WIDTHS),
+        (cross_entropy_config, CE_WIDTHS), (launch_config, SOFTMAX_WIDTHS),
+    ):  # fmt: skip
+        assert {config(w) for w in widths} <= {config(w) for w in covered}
+    assert list(itertools.chain(_norm_cases(), _cross_entropy_cases(), _softmax_cases()))
