@@ -68,3 +68,55 @@ def test_attention(options, device, check_twins, require_kernels):
         torch.nn.init.normal_(p, 0.0, 0.2)
     ours = WithPositions(our_model.blocks[0].attn, our_model).to(device)
     check_twins(ours, reference, [torch.randn(2, 19, 64, device=device)], torch.bfloat16)
+
+
+class LossOf(torch.nn.Module):
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx, targets):
+        return self.lm(idx, targets)[1]
+
+
+class LogitsOf(LossOf):
+    def forward(self, idx):
+        return self.lm(idx)[0]
+
+
+# head_dim 16 (the smallest the attention kernel takes); GQA with groups of 2 is in test_attention.
+WHOLE_MODELS = [
+    pytest.param(dict(), id="gpt2"),
+    pytest.param(
+        dict(
+            position="rope",
+            norm="rmsnorm",
+            mlp="swiglu",
+            d_ff=64,
+            n_kv_head=1,
+            use_linear_bias=False,
+            qkv_bias=False,
+            tie_embeddings=False,
+            fused_loss=True,
+        ),
+        id="llama-mqa-fused_loss",
+    ),  # fmt: skip
+    pytest.param(dict(position="alibi", mlp="relu", fused_loss=True), id="alibi-relu-fused_loss"),
+]
+
+
+@pytest.mark.parametrize("options", WHOLE_MODELS)
+def test_whole_model_logits_loss_and_gradients(options, twins, device, check_twins):
+    """bf16: the loss and all its gradients; without fused_loss also the logits and the gradients
+    through them (the fused_loss configs use the same head and cross-entropy for their logits)."""
+    config = tiny(n_head=2, **options)
+    ours, reference = twins(config)
+    with torch.no_grad():  # biases and norm parameters away from their 0 / 1 init, so a misplaced one shows
+        for p in reference.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    idx, targets = torch.randint(0, 256, (2, 16), device=device), torch.randint(0, 256, (2, 16), device=device)
+    targets[0, :5] = -100
+    check_twins(LossOf(ours), LossOf(reference), [idx, targets], torch.bfloat16)
+    if not config.fused_loss:
+        check_twins(LogitsOf(ours), LogitsOf(reference), [idx], torch.bfloat16)

@@ -182,10 +182,10 @@ class TorchTransformer(CausalLM):
         def chunk_loss_sum(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(F.linear(h, w), t, ignore_index=ignore_index, reduction="sum")
 
-        total = hidden.new_zeros((), dtype=torch.float32)
+        total, dtype = 0.0, None
         for start in range(0, hidden.shape[0], chunk_tokens):
             h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]  # (n, d), (n,)
-            total = total + torch.utils.checkpoint.checkpoint(
-                chunk_loss_sum, h, self.lm_head.weight, t, use_reentrant=False
-            )
-        return total / (targets != ignore_index).sum()
+            chunk = torch.utils.checkpoint.checkpoint(chunk_loss_sum, h, self.lm_head.weight, t, use_reentrant=False)
+            total, dtype = total + chunk.float(), chunk.dtype  # summed in fp32
+        # The dtype F.cross_entropy gives (the logits', or fp32 under autocast).
+        return (total / (targets != ignore_index).sum()).to(dtype)
