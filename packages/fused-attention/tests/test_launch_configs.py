@@ -6,6 +6,7 @@ lengths, and with use_tma=True, so the descriptor loads of the Hopper path are c
 (Triton's interpreter executes descriptor loads; the GPU suite runs them compiled).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -52,7 +53,7 @@ BLOCKS = [
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_block_shapes_dense(layout, fwd_cfg, dkdv_cfg, dq_cfg, tma, attn, device):
     if tma:
-        fwd_cfg, dkdv_cfg, dq_cfg = (c.with_tma() for c in (fwd_cfg, dkdv_cfg, dq_cfg))
+        fwd_cfg, dkdv_cfg, dq_cfg = (dataclasses.replace(c, use_tma=True) for c in (fwd_cfg, dkdv_cfg, dq_cfg))
     q, k, v = attn.random_qkv(2, 45, 50, 4, 2, 64, torch.bfloat16, device, layout=layout)
     dout = torch.randn(q.shape, device=device).to(q.dtype)
     slopes = alibi_slopes(4, device=device)
@@ -72,7 +73,7 @@ def test_block_shapes_varlen(tma, attn, device):
     blocks (which never cross a sequence end) may use them; the edges stay masked pointer loads."""
     fwd_cfg, dkdv_cfg, dq_cfg = C(16, 16, 4, 1), C(16, 16, 4, 1), C(16, 16, 4, 1)
     if tma:
-        fwd_cfg, dkdv_cfg, dq_cfg = (c.with_tma() for c in (fwd_cfg, dkdv_cfg, dq_cfg))
+        fwd_cfg, dkdv_cfg, dq_cfg = (dataclasses.replace(c, use_tma=True) for c in (fwd_cfg, dkdv_cfg, dq_cfg))
     lengths = [37, 20, 49]
     q = torch.randn(sum(lengths), 2, 32, device=device).to(torch.float16)
     k = torch.randn(sum(lengths), 2, 32, device=device).to(torch.float16)

@@ -1,12 +1,15 @@
 """Launch configurations of the attention kernels and their autotuners.
 
 Each kernel has a short list of block shapes per padded head dim (BLOCK_D of 64 or less, 128,
-256), chosen for the H100 (132 SMs, 227 KB of shared memory per block, 255 registers per
-thread): every entry compiles for sm_80 and sm_90 without register spills (checked with
-`ptxas -v`). On Hopper with TMA the same shapes load their fully visible tiles through tensor
-descriptors. The autotuner keys on the head dim and the mask/bias specialization (and the
-dtypes), not on sequence lengths, so a varlen batch never re-tunes. When interpreting, each
-kernel runs one small config instead, so that tiny test shapes span several blocks.
+256) and per load path, chosen for the H100 (132 SMs, 227 KB of shared memory per block, 255
+registers per thread) from `ptxas -v` register and spill counts of the sm_90 builds: every TMA
+entry is spill-free except the dK/dV kernel at BLOCK_D 256 (the two [64, 256] fp32 accumulators
+alone take 128 registers a thread) and one dK/dV candidate at 128 (12 bytes); pointer entries,
+which also serve Ampere, are spill-free on sm_90 except dK/dV at 128 and 256. Lists are short
+because each entry is a compile on first use. The autotuner keys on the head dim and the
+mask/bias specialization (and the dtypes), not on sequence lengths, so a varlen batch never
+re-tunes. When interpreting, each kernel runs one small config instead, so that tiny test
+shapes span several blocks.
 """
 
 from __future__ import annotations
@@ -40,30 +43,46 @@ class KernelConfig:
     def meta(self) -> Dict[str, object]:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "USE_TMA": self.use_tma}
 
-    def with_tma(self) -> KernelConfig:
-        return KernelConfig(self.block_m, self.block_n, self.num_warps, self.num_stages, True)
-
 
 C = KernelConfig
 # Per kernel, per BLOCK_D class: the candidates, best guess first.
 # fwd: BLOCK_M queries stay on chip, BLOCK_N keys stream.
 # dkdv: BLOCK_N keys stay on chip (dK, dV accumulate in registers), BLOCK_M queries stream.
 # dq: BLOCK_M queries stay on chip (dQ accumulates), BLOCK_N keys stream.
-CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
+# Hopper with TMA: tiles sit in shared memory, not registers, so larger tiles fit without spills.
+TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
     "fwd": {
-        64: [C(128, 128, 8, 3), C(128, 64, 4, 3), C(64, 64, 4, 3)],
-        128: [C(128, 64, 8, 3), C(128, 128, 8, 2), C(64, 64, 4, 3)],
-        256: [C(64, 64, 4, 2), C(128, 64, 8, 2), C(64, 32, 4, 2)],
+        64: [C(128, 128, 8, 3, True), C(128, 64, 8, 3, True)],
+        128: [C(128, 128, 8, 2, True), C(128, 64, 8, 3, True)],
+        256: [C(64, 64, 8, 2, True), C(128, 32, 8, 2, True)],
     },
     "dkdv": {
-        64: [C(64, 128, 8, 2), C(32, 128, 4, 3), C(64, 64, 4, 2)],
-        128: [C(32, 128, 8, 2), C(64, 128, 8, 2), C(64, 64, 4, 2)],
-        256: [C(32, 64, 8, 2), C(64, 64, 8, 1)],
+        64: [C(32, 128, 8, 2, True), C(64, 128, 8, 2, True)],
+        128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True), C(32, 64, 8, 2, True)],
+        256: [C(16, 64, 8, 2, True)],
     },
     "dq": {
-        64: [C(128, 64, 8, 3), C(128, 128, 8, 2), C(64, 64, 4, 3)],
-        128: [C(128, 64, 8, 2), C(128, 32, 4, 3), C(64, 64, 4, 3)],
-        256: [C(64, 64, 8, 2), C(64, 32, 4, 2)],
+        64: [C(128, 64, 8, 3, True), C(128, 128, 8, 2, True)],
+        128: [C(128, 64, 8, 2, True), C(64, 64, 4, 3, True)],
+        256: [C(64, 32, 8, 2, True), C(64, 64, 8, 2, True)],
+    },
+}
+# Pointer loads (Ampere, Triton < 3.4, or tensors a TMA descriptor cannot describe).
+POINTER_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
+    "fwd": {
+        64: [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+        128: [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+        256: [C(128, 32, 8, 2), C(64, 32, 4, 2)],
+    },
+    "dkdv": {
+        64: [C(32, 128, 8, 2), C(16, 128, 8, 2)],
+        128: [C(32, 64, 8, 2), C(16, 128, 8, 2)],
+        256: [C(16, 64, 8, 2)],
+    },
+    "dq": {
+        64: [C(128, 64, 8, 3), C(64, 64, 4, 3)],
+        128: [C(128, 64, 8, 2), C(64, 64, 4, 3)],
+        256: [C(64, 32, 8, 2), C(64, 32, 4, 2)],
     },
 }
 
@@ -84,8 +103,7 @@ def candidate_configs(kind: str, block_d: int, tma: bool) -> List[KernelConfig]:
     """The configs the autotuner tries for `kind` at this BLOCK_D (TMA variants on Hopper)."""
     if INTERPRETING:
         return [INTERPRETER_CONFIGS[kind]]
-    configs = CONFIGS[kind][block_d_class(block_d)]
-    return [c.with_tma() for c in configs] if tma else list(configs)
+    return list((TMA_CONFIGS if tma else POINTER_CONFIGS)[kind][block_d_class(block_d)])
 
 
 def preprocess_block_m(block_d: int) -> int:

@@ -1,0 +1,90 @@
+"""Every attention kernel specialization the launchers can choose compiles to a cubin (sm_80, sm_90).
+
+A covering set, not the cross product: each kernel meets every autotune config of every head-dim
+class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants), both dtypes, both
+architectures, each mask/bias/varlen specialization, and all nine head dims appear across the set.
+"""
+
+import itertools
+
+import pytest
+import triton
+from tritonformer_testkit.aot import compile_to_cubin
+
+from fused_attention._compat import HAS_TENSOR_DESCRIPTOR
+from fused_attention.kernels.attention_bwd import _attn_bwd_preprocess_kernel
+from fused_attention.ops.configs import KERNELS, POINTER_CONFIGS, PREPROCESS_BLOCK_M, PREPROCESS_WARPS, TMA_CONFIGS
+
+pytestmark = pytest.mark.aot
+
+HEAD_DIMS = {64: (16, 32, 64), 128: (80, 96, 128), 256: (160, 192, 256)}
+DTYPES = ("fp16", "bf16")
+# (IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI): causal; full; varlen causal ALiBi (bias vector); window + ALiBi tiles.
+FLAGS = [(False, False, True, 0), (False, False, False, 0), (True, False, True, 1), (False, True, True, 2)]
+# Which block dim a kernel's TMA descriptors span.
+DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
+
+
+def _type(name: str, dtype: str, descriptor: str) -> str:
+    if name.endswith("_desc"):
+        return descriptor
+    if name in ("lse_ptr", "delta_ptr", "slopes_ptr", "dlse_ptr"):
+        return "*fp32"
+    if name.startswith("cu_seqlens"):
+        return "*i32"
+    if name.endswith("_ptr"):
+        return f"*{dtype}"
+    return "fp32" if name == "softmax_scale" else "i32"
+
+
+def _cases():
+    counter = itertools.count()
+    for kind_index, kind in enumerate(KERNELS):
+        for tma, table in ((False, POINTER_CONFIGS), (True, TMA_CONFIGS)):
+            for block_d, configs in table[kind].items():
+                for i, config in enumerate(configs):
+                    n = next(counter)
+                    head_dim = HEAD_DIMS[block_d][(i + kind_index) % 3]
+                    arch = 90 if tma else (80, 90)[n % 2]
+                    dtype = DTYPES[n % 2 if tma else (n // 2) % 2]
+                    flags = FLAGS[n % len(FLAGS)]
+                    shape = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
+                    yield pytest.param(
+                        kind, config, head_dim, dtype, flags, tma, arch,
+                        id=f"{kind}-d{head_dim}-{shape}-{'tma-' if tma else ''}{dtype}-flags{n % len(FLAGS)}-sm{arch}",
+                    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, config, head_dim, dtype, flags, tma, arch", list(_cases()))
+def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, arch):
+    if tma and not HAS_TENSOR_DESCRIPTOR:
+        pytest.skip("TMA descriptors need Triton >= 3.4: the launchers never choose these configs here")
+    block_d = triton.next_power_of_2(head_dim)
+    rows = getattr(config, DESCRIPTOR_ROWS[kind])
+    descriptor = f"tensordesc<{dtype}[1,{rows},1,{block_d}]>" if tma else f"*{dtype}"
+    is_varlen, has_left, has_right, alibi = flags
+    constexprs = dict(
+        HEAD_DIM=head_dim, BLOCK_D=block_d, IS_VARLEN=is_varlen, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        ALIBI=alibi, UPCAST=False, **config.meta(),
+    )  # fmt: skip
+    kernel = KERNELS[kind]
+    signature = {name: _type(name, dtype, descriptor) for name in kernel.arg_names if name not in constexprs}
+    compile_to_cubin(
+        kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "block_d, dtype, is_varlen, has_dlse, arch",
+    [(64, "fp16", False, True, 80), (128, "bf16", True, False, 90), (256, "bf16", False, False, 80)],
+)
+def test_preprocess_kernel_compiles(block_d, dtype, is_varlen, has_dlse, arch):
+    head_dim = HEAD_DIMS[block_d][1]
+    kernel = _attn_bwd_preprocess_kernel
+    constexprs = dict(
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M[block_d], IS_VARLEN=is_varlen,
+        HAS_DLSE=has_dlse,
+    )  # fmt: skip
+    signature = {name: _type(name, dtype, "") for name in kernel.arg_names if name not in constexprs}
+    compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=PREPROCESS_WARPS)
