@@ -40,3 +40,12 @@ def fully_shard():
         except ImportError:
             return None
     return shard
+
+
+def autocast_dtype(device_type: str):
+    """The dtype autocast computes matmuls in on `device_type`, or None where it is off."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if device_type == "cuda":  # pragma: no cover - torch < 2.4
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None  # pragma: no cover

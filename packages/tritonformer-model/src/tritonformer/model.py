@@ -37,6 +37,7 @@ import fused_swiglu
 
 from . import positions, torch_model
 from ._base import CausalLM
+from ._compat import autocast_dtype
 from .config import TransformerConfig
 
 
@@ -202,6 +203,10 @@ class Transformer(CausalLM):
         return fused_norm_xent.cross_entropy(logits, targets, ignore_index=self.config.ignore_index)
 
     def linear_cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return fused_norm_xent.linear_cross_entropy(
-            hidden, self.lm_head.weight, targets, ignore_index=self.config.ignore_index
-        )
+        weight = self.lm_head.weight
+        amp = autocast_dtype(hidden.device.type)
+        if amp is not None and hidden.dtype == amp and weight.dtype != amp:
+            # The cast autocast makes for F.linear (and linear_cross_entropy documents): fused_norm_xent
+            # 0.2.0 rejects an fp32 weight beside a hidden already in the autocast dtype.
+            weight = weight.to(amp)
+        return fused_norm_xent.linear_cross_entropy(hidden, weight, targets, ignore_index=self.config.ignore_index)

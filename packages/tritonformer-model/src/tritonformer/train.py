@@ -50,7 +50,7 @@ class TrainSettings:
     warmup_steps: int = 20
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it (else fp16 + GradScaler); fp32 on a CPU
+    dtype: str = "auto"  # auto: bf16 autocast (fp16 + GradScaler on GPUs without bf16); torch on a CPU: fp32
     device: str = "auto"
     compile: bool = False
     eval_interval: int = 50
@@ -80,10 +80,12 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str, device: torch.device, model: str) -> torch.dtype:
+    """auto: bf16 autocast on a GPU with bf16 (else fp16); on a CPU fp32 for the PyTorch model and
+    bf16 autocast for the Triton one (its attention kernel computes in fp16/bf16 only)."""
     if dtype == "auto":
         if device.type != "cuda":
-            return torch.float32
+            return torch.bfloat16 if model == "triton" else torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
@@ -136,7 +138,7 @@ class Trainer:
             settings = TrainSettings(**saved)
         self.settings = settings
         self.device = resolve_device(settings.device)
-        self.dtype = resolve_dtype(settings.dtype, self.device)
+        self.dtype = resolve_dtype(settings.dtype, self.device, settings.model)
         self.data = data.load_data(settings.data)
         self.config = self._config(state)
         self.seq_len = settings.seq_len or self.config.max_seq_len
