@@ -12,7 +12,7 @@ import pytest
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK, HAS_TENSOR_DESCRIPTORS
-from fused_gemm.kernels.configs import _portable_smem, _tma_smem
+from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, tma_configs
 from fused_gemm.kernels.matmul import _matmul_kernel
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
 
@@ -71,12 +71,21 @@ PORTABLE_CASES = {
 }
 
 
+def _as_dicts(configs):
+    """Configs as aot.autotune_configs lists them; the compiled lists, also when collected under the interpreter."""
+    return [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+
+
+PORTABLE_CONFIGS = _as_dicts(portable_configs(interpreting=False))
+TMA_CONFIGS = _as_dicts(tma_configs(interpreting=False))
+
+
 def _tile(config):
     return f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}-w{config['num_warps']}s{config['num_stages']}"
 
 
 def _portable_params():
-    configs = autotune_configs(_matmul_kernel)
+    configs = PORTABLE_CONFIGS
     for arch in ARCHS:
         for index, variant, dtype, even_k, tf32 in PORTABLE_CASES[arch]:
             config = configs[index]
@@ -137,7 +146,7 @@ TMA_CASES = [
 
 
 def _tma_params():
-    configs = autotune_configs(_matmul_tma_kernel)
+    configs = TMA_CONFIGS
     for index, variant, dtype in TMA_CASES:
         config = configs[index]
         yield pytest.param(config, variant, dtype, id=f"{_tile(config)}-{variant}-{dtype}-sm90")
@@ -195,7 +204,9 @@ def test_tma_kernel_compiles(config, variant, dtype):
 
 def test_the_sets_cover_every_value():
     """Each config on each arch, each constexpr value and dtype at least once, every case fitting shared memory."""
-    configs = autotune_configs(_matmul_kernel)
+    assert autotune_configs(_matmul_kernel) == PORTABLE_CONFIGS
+    assert autotune_configs(_matmul_tma_kernel) == TMA_CONFIGS
+    configs = PORTABLE_CONFIGS
     for arch, cases in PORTABLE_CASES.items():
         assert sorted(case[0] for case in cases) == list(range(len(configs))), arch
     portable = [case for cases in PORTABLE_CASES.values() for case in cases]
@@ -212,7 +223,7 @@ def test_the_sets_cover_every_value():
         )
         assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, variant, dtype)
 
-    configs = autotune_configs(_matmul_tma_kernel)
+    configs = TMA_CONFIGS
     assert sorted({case[0] for case in TMA_CASES}) == list(range(len(configs)))
     variants = [TMA_VARIANTS[case[1]] for case in TMA_CASES]
     for name, values in _flags_values().items():

@@ -11,7 +11,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
 from fused_gemm._compat import HAS_TENSOR_DESCRIPTORS, supports_tma
-from fused_gemm.kernels.common import ACTIVATION_CODES
+from fused_gemm.kernels.common import ACTIVATION_CODES, SAVED_GRAD_SCALE
 from fused_gemm.ops.launch import launch_matmul, tma_layouts
 from fused_gemm.reference import activation_reference
 
@@ -34,9 +34,13 @@ def _empty_matrix(batch, rows, cols, transposed, device, dtype):
 
 
 def _contract(a, b, s, prologue, bias, activation):
-    """What the kernel computes, with torch ops in a's dtype: (c, act'(z), row sums of the scaled a)."""
+    """What the kernel computes, with torch ops in a's dtype: (c, aux, row sums of the scaled a).
+
+    The GELU derivative is stored (aux) and read back (prologue "mul") scaled by SAVED_GRAD_SCALE.
+    """
+    scale = SAVED_GRAD_SCALE.value
     if prologue == "mul":
-        a = a * s
+        a = a * (s / scale)
     elif prologue == "relu_mask":
         a = a.masked_fill(s <= 0, 0)
     z = torch.bmm(a, b)
@@ -46,7 +50,7 @@ def _contract(a, b, s, prologue, bias, activation):
     with torch.enable_grad():
         y = activation_reference(z, activation)
         (grad,) = torch.autograd.grad(y.sum(), z)
-    return y.detach(), grad, a.float().sum(-1)
+    return y.detach(), grad * (scale if activation in ("gelu", "gelu_tanh") else 1.0), a.float().sum(-1)
 
 
 CASES = [

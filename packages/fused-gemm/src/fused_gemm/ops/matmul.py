@@ -27,7 +27,8 @@ class GemmFunction(torch.autograd.Function):
         # off and needs_input_grad ignores torch.no_grad, so the caller decides).
         c, aux = gemm_fwd_op(a, b, bias, activation, training, allow_tf32)
         saved = aux if activation in SAVES_DERIVATIVE else (c if activation == "relu" else None)
-        ctx.save_for_backward(a, b, saved)
+        # a only for db; b always (a weight, alive anyway; its layout shapes db).
+        ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b, saved)
         ctx.activation = activation
         ctx.allow_tf32 = allow_tf32
         return c
@@ -50,15 +51,13 @@ def _training(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _prepare(names, tensors, bias, activation, allow_tf32):
-    """Checks shared by matmul and bmm (dtype first, device last), autocast casts; returns the operands."""
-    for name, t in zip(names, tensors):
-        check_tensor(name, t)
-    if bias is not None:
-        check_tensor("bias", bias)
+def _check_arguments(named: dict, activation, allow_tf32) -> None:
+    """Type checks shared by matmul and bmm (the shape checks follow, the device check comes last)."""
+    for name, t in named.items():
+        if t is not None or name != "bias":
+            check_tensor(name, t)
     check_activation(activation)
     check_allow_tf32(allow_tf32)
-    return tensors
 
 
 def _cast_and_check(named: dict) -> dict:
@@ -98,7 +97,7 @@ def matmul(
     dtype, as F.linear is. On a CUDA device (the CPU under TRITON_INTERPRET=1).
     Returns (..., k) in that dtype; accumulation is fp32.
     """
-    _prepare(("x", "w"), (x, w), bias, activation, allow_tf32)
+    _check_arguments({"x": x, "w": w, "bias": bias}, activation, allow_tf32)
     if x.dim() < 1:
         raise ValueError("x must have at least 1 dim (..., n), got a 0-dim tensor")
     if w.dim() != 2:
@@ -133,7 +132,7 @@ def bmm(
     added to every batch. activation, allow_tf32, dtypes and devices: as `matmul`.
     Returns (batch, m, k).
     """
-    _prepare(("a", "b"), (a, b), bias, activation, allow_tf32)
+    _check_arguments({"a": a, "b": b, "bias": bias}, activation, allow_tf32)
     if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
             f"a and b must be 3-D (batch, m, n) and (batch, n, k), got {tuple(a.shape)} and {tuple(b.shape)}"
