@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One GPU session on the lent machine: tests under the installed Triton and under Triton 2.2,
 # then the benchmarks, logs under $OUT. Run from the repository root:
-#   bash tools/gpu/session.sh [tests3] [tests22] [bench] [-- pytest args]
-# Carried in .carry/ (never committed): triton22-cp312.tar.xz (a stripped Triton 2.2.0 for
-# Python 3.12, unpacked to /tmp/t22) and wheels (*.whl, e.g. liger-kernel) installed to /tmp/site.
+#   TESTS="packages/fused-rope/tests" BENCH="packages/fused-rope/benchmarks" \
+#     bash tools/gpu/session.sh tests3 tests22 bench
+# TESTS / BENCH default to every package; XDIST (default 8) test processes compile in parallel
+# (the benchmarks always run alone). Carried in .carry/ (never committed): triton22-cp312.tar.xz
+# (a stripped Triton 2.2.0 for Python 3.12, unpacked to /tmp/t22) and wheels (*.whl, e.g.
+# liger-kernel) installed to /tmp/site.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
+TESTS=${TESTS:-packages}
+BENCH=${BENCH:-$(ls -d packages/*/benchmarks)}
+XDIST=${XDIST:-8}
 mkdir -p "$OUT"
-steps=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do steps+=("$1"); shift; done
-[ "${1:-}" = "--" ] && shift
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env.txt"
@@ -23,15 +26,20 @@ if [ -f .carry/triton22-cp312.tar.xz ] && [ ! -d /tmp/t22/triton ]; then
   mkdir -p /tmp/t22 && tar -xJf .carry/triton22-cp312.tar.xz -C /tmp/t22
 fi
 
-for step in "${steps[@]}"; do
+for step in "$@"; do
   case "$step" in
     tests3)
-      python3 -m pytest -q --summary-json "$OUT/summary-3x.json" "$@" 2>&1 | tee "$OUT/tests-3x.log" | tail -40 ;;
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -n "$XDIST" -m "not aot" $TESTS 2>&1 | tee "$OUT/tests-3x.log" | grep -E "passed|failed|FAILED|ERROR|Error" | tail -40 ;;
     tests22)
-      PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -q --summary-json "$OUT/summary-22.json" "$@" \
-        2>&1 | tee "$OUT/tests-22.log" | tail -40 ;;
+      # shellcheck disable=SC2086
+      PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -q -n "$XDIST" -m "not aot" $TESTS \
+        2>&1 | tee "$OUT/tests-22.log" | grep -E "passed|failed|FAILED|ERROR|Error" | tail -40 ;;
     bench)
-      python3 -m pytest -q packages/*/benchmarks --bench-table "$OUT/bench.md" "$@" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:xdist $BENCH --bench-table "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" \
+        | grep -E "passed|failed|FAILED|ERROR|Error" | tail -20
+      cat "$OUT/bench.md" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
