@@ -98,6 +98,8 @@ def _matmul_kernel(
     if PROLOGUE != PRO_NONE:
         s_ptrs = s_ptr + batch * stride_s_batch + rows64[:, None] * stride_sm + offs_k[None, :] * stride_sk
 
+    # Pointer steps along K in int64: BLOCK_K * stride can pass 2^31 for a transposed operand.
+    step_k = tl.full((), BLOCK_K, tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -117,7 +119,7 @@ def _matmul_kernel(
                 if pid_n == 0:
                     row_sum += tl.sum(a_scaled, axis=1)
             a = _cast(a_scaled, b.dtype, UPCAST)
-            s_ptrs += BLOCK_K * stride_sk
+            s_ptrs += step_k * stride_sk
         elif ROW_SUM:
             if pid_n == 0:
                 row_sum += tl.sum(a.to(tl.float32), axis=1)
@@ -125,8 +127,8 @@ def _matmul_kernel(
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, allow_tf32=ALLOW_TF32)
         else:
             acc = tl.dot(a, b, acc, allow_tf32=ALLOW_TF32)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+        a_ptrs += step_k * stride_ak
+        b_ptrs += step_k * stride_bk
 
     y, grad = _bias_activation(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS, ACTIVATION)
     mask = row_in[:, None] & col_in[None, :]
