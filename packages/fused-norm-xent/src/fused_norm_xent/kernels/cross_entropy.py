@@ -6,8 +6,10 @@ and z = lse_square_scale:
     dloss/dx_j = (1 + 2 z lse) * softmax(x)_j - (1 - eps) * [j == target] - eps / V
 Ignored rows have loss 0 and gradient 0.
 
-One kernel, two passes over a row in BLOCK_N chunks (a row of any width; BLOCK_M rows per program
-when rows are narrow):
+One persistent kernel (each program walks a strided set of row tiles, so the rows in flight,
+and with them the L2 footprint, stay bounded), two passes over a row in BLOCK_N chunks (rows of
+any width; BLOCK_M rows per tile when rows are narrow). Each pass loads the next chunk before it
+reduces the current one, keeping a load in flight through the block reductions.
 - pass 1 (COMPUTE_LOSS): online max and sum of exponentials, reduced per chunk so that each
   element costs one exp; the sum of the row for label smoothing; the target logit by one load.
   Writes the loss, lse and z-loss of each row.
@@ -24,6 +26,15 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _load_chunk(row_ptrs, stride_col, mask_m, start, n_cols, BLOCK_N: tl.constexpr, other: tl.constexpr):
+    """Chunk [start, start + BLOCK_N) of the tile's rows in fp32, its columns and its mask."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = mask_m[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_col, mask=mask, other=other)
+    return x.to(tl.float32), cols, mask
+
+
 @triton.jit(do_not_specialize=["ignore_index"])
 def _cross_entropy_kernel(
     logits_ptr, target_ptr, grad_ptr, loss_ptr, lse_ptr, z_loss_ptr, row_scale_ptr,
@@ -32,65 +43,71 @@ def _cross_entropy_kernel(
     COMPUTE_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_m = offs_m < n_rows
-    target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=ignore_index).to(tl.int64)
-    valid = mask_m & (target != ignore_index)
-    row_ptrs = logits_ptr + offs_m * stride_logits_row
-    if COMPUTE_LOSS:
-        row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
-        sum_exp = tl.zeros([BLOCK_M], dtype=tl.float32)
-        row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + offs_n
-            mask = mask_m[:, None] & (cols < n_cols)[None, :]
-            x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_logits_col, mask=mask, other=-float("inf"))
-            x = x.to(tl.float32)
-            new_max = tl.maximum(row_max, tl.max(x, axis=1))
-            # Rows that have seen only -inf keep a zero sum instead of exp(-inf - -inf) = NaN.
-            shift = tl.where(new_max == -float("inf"), 0.0, new_max)
-            sum_exp = sum_exp * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
-            row_max = new_max
+    n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask_m = offs_m < n_rows
+        target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=ignore_index).to(tl.int64)
+        valid = mask_m & (target != ignore_index)
+        row_ptrs = logits_ptr + offs_m * stride_logits_row
+        if COMPUTE_LOSS:
+            row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+            sum_exp = tl.zeros([BLOCK_M], dtype=tl.float32)
+            row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+            x, cols, mask = _load_chunk(row_ptrs, stride_logits_col, mask_m, 0, n_cols, BLOCK_N, -float("inf"))
+            for start in range(BLOCK_N, n_cols + BLOCK_N, BLOCK_N):
+                # The next chunk (fully masked past the row's end: no memory access) is in flight
+                # while this one is reduced.
+                x_next, cols_next, mask_next = _load_chunk(
+                    row_ptrs, stride_logits_col, mask_m, start, n_cols, BLOCK_N, -float("inf")
+                )
+                new_max = tl.maximum(row_max, tl.max(x, axis=1))
+                # Rows that have seen only -inf keep a zero sum instead of exp(-inf - -inf) = NaN.
+                shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+                sum_exp = sum_exp * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
+                row_max = new_max
+                if HAS_SMOOTHING:
+                    row_sum += tl.sum(tl.where(mask, x, 0.0), axis=1)
+                x, cols, mask = x_next, cols_next, mask_next
+            lse = row_max + tl.log(sum_exp)
+            in_range = valid & (target >= 0) & (target < n_cols)
+            target_logit = tl.load(row_ptrs + target * stride_logits_col, mask=in_range, other=float("nan"))
+            target_logit = target_logit.to(tl.float32)
+            loss = lse - target_logit
             if HAS_SMOOTHING:
-                row_sum += tl.sum(tl.where(mask, x, 0.0), axis=1)
-        lse = row_max + tl.log(sum_exp)
-        in_range = valid & (target >= 0) & (target < n_cols)
-        target_logit = tl.load(row_ptrs + target * stride_logits_col, mask=in_range, other=float("nan"))
-        loss = lse - target_logit.to(tl.float32)
-        if HAS_SMOOTHING:
-            loss = lse - (1.0 - label_smoothing) * target_logit.to(tl.float32) - label_smoothing * row_sum / n_cols
-        if HAS_Z_LOSS:
-            z_loss = lse_square_scale * lse * lse
-            loss += z_loss
-            tl.store(z_loss_ptr + offs_m, tl.where(valid, z_loss, 0.0), mask=mask_m)
-        tl.store(loss_ptr + offs_m, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=mask_m)
-        tl.store(lse_ptr + offs_m, lse, mask=mask_m)
-    else:
-        lse = tl.load(lse_ptr + offs_m, mask=mask_m, other=0.0)
-    if COMPUTE_GRAD:
-        scale = tl.where(valid, grad_scale, 0.0)
-        if HAS_ROW_SCALE:
-            scale *= tl.load(row_scale_ptr + offs_m * stride_row_scale, mask=mask_m, other=0.0).to(tl.float32)
-        softmax_scale = scale
-        if HAS_Z_LOSS:
-            softmax_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
-        target_grad = scale
-        if HAS_SMOOTHING:
-            target_grad = scale * (1.0 - label_smoothing)
-        uniform_grad = scale * label_smoothing / n_cols
-        grad_row_ptrs = grad_ptr + offs_m * stride_grad_row
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + offs_n
-            mask = mask_m[:, None] & (cols < n_cols)[None, :]
-            x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_logits_col, mask=mask, other=0.0)
-            grad = tl.exp(x.to(tl.float32) - lse[:, None]) * softmax_scale[:, None]
-            grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
+                loss = lse - (1.0 - label_smoothing) * target_logit - label_smoothing * row_sum / n_cols
+            if HAS_Z_LOSS:
+                z_loss = lse_square_scale * lse * lse
+                loss += z_loss
+                tl.store(z_loss_ptr + offs_m, tl.where(valid, z_loss, 0.0), mask=mask_m)
+            tl.store(loss_ptr + offs_m, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=mask_m)
+            tl.store(lse_ptr + offs_m, lse, mask=mask_m)
+        else:
+            lse = tl.load(lse_ptr + offs_m, mask=mask_m, other=0.0)
+        if COMPUTE_GRAD:
+            scale = tl.where(valid, grad_scale, 0.0)
+            if HAS_ROW_SCALE:
+                scale *= tl.load(row_scale_ptr + offs_m * stride_row_scale, mask=mask_m, other=0.0).to(tl.float32)
+            softmax_scale = scale
+            if HAS_Z_LOSS:
+                softmax_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
+            target_grad = scale
             if HAS_SMOOTHING:
-                grad -= uniform_grad[:, None]
-            grad_ptrs = grad_row_ptrs[:, None] + cols[None, :] * stride_grad_col
-            tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+                target_grad = scale * (1.0 - label_smoothing)
+            uniform_grad = scale * label_smoothing / n_cols
+            grad_row_ptrs = grad_ptr + offs_m * stride_grad_row
+            x, cols, mask = _load_chunk(row_ptrs, stride_logits_col, mask_m, 0, n_cols, BLOCK_N, 0.0)
+            for start in range(BLOCK_N, n_cols + BLOCK_N, BLOCK_N):
+                x_next, cols_next, mask_next = _load_chunk(
+                    row_ptrs, stride_logits_col, mask_m, start, n_cols, BLOCK_N, 0.0
+                )
+                grad = tl.exp(x - lse[:, None]) * softmax_scale[:, None]
+                grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
+                if HAS_SMOOTHING:
+                    grad -= uniform_grad[:, None]
+                grad_ptrs = grad_row_ptrs[:, None] + cols[None, :] * stride_grad_col
+                tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+                x, cols, mask = x_next, cols_next, mask_next
 
 
 @triton.jit
