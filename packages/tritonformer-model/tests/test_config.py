@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tritonformer import PRESETS, TorchTransformer, TransformerConfig
+from tritonformer import PRESETS, TorchTransformer, Transformer, TransformerConfig
 
 
 def test_derived_defaults():
@@ -79,3 +79,14 @@ def test_unknown_option_names():
         TransformerConfig.preset("gpt5")
     with pytest.raises(ValueError, match="unknown mlp='gelu2'"):
         TransformerConfig.preset("tiny").replace(mlp="gelu2")
+
+
+def test_missing_kernel_api_is_named(monkeypatch):
+    """A config whose kernel API is not exported raises NotImplementedError naming it (no launch)."""
+    import fused_rope
+
+    monkeypatch.delattr(fused_rope, "apply_rotary_qk")
+    with pytest.raises(NotImplementedError, match=r"fused_rope\.apply_rotary_qk \(position='rope'\)"):
+        Transformer(TransformerConfig.preset("tiny", position="rope"))
+    Transformer(TransformerConfig.preset("tiny"))  # a config that does not need it still builds
+    TorchTransformer(TransformerConfig.preset("tiny", position="rope"))  # the PyTorch model never needs it
