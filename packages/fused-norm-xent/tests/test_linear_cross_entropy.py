@@ -145,6 +145,15 @@ def test_all_tokens_ignored(device):
     assert linear_cross_entropy(hidden, weight, target, bias, reduction="sum") == 0
 
 
+def test_no_tokens(device):
+    hidden, weight, target, bias = _inputs(0, 8, 40, torch.float32, device)
+    weight.requires_grad_(True)
+    loss = linear_cross_entropy(hidden, weight, target, bias)
+    assert loss.isnan()
+    (grad,) = torch.autograd.grad(loss, weight)
+    assert torch.equal(grad, torch.zeros_like(grad))
+
+
 def test_default_chunk_size():
     assert default_chunk_size(16384, 2048) == 2048
     assert default_chunk_size(16384, 4096) == 4096

@@ -77,6 +77,8 @@ def _chunks(
     accumulates the weight and bias gradients, times grad_scale (and row_scale[row]).
     """
     n_tokens = hidden.shape[0]
+    if n_tokens == 0 and grads is not None:
+        grads[1].zero_()  # no chunk writes the weight gradient
     logits = torch.empty((min(chunk_size, n_tokens), weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
     weight_t = weight.t()
     for start in range(0, n_tokens, chunk_size):
