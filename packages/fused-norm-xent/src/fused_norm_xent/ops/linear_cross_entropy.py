@@ -81,26 +81,28 @@ def _chunks(
         grads[1].zero_()  # no chunk writes the weight gradient
     logits = torch.empty((min(chunk_size, n_tokens), weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
     weight_t = weight.t()
-    for start in range(0, n_tokens, chunk_size):
-        end = min(start + chunk_size, n_tokens)
-        hidden_c, logits_c = hidden[start:end], logits[: end - start]
-        if bias is None:
-            torch.mm(hidden_c, weight_t, out=logits_c)
-        else:
-            torch.addmm(bias, hidden_c, weight_t, out=logits_c)
-        launch_cross_entropy(
-            logits_c, target[start:end], logits_c if grads is not None else None,
-            None if loss_rows is None else loss_rows[start:end], lse[start:end],
-            None if z_rows is None else z_rows[start:end], None if row_scale is None else row_scale[start:end],
-            ignore_index, label_smoothing, lse_square_scale, grad_scale,
-        )  # fmt: skip
-        if grads is None:
-            continue
-        grad_hidden, grad_weight, grad_bias = grads
-        torch.mm(logits_c, weight, out=grad_hidden[start:end])
-        addmm_into(grad_weight, logits_c.t(), hidden_c, accumulate=start > 0)
-        if grad_bias is not None:
-            grad_bias += logits_c.sum(0, dtype=torch.float32)
+    # The operands are already in the compute dtype: autocast must not recast them.
+    with torch.autocast(hidden.device.type, enabled=False):
+        for start in range(0, n_tokens, chunk_size):
+            end = min(start + chunk_size, n_tokens)
+            hidden_c, logits_c = hidden[start:end], logits[: end - start]
+            if bias is None:
+                torch.mm(hidden_c, weight_t, out=logits_c)
+            else:
+                torch.addmm(bias, hidden_c, weight_t, out=logits_c)
+            launch_cross_entropy(
+                logits_c, target[start:end], logits_c if grads is not None else None,
+                None if loss_rows is None else loss_rows[start:end], lse[start:end],
+                None if z_rows is None else z_rows[start:end], None if row_scale is None else row_scale[start:end],
+                ignore_index, label_smoothing, lse_square_scale, grad_scale,
+            )  # fmt: skip
+            if grads is None:
+                continue
+            grad_hidden, grad_weight, grad_bias = grads
+            torch.mm(logits_c, weight, out=grad_hidden[start:end])
+            addmm_into(grad_weight, logits_c.t(), hidden_c, accumulate=start > 0)
+            if grad_bias is not None:
+                grad_bias += logits_c.sum(0, dtype=torch.float32)
 
 
 def _alloc_grads(hidden, weight, bias, compute_dtype, fp32_accumulation):
