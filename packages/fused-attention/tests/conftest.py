@@ -81,12 +81,11 @@ def lowp_twin(q, k, v, dout, dlse=None, causal=False, softmax_scale=None, alibi_
 
 def reference(q, k, v, dout, dlse=None, layout="bshd", **options) -> Dict[str, torch.Tensor]:
     """out, lse and the gradients of <out, dout> + <lse, dlse> in float64."""
-    dtype = options.pop("dtype", torch.float64)
-    q64, k64, v64 = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
-    out, lse = attention_reference(q64, k64, v64, layout=layout, dtype=dtype, **options)
-    loss = (out * dout.to(dtype)).sum()
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
+    out, lse = attention_reference(q64, k64, v64, layout=layout, **options)
+    loss = (out * dout.to(torch.float64)).sum()
     if dlse is not None:
-        loss = loss + (lse.masked_fill(lse.isinf(), 0.0) * dlse.to(dtype)).sum()
+        loss = loss + (lse.masked_fill(lse.isinf(), 0.0) * dlse.to(torch.float64)).sum()
     dq, dk, dv = torch.autograd.grad(loss, (q64, k64, v64))
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
@@ -123,7 +122,7 @@ def compare(ours, ref, twin, names=("out", "lse", *GRADS)) -> None:
 
 
 def check_attention(
-    q, k, v, *, with_dlse=False, layout="bshd", fn=flash_attention, reference_dtype=torch.float64, **options
+    q, k, v, *, with_dlse=False, layout="bshd", fn=flash_attention, **options
 ) -> Dict[str, torch.Tensor]:
     """Run flash_attention (or `fn` with its signature) on q, k, v and check out, lse and every gradient."""
     dout = torch.randn(q.shape, device=q.device).to(q.dtype)
@@ -132,15 +131,13 @@ def check_attention(
         lse_shape = (q.shape[0], q.shape[2 if layout == "bshd" else 1], q.shape[1 if layout == "bshd" else 2])
         dlse = torch.randn(lse_shape, device=q.device)
     ours = run_ours(fn, q, k, v, dout, dlse, layout=layout, **options)
-    ref = reference(q, k, v, dout, dlse, layout=layout, dtype=reference_dtype, **options)
+    ref = reference(q, k, v, dout, dlse, layout=layout, **options)
     twin = lowp_twin(q, k, v, dout, dlse, layout=layout, **options)
     compare(ours, ref, twin)
     return ours
 
 
-def check_varlen(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, *, with_dlse=False, reference_dtype=torch.float64, **options
-) -> Dict[str, torch.Tensor]:
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, with_dlse=False, **options) -> Dict[str, torch.Tensor]:
     """flash_attention_varlen on a packed batch against the per-sequence reference and twin."""
     max_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     max_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
@@ -151,17 +148,15 @@ def check_varlen(
         return flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, return_lse=return_lse, **kw)
 
     ours = run_ours(ours_fn, q, k, v, dout, dlse, **options)
-    compare(ours, *varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, reference_dtype, **options))
+    compare(ours, *varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, **options))
     return ours
 
 
-def varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, reference_dtype=torch.float64, **options):
+def varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, **options):
     """(fp64 reference, low-precision twin) of a packed batch, each sequence on its own."""
-    q64, k64, v64 = (t.detach().to(reference_dtype).requires_grad_(True) for t in (q, k, v))
-    out, lse = attention_reference_varlen(q64, k64, v64, cu_seqlens_q, cu_seqlens_k, dtype=reference_dtype, **options)
-    loss = (out * dout.to(reference_dtype)).sum() + (
-        0 if dlse is None else (lse.masked_fill(lse.isinf(), 0) * dlse).sum()
-    )
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
+    out, lse = attention_reference_varlen(q64, k64, v64, cu_seqlens_q, cu_seqlens_k, **options)
+    loss = (out * dout.double()).sum() + (0 if dlse is None else (lse.masked_fill(lse.isinf(), 0) * dlse).sum())
     ref = dict(zip(("out", "lse", *GRADS), (out, lse, *torch.autograd.grad(loss, (q64, k64, v64)))))
     return ref, _varlen_twin(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, **options)
 

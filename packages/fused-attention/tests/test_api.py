@@ -31,8 +31,10 @@ def _assert_identical(actual, expected):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
 def test_autograd_function_path_matches_custom_op(attn, device):
-    """FlashAttentionFunction (the torch < 2.4 path) runs the same launchers: identical results."""
+    """FlashAttentionFunction (eager, and torch < 2.4) and the custom op (what torch.compile traces)
+    run the same launchers: identical results, through both outputs."""
     q, k, v = attn.random_qkv(2, 23, 30, 4, 2, 64, BF16, device)
     slopes = alibi_slopes(4, device=device)
     dout = torch.randn(q.shape, device=device).to(BF16)
@@ -42,12 +44,15 @@ def test_autograd_function_path_matches_custom_op(attn, device):
     def through_function(q, k, v):
         return FlashAttentionFunction.apply(q, k, v, slopes, None, None, spec)
 
+    def through_custom_op(q, k, v):
+        return torch.ops.fused_attention.fwd(q, k, v, slopes, None, None, *spec.to_op_args())
+
     def through_api(q, k, v):
         return flash_attention(q, k, v, causal=True, alibi_slopes=slopes, return_lse=True)
 
-    _assert_identical(
-        _outputs_and_grads(through_function, q, k, v, dout, dlse), _outputs_and_grads(through_api, q, k, v, dout, dlse)
-    )
+    expected = _outputs_and_grads(through_api, q, k, v, dout, dlse)
+    _assert_identical(_outputs_and_grads(through_function, q, k, v, dout, dlse), expected)
+    _assert_identical(_outputs_and_grads(through_custom_op, q, k, v, dout, dlse), expected)
 
 
 @pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")

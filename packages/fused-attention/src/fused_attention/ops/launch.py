@@ -117,14 +117,15 @@ def _slope_strides(alibi_slopes: Optional[torch.Tensor]) -> Tuple[int, int]:
 
 
 def _tma_compatible(spec: AttentionSpec, *tensors: torch.Tensor) -> bool:
-    """TMA descriptors need Hopper, 16-byte aligned base addresses and strides."""
+    """TMA descriptors need Hopper, a 16-byte aligned base and positive, 16-byte aligned strides."""
     if not HAS_TENSOR_DESCRIPTOR or INTERPRETING:
         return False
     if device_capability(tensors[0].device.index or 0)[0] < 9:
         return False
     for t in tensors:
         size = t.element_size()
-        if t.data_ptr() % 16 or any(stride * size % 16 for stride in seq_strides(t, spec)):
+        strides = seq_strides(t, spec)[1:] if spec.varlen else seq_strides(t, spec)
+        if t.data_ptr() % 16 or any(stride <= 0 or stride * size % 16 for stride in strides):
             return False
     return True
 
