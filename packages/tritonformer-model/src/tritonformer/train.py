@@ -30,6 +30,11 @@ from .config import PRESETS, TransformerConfig
 from .progress import ProgressBar
 
 MODELS = ("triton", "torch")
+# The Triton model in Triton's CPU interpreter (no GPU): each kernel launch takes about a second
+# there, so a short run of small batches, that still shows the loss falling from ln(256) = 5.5.
+INTERPRETER_DEFAULTS = dict(
+    steps=20, batch_size=4, seq_len=32, warmup_steps=2, eval_interval=10, eval_iters=2, sample_tokens=24
+)
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 CHECKPOINT_NAME = "ckpt.pt"
 
@@ -331,9 +336,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: the Python standard library's source, as bytes)")  # fmt: skip
     p.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="OPTION=VALUE",
                    help="TransformerConfig options, e.g. --set dropout=0.1 fused_loss=true")  # fmt: skip
-    for name in ("steps", "batch_size", "warmup_steps", "eval_interval", "eval_iters", "sample_tokens", "seed"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: max_seq_len)")
+    for name in ("steps", "batch_size", "warmup_steps", "eval_interval", "eval_iters", "sample_tokens"):
+        default, interpreted = getattr(defaults, name), INTERPRETER_DEFAULTS[name]
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help=f"default {default}; {interpreted} in the interpreter")  # fmt: skip
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    interpreted = INTERPRETER_DEFAULTS["seq_len"]
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sequence (default: max_seq_len; {interpreted} in the interpreter)")  # fmt: skip
     p.add_argument("--checkpoint-interval", type=int, default=None, help="steps between saves (default: eval)")
     for name in ("lr", "weight_decay", "grad_clip"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
@@ -354,16 +364,22 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
         key, value = item.split("=", 1)
         overrides[key] = parse_value(value)
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
-    values = {k: v for k, v in vars(args).items() if k in fields}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     values["overrides"] = overrides
+    if values.get("model", "triton") == "triton" and runs_in_interpreter(values.get("device", "auto")):
+        values = {**INTERPRETER_DEFAULTS, **values}
     return TrainSettings(**values)
+
+
+def runs_in_interpreter(device: str) -> bool:
+    """The Triton model runs in the interpreter here: no CUDA GPU (or TRITON_INTERPRET=1)."""
+    return interpreting() or (device in ("auto", "cpu") and not torch.cuda.is_available())
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     settings = settings_from_args(args)
-    no_gpu = not torch.cuda.is_available() and settings.device in ("auto", "cpu")
-    if settings.model == "triton" and no_gpu and not interpreting():
+    if settings.model == "triton" and runs_in_interpreter(settings.device) and not interpreting():
         # Triton decides when a kernel is defined whether it is interpreted: start afresh with it set.
         print("no CUDA GPU: running the Triton kernels in Triton's CPU interpreter (TRITON_INTERPRET=1)", flush=True)
         argv = sys.argv[1:] if argv is None else list(argv)
