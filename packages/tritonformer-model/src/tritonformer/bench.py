@@ -143,68 +143,106 @@ def time_training_steps(step: Callable[[], None], warmup: int, steps: int, devic
     return start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**30
 
 
-def run_point(point: Point, provider: str, args: argparse.Namespace) -> Result:
-    overrides = dict(args.overrides)
+def point_config(point: Point, provider: str, overrides: dict, fused_loss: str = "ours") -> TransformerConfig:
+    """The config a provider runs at a point: the preset, the context, the loss mode, the overrides."""
+    overrides = dict(overrides)
     overrides["max_seq_len"] = max(point.context, PRESETS[point.preset]["max_seq_len"])
     ours = provider.startswith("tritonformer")
-    fused = args.fused_loss == "all" or (args.fused_loss == "ours" and ours)
-    overrides.setdefault("fused_loss", fused)
-    config = TransformerConfig.preset(point.preset, **overrides)
-    result = Result(str(point), provider, "ok", loss="fused" if config.fused_loss else "logits")
-    hf = provider.startswith("hf-llama")
-    if hf:
-        reason = hf_skip_reason(config, liger=provider.endswith("liger"))
-        if reason:
-            result.status = f"skipped: {reason}"
-            return result
+    overrides.setdefault("fused_loss", fused_loss == "all" or (fused_loss == "ours" and ours))
+    return TransformerConfig.preset(point.preset, **overrides)
+
+
+def skip_reason(provider: str, config: TransformerConfig) -> Optional[str]:
+    """Why a provider cannot run here (None: it can)."""
+    if provider.startswith("hf-llama"):
+        return hf_skip_reason(config, liger=provider.endswith("liger"))
     if "compile" in provider and not hasattr(torch, "compile"):
-        result.status = "skipped: this torch has no torch.compile"
-        return result
+        return "this torch has no torch.compile"
+    return None
 
-    device = torch.device(args.device)
+
+@dataclasses.dataclass
+class TrainingStep:
+    """One provider's training step at one point, ready to time."""
+
+    fn: Callable[[], None]
+    loss: str  # how the loss is computed
+    params_millions: float
+    flops: float  # model flops of one step: tokens * (6N + 12 L d S)
+    tokens: int
+
+
+def training_step(
+    point: Point, provider: str, config: TransformerConfig, device: torch.device, optimizer: bool = False
+) -> TrainingStep:
+    """Build the provider's model at the point and return its training step (forward + backward
+    under bf16 autocast, then zero_grad; with optimizer, a fused AdamW step too). Raises
+    NotImplementedError when the Triton model lacks a kernel API the config needs."""
     with torch.device("meta"):  # the same shape's counts, for every provider
-        reference = build_model("torch", config)
-    result.params_millions = reference.num_params(matmul_only=False) / 1e6
-    flops_per_token = reference.flops_per_token(point.context)
-    model = forward = optimizer = None
+        shape = build_model("torch", config)
+    hf = provider.startswith("hf-llama")
+    torch.manual_seed(0)
+    with device:
+        if hf:
+            model = hf_llama(config, liger=provider.endswith("liger"))
+        else:
+            model = build_model("triton" if provider.startswith("tritonformer") else "torch", config)
+    forward = torch.compile(model) if "compile" in provider else model
+    idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
+    targets = torch.roll(idx, -1, dims=1)
+    fused_adam = {"fused": True} if device.type == "cuda" else {}
+    adam = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused_adam) if optimizer else None
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = forward(input_ids=idx, labels=idx).loss if hf else forward(idx, targets)[1]
+        loss.backward()
+        if adam is not None:
+            adam.step()
+        model.zero_grad(set_to_none=True)
+
+    loss = {"hf-llama": "logits (HF)", "hf-llama+liger": "fused (Liger)"}.get(provider)
+    tokens = point.batch * point.context
+    return TrainingStep(
+        fn=step,
+        loss=loss or ("fused" if config.fused_loss else "logits"),
+        params_millions=shape.num_params(matmul_only=False) / 1e6,
+        flops=shape.flops_per_token(point.context) * tokens,
+        tokens=tokens,
+    )
+
+
+def release_memory(device: torch.device) -> None:
+    """Free what the last provider held (its models are unreferenced by now) and reset dynamo."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if hasattr(torch, "_dynamo"):
+        torch._dynamo.reset()
+
+
+def run_point(point: Point, provider: str, args: argparse.Namespace) -> Result:
+    config = point_config(point, provider, args.overrides, args.fused_loss)
+    result = Result(str(point), provider, "ok")
+    reason = skip_reason(provider, config)
+    if reason:
+        result.status = f"skipped: {reason}"
+        return result
+    device = torch.device(args.device)
     try:
-        torch.manual_seed(0)
-        with device:
-            if hf:
-                model = hf_llama(config, liger=provider.endswith("liger"))
-                result.loss = "logits (HF)" if provider == "hf-llama" else "fused (Liger)"
-            else:
-                model = build_model("triton" if ours else "torch", config)
-        forward = torch.compile(model) if "compile" in provider else model
-        idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
-        targets = torch.roll(idx, -1, dims=1)
-        fused_adam = {"fused": True} if device.type == "cuda" else {}
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused_adam) if args.optimizer else None
-
-        def step():
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = forward(input_ids=idx, labels=idx).loss if hf else forward(idx, targets)[1]
-            loss.backward()
-            if optimizer is not None:
-                optimizer.step()
-            model.zero_grad(set_to_none=True)
-
-        ms, peak = time_training_steps(step, args.warmup, args.steps, device)
-        tokens = point.batch * point.context
+        step = training_step(point, provider, config, device, args.optimizer)
+        result.loss, result.params_millions = step.loss, step.params_millions
+        ms, peak = time_training_steps(step.fn, args.warmup, args.steps, device)
         result.step_ms, result.peak_gib = ms, peak
-        result.tokens_per_s = tokens / ms * 1e3
-        result.model_tflops = flops_per_token * tokens / ms / 1e9
+        result.tokens_per_s = step.tokens / ms * 1e3
+        result.model_tflops = step.flops / ms / 1e9
     except torch.cuda.OutOfMemoryError:
         result.status = "OOM"
     except NotImplementedError as error:  # a kernel package API the Triton model needs is missing
         result.status = f"skipped: {error}"
     finally:
-        model = forward = optimizer = None  # free the GPU memory before the next provider
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if hasattr(torch, "_dynamo"):
-            torch._dynamo.reset()
+        step = None
+        release_memory(device)
     return result
 
 
@@ -222,12 +260,12 @@ def markdown(results: List[Result], environment: str) -> str:
     ]
     for r in results:
         if r.status != "ok":
-            lines.append(f"| {r.point} | {r.provider} | {_fmt(r.params_millions, '.0f')} | {r.status} ||||||")
+            lines.append(f"| {r.point} | {r.provider} | {_fmt(r.params_millions, '.1f')} | {r.status} ||||||")
             continue
         anchor = anchors.get(r.point)
         ratio = anchor.step_ms / r.step_ms if anchor else None
         lines.append(
-            f"| {r.point} | {r.provider} | {_fmt(r.params_millions, '.0f')} | {r.loss} | {r.step_ms:.1f} "
+            f"| {r.point} | {r.provider} | {_fmt(r.params_millions, '.1f')} | {r.loss} | {r.step_ms:.1f} "
             f"| {r.tokens_per_s:,.0f} | {r.model_tflops:.1f} | {_fmt(r.peak_gib, '.1f')} | {_fmt(ratio, '.2f')} |"
         )
     return "\n".join(lines) + "\n"
@@ -261,7 +299,7 @@ def plot(results: List[Result], path: pathlib.Path, title: str) -> Optional[str]
     ax.set_xticks([j + width * (len(providers) - 1) / 2 for j in range(len(points))])
     ax.set_xticklabels(points, rotation=15)
     ax.set_ylabel("model TFLOP/s (6N + 12 L d S per token)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=8, wrap=True)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
