@@ -133,15 +133,18 @@ TMA_VARIANTS = {
     "bmm-fwd-gelu-tanh-aux": (_flags(bias=True, activation=GELU_TANH, aux=True), False, False, False, True),
     "bmm-db-dbias": (_flags(row_sum=True), True, False, True, True),
 }
-# (config index, variant, dtype), sm_90; the headline backward (128x256x64 with the prologue) included.
+# (config index, variant, dtype), sm_90; the headline backward (128x256x64 with the prologue) and
+# the two-programs-per-SM (ping-pong) configs on forward and backward variants included.
 TMA_CASES = [
     (0, "fwd-linear-weight-bias-gelu-aux", "bf16"),
     (0, "dw-mul-dbias", "bf16"),
     (1, "dx-mul", "fp16"),
     (2, "fwd-relu", "bf16"),
     (3, "dw-relu-mask-dbias-transposed-out", "fp16"),
-    (4, "bmm-db-dbias", "bf16"),
-    (5, "bmm-fwd-gelu-tanh-aux", "fp16"),
+    (4, "dw-mul-dbias", "fp16"),
+    (5, "fwd-linear-weight-bias-gelu-aux", "fp16"),
+    (6, "bmm-db-dbias", "bf16"),
+    (7, "bmm-fwd-gelu-tanh-aux", "fp16"),
 ]
 
 
@@ -194,7 +197,7 @@ def test_tma_kernel_compiles(config, variant, dtype):
             "BATCHED": batched,
             "UPCAST": False,
             "NUM_SMS": 132,
-            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS_PER_SM")},
         },  # fmt: skip
         arch=90,
         num_warps=config["num_warps"],
@@ -231,10 +234,12 @@ def test_the_sets_cover_every_value():
     for i in range(1, 5):
         assert {v[i] for v in variants} == {True, False}, ("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED")[i - 1]
     assert {case[2] for case in TMA_CASES} == {"bf16", "fp16"}
+    assert {configs[case[0]]["PROGRAMS_PER_SM"] for case in TMA_CASES} == {1, 2}
     for index, variant, _ in TMA_CASES:
-        config = configs[index]
-        smem = _tma_smem(config, config["num_stages"], 2, TMA_VARIANTS[variant][0]["PROLOGUE"] != 0)
-        assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, variant)
+        config, flags = configs[index], TMA_VARIANTS[variant][0]
+        smem = _tma_smem(config, config["num_stages"], 2, flags["PROLOGUE"] != 0, flags["ROW_SUM"])
+        programs = config["PROGRAMS_PER_SM"]
+        assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 
 
 def _flags_values():

@@ -7,12 +7,18 @@ H100 = H100_SHARED_MEMORY_PER_BLOCK
 
 
 def _tiles(configs):
-    return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in configs}
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, programs per SM) of each config."""
+    return {
+        (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages,
+         c.kwargs.get("PROGRAMS_PER_SM", 1))
+        for c in configs
+    }  # fmt: skip
 
 
-def _tma(m, n, batch=1, prologue=False):
+def _tma(m, n, batch=1, prologue=False, row_sum=False):
     configs = tma_configs(interpreting=False)
-    return _tiles(_prune(configs, m, n, batch, lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue), H100))
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue, row_sum)  # noqa: E731
+    return _tiles(_prune(configs, m, n, batch, smem, H100))
 
 
 def _portable(m, n, element_size=2, prologue=False):
@@ -23,28 +29,33 @@ def _portable(m, n, element_size=2, prologue=False):
 
 def test_issue_shapes_keep_the_large_hopper_tiles():
     forward = _tma(16384, 8192)
-    assert forward == {(128, 256, 64, 8, 3), (128, 256, 32, 8, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4)}
-    # With the backward prologue's extra A tile, 256x128x64 (240 KB compiled) no longer fits.
-    assert _tma(16384, 2048, prologue=True) == forward - {(256, 128, 64, 8, 3)}
+    one_per_sm = {(128, 256, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (256, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1)}
+    two_per_sm = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
+    assert forward == one_per_sm | two_per_sm
+    # With the backward prologue's S tile, 256x128x64 (240 KB compiled) no longer fits; with the
+    # row sums (2 KB more), neither do two 64x256x64 programs per SM.
+    assert _tma(16384, 2048, prologue=True) == forward - {(256, 128, 64, 8, 3, 1)}
+    assert _tma(2048, 8192, prologue=True, row_sum=True) == forward - {(256, 128, 64, 8, 3, 1), (64, 256, 64, 4, 2, 2)}
     # bmm 64 x (2048 x 2048 outputs): large in total.
     assert _tma(2048, 2048, batch=64) == forward
 
 
 def test_small_problems_get_small_tiles():
-    assert _tma(7, 1000) == {(64, 128, 64, 4, 4)}
+    assert _tma(7, 1000) == {(64, 128, 64, 4, 4, 1), (64, 256, 64, 4, 2, 2)}
     assert all(tile[0] <= 32 for tile in _portable(7, 1000))
-    assert (128, 128, 64, 4, 3) in _tma(1000, 768)
+    assert (128, 128, 64, 4, 3, 1) in _tma(1000, 768)
 
 
 def test_fp32_drops_what_does_not_fit():
     kept = _portable(4096, 4096, element_size=4)
     assert (128, 256, 64, 8, 3) not in kept and kept
-    for block_m, block_n, block_k, _, stages in kept:
+    for block_m, block_n, block_k, _, stages, _ in kept:
         kw = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
         assert _portable_smem(kw, stages, 4, False) <= H100
 
 
 def test_nothing_fits_falls_back_to_the_smallest():
     configs = tma_configs(interpreting=False)
-    kept = _prune(configs, 4096, 4096, 1, lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True), 1024)
-    assert len(kept) == 1 and kept[0].kwargs["BLOCK_M"] * kept[0].kwargs["BLOCK_N"] == 64 * 128
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True, True)  # noqa: E731
+    kept = _prune(configs, 4096, 4096, 1, smem, 1024)
+    assert len(kept) == 1 and smem(kept[0]) == min(smem(c) for c in configs)

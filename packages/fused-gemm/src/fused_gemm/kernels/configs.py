@@ -7,9 +7,10 @@ accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
 Shared memory, as compiled for sm_90 (Triton 3.9, bf16; `metadata.shared`), is what the prune
 models: the TMA kernel's 128x256x64 three-stage config takes 208 KB (3 x 48 KB of operand
 stages + one 64 KB output staging buffer, which the saved derivative's store reuses), 224 KB
-with the backward prologue (one more A tile in shared memory) and 226 KB with the d(bias) row
+with the backward prologue (its S tile adds stages - 2 A tiles) and 226 KB with the d(bias) row
 sums: it fits all variants, while 256x128x64 (240 KB with the prologue) fits only the forward.
-The portable kernel stages only its operands (144-180 KB at most in bf16); fp32 operands double
+The two-programs-per-SM configs take 96 KB (128x128x64) and 112-113 KB (64x256x64) each. The
+portable kernel stages only its operands (144-180 KB at most in bf16); fp32 operands double
 that, and the prune drops what cannot fit before it is compiled.
 
 Under the interpreter the autotuner cannot time anything: it gets one config, small, so that
@@ -38,8 +39,8 @@ def EVEN_K_HEURISTIC(args: Dict) -> bool:
     return args["K"] % args["BLOCK_K"] == 0
 
 
-def _config(block_m, block_n, block_k, num_warps, num_stages, pre_hook=None) -> triton.Config:
-    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
+def _config(block_m, block_n, block_k, num_warps, num_stages, pre_hook=None, **extra) -> triton.Config:
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, **extra}
     return triton.Config(tile, num_warps=num_warps, num_stages=num_stages, pre_hook=pre_hook)
 
 
@@ -74,32 +75,39 @@ def set_tma_block_shapes(nargs: Dict) -> None:
 
 
 def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
-    """Persistent TMA kernel (Hopper): wgmma-sized tiles, 3-4 stages, one program per SM."""
+    """Persistent TMA kernel (Hopper): wgmma-sized tiles, 2-4 stages, one or two programs per SM.
+
+    One program per SM with 8 warps (two warpgroups on one tile) is the plain matmul's shape. The
+    epilogue (GELU and its derivative: ~20 instructions and two special-function ops per element)
+    leaves the tensor cores idle while it runs; with two 4-warp programs per SM (half the shared
+    memory each) one program's epilogue overlaps the other's main loop, as a ping-pong schedule.
+    """
     if interpreting:
-        return [triton.Config(dict(INTERPRETER_TILE), num_warps=4, num_stages=1, pre_hook=set_tma_block_shapes)]
+        tile = dict(INTERPRETER_TILE, PROGRAMS_PER_SM=1)
+        return [triton.Config(tile, num_warps=4, num_stages=1, pre_hook=set_tma_block_shapes)]
     return [
-        _config(128, 256, 64, 8, 3, set_tma_block_shapes),
-        _config(128, 256, 32, 8, 4, set_tma_block_shapes),
-        _config(256, 128, 64, 8, 3, set_tma_block_shapes),
-        _config(128, 128, 64, 8, 4, set_tma_block_shapes),
-        _config(128, 128, 64, 4, 3, set_tma_block_shapes),
-        _config(64, 128, 64, 4, 4, set_tma_block_shapes),
+        _config(128, 256, 64, 8, 3, set_tma_block_shapes, PROGRAMS_PER_SM=1),
+        _config(128, 256, 32, 8, 4, set_tma_block_shapes, PROGRAMS_PER_SM=1),
+        _config(256, 128, 64, 8, 3, set_tma_block_shapes, PROGRAMS_PER_SM=1),
+        _config(128, 128, 64, 8, 4, set_tma_block_shapes, PROGRAMS_PER_SM=1),
+        _config(128, 128, 64, 4, 2, set_tma_block_shapes, PROGRAMS_PER_SM=2),
+        _config(64, 256, 64, 4, 2, set_tma_block_shapes, PROGRAMS_PER_SM=2),
+        _config(128, 128, 64, 4, 3, set_tma_block_shapes, PROGRAMS_PER_SM=1),
+        _config(64, 128, 64, 4, 4, set_tma_block_shapes, PROGRAMS_PER_SM=1),
     ]
 
 
 def _portable_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool) -> int:
-    """Operand stages; the prologue's S tile adds up to two A tiles."""
+    """Operand stages; the prologue's S tile adds (stages - 2) A tiles (as compiled for sm_90)."""
     a_tile = kw["BLOCK_M"] * kw["BLOCK_K"] * element_size
     b_tile = kw["BLOCK_K"] * kw["BLOCK_N"] * element_size
-    return num_stages * (a_tile + b_tile) + (2 * a_tile if prologue else 0)
+    return num_stages * (a_tile + b_tile) + (max(num_stages - 2, 0) * a_tile if prologue else 0)
 
 
-def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool) -> int:
-    """Operand stages, one output staging tile, and (prologue) one A tile of at least 16 KB + 2 KB of row sums."""
-    a_tile = kw["BLOCK_M"] * kw["BLOCK_K"] * element_size
-    b_tile = kw["BLOCK_K"] * kw["BLOCK_N"] * element_size
+def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool, row_sum: bool) -> int:
+    """Operand stages, one output staging tile, the prologue's (stages - 2) A tiles, 2 KB of row sums."""
     out_tile = kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
-    return num_stages * (a_tile + b_tile) + out_tile + (max(a_tile, 16 * 1024) + 2048 if prologue else 0)
+    return _portable_smem(kw, num_stages, element_size, prologue) + out_tile + (2048 if row_sum else 0)
 
 
 def _sized_for(config: triton.Config, m: int, n: int, batch: int, smallest_m: int, smallest_n: int) -> bool:
@@ -112,15 +120,23 @@ def _sized_for(config: triton.Config, m: int, n: int, batch: int, smallest_m: in
     if kw["BLOCK_N"] > max(triton.next_power_of_2(n), smallest_n):
         return False
     if batch * m * n >= LARGE_PROBLEM:
-        return kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128 and config.num_warps == 8
+        return kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128 and config.num_warps * kw.get("PROGRAMS_PER_SM", 1) >= 8
     return True
+
+
+def _fits(config: triton.Config, smem_bytes: int, budget: int) -> bool:
+    """`budget` is one block's opt-in maximum; the SM has 1 KB more, and each resident block reserves 1 KB."""
+    per_sm = config.kwargs.get("PROGRAMS_PER_SM", 1)
+    return per_sm * (smem_bytes + 1024) <= budget + 1024
 
 
 def _prune(configs: List[triton.Config], m: int, n: int, batch: int, smem_bytes, budget: int) -> List[triton.Config]:
     """Configs whose shared memory fits `budget` and whose tile suits the problem size."""
     smallest_m = min(c.kwargs["BLOCK_M"] for c in configs)
     smallest_n = min(c.kwargs["BLOCK_N"] for c in configs)
-    kept = [c for c in configs if smem_bytes(c) <= budget and _sized_for(c, m, n, batch, smallest_m, smallest_n)]
+    kept = [
+        c for c in configs if _fits(c, smem_bytes(c), budget) and _sized_for(c, m, n, batch, smallest_m, smallest_n)
+    ]
     if kept:
         return kept
     return [min(configs, key=smem_bytes)]
@@ -141,8 +157,8 @@ def prune_portable_configs(configs, named_args, **kwargs):
 def prune_tma_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
-    size, prologue = a.element_size(), args["PROLOGUE"] != 0
+    size, prologue, row_sum = a.element_size(), args["PROLOGUE"] != 0, bool(args["ROW_SUM"])
     return _prune(
         configs, args["M"], args["N"], args["BATCH"],
-        lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
+        lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue, row_sum), max_shared_memory(a.device),
     )  # fmt: skip

@@ -2,8 +2,9 @@
 
     C[b] = act(prologue(A[b]) @ B[b] + bias)
 
-NUM_SMS programs each walk output tiles tile_id = pid, pid + NUM_SMS, ... in grouped order
-(common._grouped_tile). Operands arrive through tensor descriptors: the TMA engine copies each
+NUM_SMS * PROGRAMS_PER_SM programs each walk output tiles tile_id = pid, pid + programs, ... in
+grouped order (common._grouped_tile); with two programs per SM, one's epilogue overlaps the
+other's main loop (configs.tma_configs). Operands arrive through tensor descriptors: the TMA engine copies each
 BLOCK tile into swizzled shared memory and wgmma reads it from there, so no thread computes an
 address in the main loop; the loop over (tile, k) is flattened, so the next tile's loads are in
 flight while this tile's epilogue runs, and the epilogue's TMA stores drain behind the next
@@ -94,13 +95,14 @@ def _matmul_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     tiles_per_batch = num_pid_m * num_pid_n
     num_tiles = BATCH * tiles_per_batch
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
         batch = tile_id // tiles_per_batch
         pid_m, pid_n = _grouped_tile(tile_id % tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M

@@ -109,7 +109,7 @@ def launch_matmul(
 
         def persistent_grid(meta):
             tiles = batch * triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-            return (min(num_sms, tiles),)
+            return (min(num_sms * meta["PROGRAMS_PER_SM"], tiles),)
 
         _matmul_tma_kernel[persistent_grid](
             _descriptor(a, a_trans, batched),
