@@ -39,3 +39,15 @@ def test_transposed_operands(dtype, device, check):
     b = (torch.randn(4, 40, 32, device=device) / 32**0.5).to(dtype).transpose(1, 2).requires_grad_()  # (4, 32, 40)
     bias = torch.randn(40, device=device, dtype=dtype, requires_grad=True)
     check(_ours("gelu_tanh"), _reference("gelu_tanh"), (a, b, bias), NAMES)
+
+
+def test_broadcast_weight_and_strided_batches(device, check):
+    """b shared by every batch (an expanded view, batch stride 0) and a batch-strided a: any strides."""
+    a = torch.randn(6, 16, 32, device=device, dtype=torch.bfloat16)[::2].requires_grad_()  # (3, 16, 32)
+    b = (torch.randn(1, 32, 24, device=device) / 32**0.5).to(torch.bfloat16).expand(3, 32, 24).requires_grad_()
+    check(
+        lambda a, b, bias: bmm(a, b, bias, "relu"),
+        lambda a, b, bias: bmm_reference(a, b, bias, "relu"),
+        (a, b, None),
+        NAMES,
+    )

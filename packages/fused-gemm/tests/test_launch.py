@@ -115,5 +115,7 @@ def test_tma_layout_rules(device):
     assert tma_layouts(x[:, :, 1:], w[:, 1:], y) is None  # base not 16-byte aligned
     assert tma_layouts(x[:, :, ::2], w[:, ::2], y) is None  # no unit stride
     assert tma_layouts(x.float(), w.float(), y.float()) is None  # fp32: the portable kernel
+    shared = torch.randn(1, 48, 24, device=device, dtype=torch.bfloat16).expand(3, 48, 24)  # batch stride 0
+    assert tma_layouts(x.expand(3, 32, 48).contiguous(), shared, y.expand(3, 32, 24).contiguous()) is None
     odd = torch.randn(1, 32, 47, device=device, dtype=torch.bfloat16)
     assert tma_layouts(odd, torch.randn(1, 47, 24, device=device, dtype=torch.bfloat16), y) is None  # 94-byte rows

@@ -28,13 +28,14 @@ PATHS = ("tma", "portable")
 def _tma_layout(t: torch.Tensor) -> Optional[bool]:
     """For a (batch, rows, cols) view: False if its matrices are row-major, True if they are the
     transpose of row-major, None if a tensor descriptor cannot address it (TMA needs a 16-byte
-    aligned base, a unit stride and 16-byte aligned other strides)."""
+    aligned base, a unit stride and 16-byte aligned, non-zero other strides: a broadcast
+    (expanded) operand takes the portable kernel)."""
     size = t.element_size()
-    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) * size) % 16):
+    if t.data_ptr() % 16 or (t.shape[0] > 1 and (t.stride(0) <= 0 or (t.stride(0) * size) % 16)):
         return None
-    if t.stride(2) == 1 and (t.stride(1) * size) % 16 == 0:
+    if t.stride(2) == 1 and t.stride(1) > 0 and (t.stride(1) * size) % 16 == 0:
         return False
-    if t.stride(1) == 1 and (t.stride(2) * size) % 16 == 0:
+    if t.stride(1) == 1 and t.stride(2) > 0 and (t.stride(2) * size) % 16 == 0:
         return True
     return None
 
