@@ -60,3 +60,20 @@ def test_mlp_module_compiles_fullgraph(device):
     assert torch.equal(y, y_eager)
     for g, e in zip((p.grad for p in mlp.parameters()), grads_eager):
         assert torch.equal(g, e)
+
+
+def test_the_traced_graph_calls_the_custom_ops(device):
+    """Dynamo records the launchers as the opaque ops fused_gemm::gemm_fwd / gemm_bwd (not traced into)."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm.print_readable(print_output=False))
+        return gm.forward
+
+    x = torch.randn(8, 32, device=device, requires_grad=True)
+    w = torch.randn(32, 16, device=device, requires_grad=True)
+    compiled = torch.compile(lambda x, w: matmul(x, w, None, "gelu"), backend=recording_backend, fullgraph=True)
+    compiled(x, w).sum().backward()
+    code = "\n".join(graphs)
+    assert "torch.ops.fused_gemm.gemm_fwd.default" in code and "torch.ops.fused_gemm.gemm_bwd.default" in code
