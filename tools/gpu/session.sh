@@ -3,8 +3,9 @@
 # then the benchmarks, logs under $OUT. Run from the repository root:
 #   TESTS="packages/fused-rope/tests" BENCH="packages/fused-rope/benchmarks" \
 #     bash tools/gpu/session.sh tests3 tests22 bench
-# TESTS / BENCH default to every package; XDIST (default 8) test processes compile in parallel
-# (the benchmarks always run alone). Carried in .carry/ (never committed): triton22-cp312.tar.xz
+# TESTS / BENCH default to every package. Tests that fit beside each other run in XDIST (default
+# 8) processes, compiling in parallel; the `gpu`-marked ones (large shapes) in XDIST_GPU (default
+# 2) so that they do not run out of memory together; the benchmarks always run alone. Carried in .carry/ (never committed): triton22-cp312.tar.xz
 # (a stripped Triton 2.2.0 for Python 3.12, unpacked to /tmp/t22) and wheels (*.whl, e.g.
 # liger-kernel) installed to /tmp/site.
 set -uo pipefail
@@ -12,6 +13,7 @@ OUT=${OUT:-/tmp/out}
 TESTS=${TESTS:-packages}
 BENCH=${BENCH:-$(ls -d packages/*/benchmarks)}
 XDIST=${XDIST:-8}
+XDIST_GPU=${XDIST_GPU:-2}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 
@@ -26,15 +28,22 @@ if [ -f .carry/triton22-cp312.tar.xz ] && [ ! -d /tmp/t22/triton ]; then
   mkdir -p /tmp/t22 && tar -xJf .carry/triton22-cp312.tar.xz -C /tmp/t22
 fi
 
+# The suite in two pytest runs (small shapes in many processes, `gpu` tests in few); AOT
+# compiling is the CPU machines' job. $1: log name; the rest: extra environment.
+run_suite() {
+  local log=$1; shift
+  # shellcheck disable=SC2086
+  env "$@" python3 -m pytest -q -n "$XDIST" -m "not aot and not gpu" --durations=8 $TESTS 2>&1 | tee "$OUT/$log-small.log" \
+    | grep -E "passed|failed|FAILED|ERROR|Error|s call|s setup" | tail -40
+  # shellcheck disable=SC2086
+  env "$@" python3 -m pytest -q -n "$XDIST_GPU" -m "gpu" --durations=8 $TESTS 2>&1 | tee "$OUT/$log-gpu.log" \
+    | grep -E "passed|failed|FAILED|ERROR|Error|s call|s setup" | tail -40
+}
+
 for step in "$@"; do
   case "$step" in
-    tests3)
-      # shellcheck disable=SC2086
-      python3 -m pytest -q -n "$XDIST" -m "not aot" $TESTS 2>&1 | tee "$OUT/tests-3x.log" | grep -E "passed|failed|FAILED|ERROR|Error" | tail -40 ;;
-    tests22)
-      # shellcheck disable=SC2086
-      PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -q -n "$XDIST" -m "not aot" $TESTS \
-        2>&1 | tee "$OUT/tests-22.log" | grep -E "passed|failed|FAILED|ERROR|Error" | tail -40 ;;
+    tests3) run_suite tests-3x ;;
+    tests22) run_suite tests-22 "PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH}" ;;
     bench)
       # shellcheck disable=SC2086
       python3 -m pytest -q -p no:xdist $BENCH --bench-table "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" \
