@@ -8,6 +8,7 @@ A lab tool for the GPU runs recorded in NOTES.md; prints tables, changes nothing
 from __future__ import annotations
 
 import cProfile
+import pathlib
 import pstats
 import sys
 
@@ -18,9 +19,11 @@ from torch.profiler import ProfilerActivity, profile
 def _swiglu_mlp():
     from fused_swiglu import swiglu_mlp
 
+    def weight(*shape):
+        return (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_(True)
+
     x = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w_gate, w_up = (torch.randn(2048, 5632, device="cuda", dtype=torch.bfloat16, requires_grad=True) * 0.02 for _ in range(2))
-    w_down = torch.randn(5632, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True) * 0.02
+    w_gate, w_up, w_down = weight(2048, 5632), weight(2048, 5632), weight(5632, 2048)
     dy = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)
     return lambda: torch.autograd.grad(swiglu_mlp(x, w_gate, w_up, w_down), (x, w_gate, w_up, w_down), dy)
 
@@ -66,4 +69,6 @@ def main(names):
 
 
 if __name__ == "__main__":
+    # Run from a checkout without installing: the packages' sources first on the path.
+    sys.path[:0] = [str(p) for p in sorted(pathlib.Path(__file__).resolve().parents[2].glob("packages/*/src"))]
     main(sys.argv[1:])
