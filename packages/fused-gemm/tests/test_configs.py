@@ -1,7 +1,15 @@
 """The autotune candidates each problem gets after pruning (no kernel runs): what fits and what suits the size."""
 
 from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK
-from fused_gemm.kernels.configs import _portable_smem, _prune, _tma_smem, portable_configs, tma_configs
+from fused_gemm.kernels.configs import (
+    _portable_large_candidate,
+    _portable_smem,
+    _prune,
+    _tma_large_candidate,
+    _tma_smem,
+    portable_configs,
+    tma_configs,
+)
 
 H100 = H100_SHARED_MEMORY_PER_BLOCK
 
@@ -18,18 +26,18 @@ def _tiles(configs):
 def _tma(m, n, batch=1, prologue=False, row_sum=False):
     configs = tma_configs(interpreting=False)
     smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue, row_sum)  # noqa: E731
-    return _tiles(_prune(configs, m, n, batch, smem, H100))
+    return _tiles(_prune(configs, m, n, batch, smem, H100, _tma_large_candidate))
 
 
 def _portable(m, n, element_size=2, prologue=False):
     configs = portable_configs(interpreting=False)
     smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size, prologue)  # noqa: E731
-    return _tiles(_prune(configs, m, n, 1, smem, H100))
+    return _tiles(_prune(configs, m, n, 1, smem, H100, _portable_large_candidate))
 
 
 def test_issue_shapes_keep_the_large_hopper_tiles():
     forward = _tma(16384, 8192)
-    one_per_sm = {(128, 256, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (256, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1)}
+    one_per_sm = {(128, 256, 64, 8, 3, 1), (256, 128, 64, 8, 3, 1)}
     two_per_sm = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
     assert forward == one_per_sm | two_per_sm
     # With the backward prologue's S tile, 256x128x64 (240 KB compiled) no longer fits; with the
@@ -38,6 +46,12 @@ def test_issue_shapes_keep_the_large_hopper_tiles():
     assert _tma(2048, 8192, prologue=True, row_sum=True) == forward - {(256, 128, 64, 8, 3, 1), (64, 256, 64, 4, 2, 2)}
     # bmm 64 x (2048 x 2048 outputs): large in total.
     assert _tma(2048, 2048, batch=64) == forward
+
+
+def test_large_problems_on_the_portable_kernel_keep_8_warp_tiles():
+    assert _portable(16384, 8192) == {
+        (128, 256, 64, 8, 3, 1), (256, 128, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (128, 128, 64, 8, 4, 1)
+    }  # fmt: skip
 
 
 def test_small_problems_get_small_tiles():
@@ -57,5 +71,5 @@ def test_fp32_drops_what_does_not_fit():
 def test_nothing_fits_falls_back_to_the_smallest():
     configs = tma_configs(interpreting=False)
     smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True, True)  # noqa: E731
-    kept = _prune(configs, 4096, 4096, 1, smem, 1024)
+    kept = _prune(configs, 4096, 4096, 1, smem, 1024, _tma_large_candidate)
     assert len(kept) == 1 and smem(kept[0]) == min(smem(c) for c in configs)

@@ -110,18 +110,37 @@ def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool, row_
     return _portable_smem(kw, num_stages, element_size, prologue) + out_tile + (2048 if row_sum else 0)
 
 
-def _sized_for(config: triton.Config, m: int, n: int, batch: int, smallest_m: int, smallest_n: int) -> bool:
+def _portable_large_candidate(config: triton.Config) -> bool:
+    """For a problem that fills the GPU several times over: tiles of at least 128x128 and 8 warps."""
+    kw = config.kwargs
+    return kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128 and config.num_warps == 8
+
+
+def _tma_large_candidate(config: triton.Config) -> bool:
+    """For a problem that fills the GPU several times over: the cooperative 128x256 / 256x128 tiles
+    (8 warps, one program per SM) and the two ping-pong configs (two 4-warp programs per SM), all
+    with BLOCK_K = 64. Each candidate costs a compile per fused variant on first use; these four
+    are the ones that can win there."""
+    kw = config.kwargs
+    warps_per_sm = config.num_warps * kw["PROGRAMS_PER_SM"]
+    return (
+        kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128
+        and kw["BLOCK_K"] == 64
+        and warps_per_sm == 8
+        and (config.num_stages <= 3)
+    )
+
+
+def _sized_for(config: triton.Config, m: int, n: int, batch: int, smallest_m: int, smallest_n: int, large) -> bool:
     """The tile suits the problem: not much larger than it (a 1000-row problem may use 128-row tiles,
-    a 7-row one not), and at least 128x128 with 8 warps when even those tiles fill the GPU several
-    times over (smaller tiles only add operand traffic there, and each candidate costs a compile)."""
+    a 7-row one not), and one of the `large` candidates when 128x128 tiles fill the GPU four times
+    over (smaller tiles only add operand traffic there)."""
     kw = config.kwargs
     if kw["BLOCK_M"] > max(triton.next_power_of_2(m), smallest_m):
         return False
     if kw["BLOCK_N"] > max(triton.next_power_of_2(n), smallest_n):
         return False
-    if batch * m * n >= LARGE_PROBLEM:
-        return kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128 and config.num_warps * kw.get("PROGRAMS_PER_SM", 1) >= 8
-    return True
+    return batch * m * n < LARGE_PROBLEM or large(config)
 
 
 def _fits(config: triton.Config, smem_bytes: int, budget: int) -> bool:
@@ -130,12 +149,14 @@ def _fits(config: triton.Config, smem_bytes: int, budget: int) -> bool:
     return per_sm * (smem_bytes + 1024) <= budget + 1024
 
 
-def _prune(configs: List[triton.Config], m: int, n: int, batch: int, smem_bytes, budget: int) -> List[triton.Config]:
+def _prune(configs: List[triton.Config], m: int, n: int, batch: int, smem_bytes, budget: int, large):
     """Configs whose shared memory fits `budget` and whose tile suits the problem size."""
     smallest_m = min(c.kwargs["BLOCK_M"] for c in configs)
     smallest_n = min(c.kwargs["BLOCK_N"] for c in configs)
     kept = [
-        c for c in configs if _fits(c, smem_bytes(c), budget) and _sized_for(c, m, n, batch, smallest_m, smallest_n)
+        c
+        for c in configs
+        if _fits(c, smem_bytes(c), budget) and _sized_for(c, m, n, batch, smallest_m, smallest_n, large)
     ]
     if kept:
         return kept
@@ -151,6 +172,7 @@ def prune_portable_configs(configs, named_args, **kwargs):
     return _prune(
         configs, args["M"], args["N"], 1,
         lambda c: _portable_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
+        _portable_large_candidate,
     )  # fmt: skip
 
 
@@ -161,4 +183,5 @@ def prune_tma_configs(configs, named_args, **kwargs):
     return _prune(
         configs, args["M"], args["N"], args["BATCH"],
         lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue, row_sum), max_shared_memory(a.device),
+        _tma_large_candidate,
     )  # fmt: skip
