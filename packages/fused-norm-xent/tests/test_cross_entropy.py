@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from tritonformer_testkit import assert_close_to_reference, dtype_params
 
-from fused_norm_xent import CrossEntropyLoss, cross_entropy
+from fused_norm_xent import CrossEntropyLoss, _compat, cross_entropy
 from fused_norm_xent.reference import cross_entropy_reference
 
 pytestmark = [
@@ -86,6 +86,14 @@ def test_upstream_gradient_of_one(helpers, reduction, device):
 def test_rows_wider_than_a_block(helpers, dtype, device):
     """20000 classes: three 8192-wide chunks per row, the online log-sum-exp across them."""
     check(helpers, *_inputs(3, 20000, dtype, device, ignored_every=3), label_smoothing=0.05, lse_square_scale=1e-4)
+
+
+@pytest.mark.parametrize("n_cols", [100, 20000])
+def test_loops_without_prefetch(helpers, monkeypatch, n_cols, device):
+    """The loop shape used under Triton 2.2 (each chunk loaded where it is used) gives the same results."""
+    monkeypatch.setattr(_compat, "PREFETCH_CHUNKS", False)
+    check(helpers, *_inputs(5, n_cols, torch.bfloat16, device), label_smoothing=0.1, lse_square_scale=1e-3)
+    check(helpers, *_inputs(5, n_cols, torch.float32, device), reduction="none")
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -107,6 +107,7 @@ def test_rms_offset(helpers, dtype, n_cols, device):
     check_norm(helpers, "rmsnorm", torch.randn(3, n_cols, device=device).to(dtype), w, offset=1.0, eps=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")  # torch's twin, on the CPU
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp32_parameters_with_bf16_input(helpers, kind, device):
     x = torch.randn(7, 200, device=device).to(torch.bfloat16)

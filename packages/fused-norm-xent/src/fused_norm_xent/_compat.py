@@ -25,6 +25,11 @@ else:  # pragma: no cover - torch < 2.4
     custom_fwd = torch.cuda.amp.custom_fwd
     custom_bwd = torch.cuda.amp.custom_bwd
 
+# Loops that load the next chunk while reducing the current one: Triton 2.2's TTGIR optimizer
+# crashes (segfault) on a reduction of a loaded tensor carried across loop iterations, so there
+# the loops load each chunk where they use it.
+PREFETCH_CHUNKS = TRITON_VERSION >= (3, 0)
+
 # torch.library.custom_op (torch >= 2.4): while torch.compile traces, the public functions call
 # the launchers through custom ops (no graph break); in eager mode they call them directly.
 HAS_CUSTOM_OP = hasattr(torch.library, "custom_op")

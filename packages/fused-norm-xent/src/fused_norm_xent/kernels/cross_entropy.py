@@ -9,7 +9,7 @@ Ignored rows have loss 0 and gradient 0.
 One persistent kernel (each program walks a strided set of row tiles, so the rows in flight,
 and with them the L2 footprint, stay bounded), two passes over a row in BLOCK_N chunks (rows of
 any width; BLOCK_M rows per tile when rows are narrow). Each pass loads the next chunk before it
-reduces the current one, keeping a load in flight through the block reductions.
+reduces the current one (PREFETCH), keeping a load in flight through the block reductions.
 - pass 1 (COMPUTE_LOSS): online max and sum of exponentials, reduced per chunk so that each
   element costs one exp; the sum of the row for label smoothing; the target logit by one load.
   Writes the loss, lse and z-loss of each row.
@@ -27,12 +27,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _load_chunk(row_ptrs, stride_col, mask_m, start, n_cols, BLOCK_N: tl.constexpr, other: tl.constexpr):
-    """Chunk [start, start + BLOCK_N) of the tile's rows in fp32, its columns and its mask."""
-    cols = start + tl.arange(0, BLOCK_N)
-    mask = mask_m[:, None] & (cols < n_cols)[None, :]
-    x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_col, mask=mask, other=other)
-    return x.to(tl.float32), cols, mask
+def _chunk_mask(mask_m, cols, n_cols):
+    return mask_m[:, None] & (cols < n_cols)[None, :]
+
+
+@triton.jit
+def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr):
+    """Columns `cols` of the tile's rows in fp32 (`other` where masked)."""
+    x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_col, mask=_chunk_mask(mask_m, cols, n_cols), other=other)
+    return x.to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["ignore_index"])
@@ -41,11 +44,12 @@ def _cross_entropy_kernel(
     stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
     n_rows, n_cols, ignore_index, label_smoothing, lse_square_scale, grad_scale,
     COMPUTE_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
-    HAS_ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = tl.arange(0, BLOCK_N)
         mask_m = offs_m < n_rows
         target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=ignore_index).to(tl.int64)
         valid = mask_m & (target != ignore_index)
@@ -54,21 +58,27 @@ def _cross_entropy_kernel(
             row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
             sum_exp = tl.zeros([BLOCK_M], dtype=tl.float32)
             row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-            x, cols, mask = _load_chunk(row_ptrs, stride_logits_col, mask_m, 0, n_cols, BLOCK_N, -float("inf"))
+            if PREFETCH:
+                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, offs_n, n_cols, -float("inf"))
             for start in range(BLOCK_N, n_cols + BLOCK_N, BLOCK_N):
-                # The next chunk (fully masked past the row's end: no memory access) is in flight
-                # while this one is reduced.
-                x_next, cols_next, mask_next = _load_chunk(
-                    row_ptrs, stride_logits_col, mask_m, start, n_cols, BLOCK_N, -float("inf")
-                )
+                if PREFETCH:
+                    # The next chunk (fully masked past the row's end: no memory access) is in
+                    # flight while this one is reduced.
+                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, start + offs_n, n_cols, -float("inf"))
+                else:
+                    x = _load_chunk(
+                        row_ptrs, stride_logits_col, mask_m, start - BLOCK_N + offs_n, n_cols, -float("inf")
+                    )
                 new_max = tl.maximum(row_max, tl.max(x, axis=1))
                 # Rows that have seen only -inf keep a zero sum instead of exp(-inf - -inf) = NaN.
                 shift = tl.where(new_max == -float("inf"), 0.0, new_max)
                 sum_exp = sum_exp * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
                 row_max = new_max
                 if HAS_SMOOTHING:
+                    mask = _chunk_mask(mask_m, start - BLOCK_N + offs_n, n_cols)
                     row_sum += tl.sum(tl.where(mask, x, 0.0), axis=1)
-                x, cols, mask = x_next, cols_next, mask_next
+                if PREFETCH:
+                    x = x_next
             lse = row_max + tl.log(sum_exp)
             in_range = valid & (target >= 0) & (target < n_cols)
             target_logit = tl.load(row_ptrs + target * stride_logits_col, mask=in_range, other=float("nan"))
@@ -96,18 +106,22 @@ def _cross_entropy_kernel(
                 target_grad = scale * (1.0 - label_smoothing)
             uniform_grad = scale * label_smoothing / n_cols
             grad_row_ptrs = grad_ptr + offs_m * stride_grad_row
-            x, cols, mask = _load_chunk(row_ptrs, stride_logits_col, mask_m, 0, n_cols, BLOCK_N, 0.0)
+            if PREFETCH:
+                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, offs_n, n_cols, 0.0)
             for start in range(BLOCK_N, n_cols + BLOCK_N, BLOCK_N):
-                x_next, cols_next, mask_next = _load_chunk(
-                    row_ptrs, stride_logits_col, mask_m, start, n_cols, BLOCK_N, 0.0
-                )
+                cols = start - BLOCK_N + offs_n
+                if PREFETCH:
+                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, start + offs_n, n_cols, 0.0)
+                else:
+                    x = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols, n_cols, 0.0)
                 grad = tl.exp(x - lse[:, None]) * softmax_scale[:, None]
                 grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
                 if HAS_SMOOTHING:
                     grad -= uniform_grad[:, None]
                 grad_ptrs = grad_row_ptrs[:, None] + cols[None, :] * stride_grad_col
-                tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=mask)
-                x, cols, mask = x_next, cols_next, mask_next
+                tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=_chunk_mask(mask_m, cols, n_cols))
+                if PREFETCH:
+                    x = x_next
 
 
 @triton.jit

@@ -19,6 +19,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from .. import _compat
 from .._autograd import differentiable_op
 from .._compat import is_compiling, mark_modified, sm_count
 from .._validation import (
@@ -111,7 +112,7 @@ def launch_cross_entropy(
         n_rows, n_cols, ignore_index, label_smoothing, lse_square_scale, grad_scale,
         COMPUTE_LOSS=compute_loss, COMPUTE_GRAD=grad is not None, HAS_SMOOTHING=label_smoothing != 0.0,
         HAS_Z_LOSS=lse_square_scale != 0.0 and (compute_loss or grad is not None), HAS_ROW_SCALE=row_scale is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        PREFETCH=_compat.PREFETCH_CHUNKS, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
