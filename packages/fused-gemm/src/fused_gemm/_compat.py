@@ -27,9 +27,10 @@ except ImportError:  # pragma: no cover - Triton < 3.4
 HAS_TENSOR_DESCRIPTORS = TensorDescriptor is not None and TRITON_VERSION >= (3, 4)
 
 
-# Autotuning times each config over ~40 ms (Triton's default is 100 ms): a new problem size then
-# costs a fraction of a second per kernel, and a GEMM of a millisecond is still timed ~40 times.
-# Triton >= 3.1 takes a do_bench callable; older versions take warmup / rep.
+# Autotuning times each candidate config over ~40 ms of repetitions after ~10 ms of warm-up
+# (Triton's defaults: 100 and 25), so a new problem size costs less to tune, while a GEMM of a
+# millisecond is still timed ~40 times. Triton >= 3.1 takes a do_bench callable; older versions
+# take warmup / rep.
 def _autotune_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 

@@ -79,7 +79,8 @@ def launch_matmul(
     allow_tf32: bool = False,
     path: Optional[str] = None,
 ) -> str:
-    """Compute c (written in place) from a and b; returns the path that ran ("tma" or "portable").
+    """Compute c (written in place) from a and b; returns the kernel that ran: "tma", "portable", or
+    "none" when c is empty.
 
     a (batch, M, K), b (batch, K, N), c (batch, M, N): same dtype, any strides.
     s: like a, the prologue's operand (prologue != 0): act'(Z), or relu(Z) for the mask.
