@@ -79,7 +79,11 @@ def _chunks(
     n_tokens = hidden.shape[0]
     if n_tokens == 0 and grads is not None:
         grads[1].zero_()  # no chunk writes the weight gradient
-    logits = torch.empty((min(chunk_size, n_tokens), weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
+    # Rows padded to a multiple of 64 elements: aligned vector loads in the kernel and aligned
+    # leading dimensions for cuBLAS whatever V is (50257, GPT-2's, is odd).
+    vocab = weight.shape[0]
+    padded = torch.empty((min(chunk_size, n_tokens), -(-vocab // 64) * 64), dtype=hidden.dtype, device=hidden.device)
+    logits = padded[:, :vocab]
     weight_t = weight.t()
     # The operands are already in the compute dtype: autocast must not recast them.
     with torch.autocast(hidden.device.type, enabled=False):
