@@ -14,7 +14,7 @@ from typing import Callable, Sequence, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._compat import HAS_CUSTOM_OP, custom_bwd, custom_fwd, is_compiling
+from ._compat import CUSTOM_OP_TAGS, HAS_CUSTOM_OP, custom_bwd, custom_fwd, is_compiling
 
 LIBRARY = "fused_norm_xent"
 
@@ -30,6 +30,7 @@ def differentiable_op(
     backward_rule: Callable,
     n_differentiable_outputs: int,
     backward_mutates: Sequence[str] = (),
+    forward_tags: Sequence[torch.Tag] = (),
 ) -> Tuple[type, Callable]:
     """Build (Function, apply) for an op made of a forward and a backward launcher.
 
@@ -37,6 +38,7 @@ def differentiable_op(
         receive gradients, the rest (statistics, saved buffers, placeholders) do not.
     backward(*args): the backward launcher; it returns new tensors, or writes into the arguments
         named in backward_mutates and returns None.
+    forward_tags: torch.Tag values of the forward custom op (where this torch supports tags).
     setup_context(ctx, inputs, output): saves what the backward rule needs (torch.library names the
         third argument `output`).
     backward_rule(ctx, grads, backward, eager) -> one gradient (or None) per forward argument; it
@@ -66,7 +68,8 @@ def differentiable_op(
     if not HAS_CUSTOM_OP:  # pragma: no cover - torch < 2.4: the autograd.Function everywhere
         return Function, Function.apply
 
-    forward_op = torch.library.custom_op(f"{LIBRARY}::{name}_fwd", forward, mutates_args=())
+    tags = {"tags": tuple(forward_tags)} if forward_tags and CUSTOM_OP_TAGS else {}
+    forward_op = torch.library.custom_op(f"{LIBRARY}::{name}_fwd", forward, mutates_args=(), **tags)
     forward_op.register_fake(fake_forward)
     backward_op = torch.library.custom_op(f"{LIBRARY}::{name}_bwd", backward, mutates_args=tuple(backward_mutates))
     backward_op.register_fake(fake_backward)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -33,6 +34,8 @@ PREFETCH_CHUNKS = TRITON_VERSION >= (3, 0)
 # torch.library.custom_op (torch >= 2.4): while torch.compile traces, the public functions call
 # the launchers through custom ops (no graph break); in eager mode they call them directly.
 HAS_CUSTOM_OP = hasattr(torch.library, "custom_op")
+# Tags on custom ops (e.g. nondeterministic_seeded: never deduplicated or recomputed).
+CUSTOM_OP_TAGS = HAS_CUSTOM_OP and "tags" in inspect.signature(torch.library.custom_op).parameters
 
 if hasattr(torch.compiler, "is_compiling"):
     is_compiling = torch.compiler.is_compiling

@@ -289,6 +289,8 @@ NormFunction, _norm_apply = differentiable_op(
     setup_context=_setup_context,
     backward_rule=_backward_rule,
     n_differentiable_outputs=2,
+    # It may draw its dropout seed: two calls with equal arguments are not the same computation.
+    forward_tags=(torch.Tag.nondeterministic_seeded,),
 )
 
 
