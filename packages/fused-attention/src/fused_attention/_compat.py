@@ -10,9 +10,6 @@ import functools
 import os
 
 import torch
-import triton
-
-TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 # Triton decides at decoration time whether @triton.jit kernels are interpreted; so do we.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -71,10 +68,3 @@ def device_capability(index: int) -> tuple:
     if INTERPRETING:
         return (0, 0)
     return torch.cuda.get_device_capability(index)
-
-
-@functools.cache
-def multiprocessor_count(index: int) -> int:
-    if INTERPRETING:
-        return 1
-    return torch.cuda.get_device_properties(index).multi_processor_count
