@@ -133,11 +133,11 @@ TMA_VARIANTS = {
     "bmm-fwd-gelu-tanh-aux": (_flags(bias=True, activation=GELU_TANH, aux=True), False, False, False, True),
     "bmm-db-dbias": (_flags(row_sum=True), True, False, True, True),
 }
-# (config index, variant, dtype), sm_90; the headline backward (128x256x64 with the prologue) and
-# the two-programs-per-SM (ping-pong) configs on forward and backward variants included.
+# (config index, variant, dtype), sm_90; the headline weight gradient (128x256x32 with the prologue
+# and d(bias)) and the two-programs-per-SM (ping-pong) configs on forward and backward variants.
 TMA_CASES = [
     (0, "fwd-linear-weight-bias-gelu-aux", "bf16"),
-    (0, "dw-mul-dbias", "bf16"),
+    (1, "dw-mul-dbias", "bf16"),
     (1, "dx-mul", "fp16"),
     (2, "fwd-relu", "bf16"),
     (3, "dw-relu-mask-dbias-transposed-out", "fp16"),
@@ -237,7 +237,10 @@ def test_the_sets_cover_every_value():
     assert {configs[case[0]]["PROGRAMS_PER_SM"] for case in TMA_CASES} == {1, 2}
     for index, variant, _ in TMA_CASES:
         config, flags = configs[index], TMA_VARIANTS[variant][0]
-        smem = _tma_smem(config, config["num_stages"], 2, flags["PROLOGUE"] != 0, flags["ROW_SUM"])
+        _, _, _, c_trans, batched = TMA_VARIANTS[variant]
+        smem = _tma_smem(
+            config, config["num_stages"], 2, flags["PROLOGUE"] != 0, flags["ROW_SUM"], batched and not c_trans
+        )
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 

@@ -23,9 +23,9 @@ def _tiles(configs):
     }  # fmt: skip
 
 
-def _tma(m, n, batch=1, prologue=False, row_sum=False):
+def _tma(m, n, batch=1, prologue=False, row_sum=False, c_trans=False):
     configs = tma_configs(interpreting=False)
-    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue, row_sum)  # noqa: E731
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue, row_sum, batch > 1 and not c_trans)  # noqa: E731
     return _tiles(_prune(configs, m, n, batch, smem, H100, _tma_large_candidate))
 
 
@@ -36,16 +36,20 @@ def _portable(m, n, element_size=2, prologue=False):
 
 
 def test_issue_shapes_keep_the_large_hopper_tiles():
+    """As compiled by Triton 3.6 for sm_90 (configs module docstring): what fits each variant."""
     forward = _tma(16384, 8192)
-    one_per_sm = {(128, 256, 64, 8, 3, 1), (256, 128, 64, 8, 3, 1)}
-    two_per_sm = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
-    assert forward == one_per_sm | two_per_sm
-    # With the backward prologue's S tile, 256x128x64 (240 KB compiled) no longer fits; with the
-    # row sums (2 KB more), neither do two 64x256x64 programs per SM.
+    cooperative = {(128, 256, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
+    ping_pong = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
+    assert forward == cooperative | ping_pong
+    # dX: the prologue's S tile pushes 256x128x64 to 240 KB.
     assert _tma(16384, 2048, prologue=True) == forward - {(256, 128, 64, 8, 3, 1)}
-    assert _tma(2048, 8192, prologue=True, row_sum=True) == forward - {(256, 128, 64, 8, 3, 1), (64, 256, 64, 4, 2, 2)}
-    # bmm 64 x (2048 x 2048 outputs): large in total.
-    assert _tma(2048, 2048, batch=64) == forward
+    # dW with d(bias): the row sums push 128x256x64 to 228 KB and 64x256 past half an SM.
+    dw = _tma(2048, 8192, prologue=True, row_sum=True)
+    assert dw == {(128, 256, 32, 8, 4, 1), (128, 128, 64, 4, 2, 2)}
+    # bmm 64 x (2048 x 2048 outputs): large in total; its 3-D output store needs half a tile more.
+    assert _tma(2048, 2048, batch=64) == {(128, 256, 32, 8, 4, 1), (128, 128, 64, 4, 2, 2)}
+    # bmm's db^T (2048 x 128 per batch, transposed store, row sums): 128-wide tiles.
+    assert _tma(2048, 128, batch=64, row_sum=True, c_trans=True) == {(256, 128, 64, 8, 3, 1), (128, 128, 64, 4, 2, 2)}
 
 
 def test_large_problems_on_the_portable_kernel_keep_8_warp_tiles():
@@ -70,6 +74,6 @@ def test_fp32_drops_what_does_not_fit():
 
 def test_nothing_fits_falls_back_to_the_smallest():
     configs = tma_configs(interpreting=False)
-    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True, True)  # noqa: E731
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True, True, False)  # noqa: E731
     kept = _prune(configs, 4096, 4096, 1, smem, 1024, _tma_large_candidate)
     assert len(kept) == 1 and smem(kept[0]) == min(smem(c) for c in configs)

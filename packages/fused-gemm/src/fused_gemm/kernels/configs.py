@@ -4,14 +4,16 @@ H100 facts that shape them: 132 SMs, 227 KB of shared memory per block, wgmma wo
 warpgroup slices, so 8 warps cover a 128-row tile, and 128x256 is the largest tile whose fp32
 accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
 
-Shared memory, as compiled for sm_90 (Triton 3.9, bf16; `metadata.shared`), is what the prune
-models: the TMA kernel's 128x256x64 three-stage config takes 208 KB (3 x 48 KB of operand
-stages + one 64 KB output staging buffer, which the saved derivative's store reuses), 224 KB
-with the backward prologue (its S tile adds stages - 2 A tiles) and 226 KB with the d(bias) row
-sums: it fits all variants, while 256x128x64 (240 KB with the prologue) fits only the forward.
-The two-programs-per-SM configs take 96 KB (128x128x64) and 112-113 KB (64x256x64) each. The
+Shared memory, as compiled for sm_90 (`metadata.shared`, Triton 3.6 as on the GPU box; 3.9 within
+2 KB), is what the prune models, so that no candidate is compiled only to fail its launch: the TMA
+kernel's 128x256x64 three-stage config takes 208 KB (3 x 48 KB of operand stages + one 64 KB
+output staging buffer, which the saved derivative's store reuses), 224 KB with the backward
+prologue (its S tile adds stages - 2 A tiles) and 228 KB with the d(bias) row sums too: one KB
+over the H100's 227, so the weight gradient with bias and activation runs 128x256x32 (four
+stages, 180 KB) or the ping-pong 128x128 (98 KB each). A 3-D (bmm) output store takes half an
+output tile more (240 KB at 128x256x64: bmm runs the 32-deep or the ping-pong configs). The
 portable kernel stages only its operands (144-180 KB at most in bf16); fp32 operands double
-that, and the prune drops what cannot fit before it is compiled.
+that.
 
 Under the interpreter the autotuner cannot time anything: it gets one config, small, so that
 CPU-sized test shapes still span several tiles in every dim and the tile edges are exercised.
@@ -27,7 +29,10 @@ from .._compat import INTERPRETING, max_shared_memory
 
 # Autotune keys: the problem size and every constexpr that changes the work per tile.
 PORTABLE_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "ALLOW_TF32"]
-TMA_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "A_TRANS", "B_TRANS", "C_TRANS"]
+TMA_KEY = [
+    *("M", "N", "K", "BATCH", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX"),
+    *("A_TRANS", "B_TRANS", "C_TRANS"),
+]
 
 # Output elements from which 128x128 tiles fill 132 SMs four times over: only large tiles compete.
 LARGE_PROBLEM = 4 * 132 * 128 * 128
@@ -104,10 +109,12 @@ def _portable_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool)
     return num_stages * (a_tile + b_tile) + (max(num_stages - 2, 0) * a_tile if prologue else 0)
 
 
-def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool, row_sum: bool) -> int:
-    """Operand stages, one output staging tile, the prologue's (stages - 2) A tiles, 2 KB of row sums."""
+def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool, row_sum: bool, batched_store: bool) -> int:
+    """Operand stages, one output staging tile (half another for a 3-D store), the prologue's
+    (stages - 2) A tiles, 4 KB for the row sums' reduction."""
     out_tile = kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
-    return _portable_smem(kw, num_stages, element_size, prologue) + out_tile + (2048 if row_sum else 0)
+    extra = (out_tile // 2 if batched_store else 0) + (4096 if row_sum else 0)
+    return _portable_smem(kw, num_stages, element_size, prologue) + out_tile + extra
 
 
 def _portable_large_candidate(config: triton.Config) -> bool:
@@ -118,17 +125,12 @@ def _portable_large_candidate(config: triton.Config) -> bool:
 
 def _tma_large_candidate(config: triton.Config) -> bool:
     """For a problem that fills the GPU several times over: the cooperative 128x256 / 256x128 tiles
-    (8 warps, one program per SM) and the two ping-pong configs (two 4-warp programs per SM), all
-    with BLOCK_K = 64. Each candidate costs a compile per fused variant on first use; these four
-    are the ones that can win there."""
+    (8 warps, one program per SM) and the two ping-pong configs (two 4-warp programs per SM). Each
+    candidate costs a compile per fused variant on first use; these are the ones that can win there."""
     kw = config.kwargs
-    warps_per_sm = config.num_warps * kw["PROGRAMS_PER_SM"]
-    return (
-        kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 128
-        and kw["BLOCK_K"] == 64
-        and warps_per_sm == 8
-        and (config.num_stages <= 3)
-    )
+    if kw["PROGRAMS_PER_SM"] == 2:
+        return True
+    return kw["BLOCK_M"] * kw["BLOCK_N"] >= 128 * 256 and config.num_warps == 8
 
 
 def _sized_for(config: triton.Config, m: int, n: int, batch: int, smallest_m: int, smallest_n: int, large) -> bool:
@@ -180,8 +182,10 @@ def prune_tma_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
     size, prologue, row_sum = a.element_size(), args["PROLOGUE"] != 0, bool(args["ROW_SUM"])
+    batched_store = bool(args["BATCHED"]) and not args["C_TRANS"]
     return _prune(
         configs, args["M"], args["N"], args["BATCH"],
-        lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue, row_sum), max_shared_memory(a.device),
+        lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue, row_sum, batched_store),
+        max_shared_memory(a.device),
         _tma_large_candidate,
     )  # fmt: skip
