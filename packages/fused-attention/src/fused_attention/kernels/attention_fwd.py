@@ -117,9 +117,10 @@ def _attn_fwd_kernel(
     # sizes and options
     n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
     # meta-parameters
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
     pid = tl.program_id(0)
