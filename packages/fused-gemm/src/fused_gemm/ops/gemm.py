@@ -7,16 +7,16 @@ Backward, with Z = a @ b + bias and dZ = dc * act'(Z):
                                   sums dZ over tokens: d(bias) comes out of the same launch
 What the forward saves for act'(Z): for GELU (exact or tanh) the derivative itself, written by
 the forward's epilogue next to the output (one extra M x N store, the memory a torch forward
-spends on Z), scaled by 7/8 so that it stays below 1 where bf16/fp16 are twice as fine as in
+spends on Z), scaled by 7/8 so that it stays below 1, where bf16/fp16 are twice as fine as in
 [1, 2) (kernels.common.SAVED_GRAD_SCALE: the gradients are then as accurate as torch's, which
-computes act'(Z) from a rounded Z); the backward's prologue then needs one multiply per element. Recomputing act'(Z)
-from a saved Z instead would cost an erf and an exp per element in both backward main loops,
-once per output tile that reads it (K/BLOCK times): the tensor cores would wait on it. A
-separate dZ pass would cost three M x N memory passes. For ReLU the output already holds the
-mask (act'(Z) = [Y > 0]), so the output is saved and nothing extra is stored.
+computes act'(Z) from a rounded Z). The backward's prologue then needs one multiply per
+element. Recomputing act'(Z) from a saved Z instead would cost an erf and an exp per element in
+both backward main loops, once per output tile that reads it (K/BLOCK times): the tensor cores
+would wait on it. A separate dZ pass would cost three M x N memory passes. For ReLU the output
+already holds the mask (act'(Z) = [Y > 0]), so the output is saved and nothing extra is stored.
 
-These functions are the bodies of the custom ops in ops.custom_ops (fake versions beside them
-for torch.compile); autograd lives in ops.matmul.
+GemmFunction (ops.matmul) calls these directly, or as the custom ops of ops.custom_ops (with the
+fake versions beside them) while torch.compile traces.
 """
 
 from typing import Optional, Tuple
