@@ -13,7 +13,7 @@ from tritonformer_testkit import triton_version
 from fused_attention import alibi_slopes, flash_attention, flash_attention_varlen
 from fused_attention._compat import device_capability
 from fused_attention.ops.configs import candidate_configs
-from fused_attention.ops.launch import AttentionSpec, _tma_compatible, attention_bwd, attention_fwd
+from fused_attention.ops.launch import AttentionSpec, attention_bwd, attention_fwd
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -120,18 +120,6 @@ def test_every_autotune_config(head_dim, attn):
         out, lse = attention_fwd(q, k, v, slopes, None, None, spec, fwd)
         grads = attention_bwd(dout, q, k, v, out, lse, None, slopes, None, None, spec, dkdv, dq)
         attn.compare(dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads))), ref, twin)
-
-
-@pytest.mark.gpu(reason="the TMA path is chosen on a Hopper GPU")
-def test_tma_chosen_when_aligned():
-    q = torch.randn(1, 128, 2, 64, device="cuda", dtype=BF16)
-    spec = AttentionSpec(1, 2, 2, 64, 128, 128, 0.125, -1, -1, False, False, False)
-    hopper = device_capability(torch.cuda.current_device())[0] >= 9 and triton_version() >= (3, 4)
-    assert _tma_compatible(spec, q, q) == hopper
-    odd = torch.randn(1, 128, 2, 72, device="cuda", dtype=BF16)[..., :64]  # 144-byte head stride: fine
-    assert _tma_compatible(spec, odd, odd) == hopper
-    odd = torch.randn(1, 128, 2, 65, device="cuda", dtype=BF16)[..., :64]  # 130-byte head stride: not 16-aligned
-    assert not _tma_compatible(spec, odd, odd)
 
 
 @pytest.mark.gpu(reason="a 2^31+ element tensor needs a GPU (about 24 GiB)")

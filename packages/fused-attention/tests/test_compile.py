@@ -1,8 +1,9 @@
 """Every attention kernel specialization the launchers can choose compiles to a cubin (sm_80, sm_90).
 
 A covering set, not the cross product: each kernel meets every autotune config of every head-dim
-class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants), both dtypes, both
-architectures, each mask/bias/varlen specialization, and all nine head dims appear across the set.
+class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants, with descriptors in both
+dim orders), both dtypes, both architectures, each mask/bias/varlen specialization, and all nine
+head dims appear across the set.
 """
 
 import itertools
@@ -61,11 +62,14 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
         pytest.skip("TMA descriptors need Triton >= 3.4: the launchers never choose these configs here")
     block_d = triton.next_power_of_2(head_dim)
     rows = getattr(config, DESCRIPTOR_ROWS[kind])
-    descriptor = f"tensordesc<{dtype}[1,{rows},1,{block_d}]>" if tma else f"*{dtype}"
     is_varlen, has_left, has_right, alibi = flags
+    # TMA views put the heads outside the positions for the SDPA layout (never for a packed batch).
+    heads_outer = tma and not is_varlen and head_dim % 32 == 0
+    block = [1, 1, rows, block_d] if heads_outer else [1, rows, 1, block_d]
+    descriptor = f"tensordesc<{dtype}[{','.join(map(str, block))}]>" if tma else f"*{dtype}"
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_D=block_d, IS_VARLEN=is_varlen, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        ALIBI=alibi, UPCAST=False, **config.meta(),
+        ALIBI=alibi, UPCAST=False, HEADS_OUTER=heads_outer, **config.meta(),
     )  # fmt: skip
     kernel = KERNELS[kind]
     signature = {name: _type(name, dtype, descriptor) for name in kernel.arg_names if name not in constexprs}

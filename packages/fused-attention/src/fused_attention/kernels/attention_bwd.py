@@ -113,7 +113,7 @@ def _dkdv_blocks(
     stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block."""
     offs_r = tl.arange(0, BLOCK_M)
@@ -126,11 +126,11 @@ def _dkdv_blocks(
         rows = start_m + offs_r
         q = _load_rows(
             q_base, q_desc, desc_batch, desc_row, head, start_m, offs_r, stride_qs64, q_offs, seqlen_q,
-            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, TMA,
+            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
         do = _load_rows(
             do_base, do_desc, desc_batch, desc_row, head, start_m, offs_r, stride_dos64, do_offs, seqlen_q,
-            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, TMA,
+            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
         if MASKED:
             lse2 = tl.load(lse_base + rows, mask=rows < seqlen_q, other=0.0) * LOG2E
@@ -165,7 +165,7 @@ def _attn_bwd_dkdv_kernel(
     n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -226,19 +226,19 @@ def _attn_bwd_dkdv_kernel(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
                 stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
                 start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
-                USE_TMA and not IS_VARLEN, UPCAST,
+                USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
             stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
             full_start, full_end, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA,
-            UPCAST,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
             stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
             full_end, end, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
-            UPCAST,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
@@ -280,7 +280,7 @@ def _dq_blocks(
     offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi) against the resident query block."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -292,11 +292,11 @@ def _dq_blocks(
     for start_n in range(lo, hi, BLOCK_N):
         k = _load_rows(
             k_base, k_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_ks64, k_offs, seqlen_k,
-            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
         v = _load_rows(
             v_base, v_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_vs64, v_offs, seqlen_k,
-            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
         dq = _dq_update(
             dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
@@ -322,7 +322,7 @@ def _attn_bwd_dq_kernel(
     n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -381,17 +381,17 @@ def _attn_bwd_dq_kernel(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start,
             full_start, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
-            UPCAST,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
         offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_start, full_end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, UPCAST,
+        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, HEADS_OUTER, UPCAST,
     )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
         offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, UPCAST,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
     )  # fmt: skip
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh

@@ -76,7 +76,7 @@ def _fwd_blocks(
     offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi): MASKED ones on the band's edges or past the key tail, the others fully
     visible. TMA: K/V tiles through descriptors (the caller only asks for it where a tile cannot
@@ -90,11 +90,11 @@ def _fwd_blocks(
     for start_n in range(lo, hi, BLOCK_N):
         k = _load_rows(
             k_base, k_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_ks64, k_offs, seqlen_k,
-            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
         v = _load_rows(
             v_base, v_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_vs64, v_offs, seqlen_k,
-            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
         acc, l_i, m_i = _fwd_update(
             acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
@@ -118,7 +118,7 @@ def _attn_fwd_kernel(
     n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -173,17 +173,18 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start, full_start,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, UPCAST,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER,
+            UPCAST,
         )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
         offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_start, full_end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, UPCAST,
+        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, HEADS_OUTER, UPCAST,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
         offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, UPCAST,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
     )  # fmt: skip
 
     # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.

@@ -72,15 +72,20 @@ def _load_tile(ptrs, rows, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_C
 def _load_rows(
     base, desc, desc_batch, desc_row, head, start, offs_rows, stride_rows64, tile_offs, n_rows,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
+    HEADS_OUTER: tl.constexpr,
 ):  # fmt: skip
     """Positions [start, start + BLOCK_ROWS) of one head as a [BLOCK_ROWS, BLOCK_D] tile.
 
-    TMA: a copy through the (batch, position, head, dim) descriptor `desc`, zero-filled past the
-    tensor's bounds. Otherwise pointer loads from `base` (the head's first position), masked past
+    TMA: a copy through the 4-D descriptor `desc`, zero-filled past the tensor's bounds; its dims
+    follow the memory order: (batch, position, head, dim), or (batch, head, position, dim) when
+    HEADS_OUTER. Otherwise pointer loads from `base` (the head's first position), masked past
     n_rows when MASKED and past HEAD_DIM when the dim is padded.
     """
     if TMA:
-        tile = desc.load([desc_batch, desc_row + start, head, 0]).reshape([BLOCK_ROWS, BLOCK_D])
+        if HEADS_OUTER:
+            tile = desc.load([desc_batch, head, desc_row + start, 0]).reshape([BLOCK_ROWS, BLOCK_D])
+        else:
+            tile = desc.load([desc_batch, desc_row + start, head, 0]).reshape([BLOCK_ROWS, BLOCK_D])
     else:
         tile = _load_tile(
             base + start * stride_rows64 + tile_offs, start + offs_rows, n_rows, tl.arange(0, BLOCK_D), HEAD_DIM,

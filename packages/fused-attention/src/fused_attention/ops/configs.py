@@ -114,9 +114,9 @@ def _descriptor_hook(names: Tuple[str, ...], block: str):
     """Autotune pre-hook: give the TMA descriptors the block shape of the config being launched."""
 
     def hook(nargs):
-        if nargs["USE_TMA"]:
-            for name in names:
-                nargs[name].block_shape = [1, nargs[block], 1, nargs["BLOCK_D"]]
+        rows, block_d = nargs[block], nargs["BLOCK_D"]
+        for name in names:
+            nargs[name].block_shape = [1, 1, rows, block_d] if nargs["HEADS_OUTER"] else [1, rows, 1, block_d]
 
     return hook
 

@@ -116,31 +116,57 @@ def _slope_strides(alibi_slopes: Optional[torch.Tensor]) -> Tuple[int, int]:
     return alibi_slopes.stride(0), alibi_slopes.stride(1)
 
 
-def _tma_compatible(spec: AttentionSpec, *tensors: torch.Tensor) -> bool:
-    """TMA descriptors need Hopper, a 16-byte aligned base and positive, 16-byte aligned strides."""
-    if not HAS_TENSOR_DESCRIPTOR or INTERPRETING:
-        return False
-    if device_capability(tensors[0].device.index or 0)[0] < 9:
-        return False
-    for t in tensors:
-        size = t.element_size()
-        strides = seq_strides(t, spec)[1:] if spec.varlen else seq_strides(t, spec)
-        if t.data_ptr() % 16 or any(stride <= 0 or stride * size % 16 for stride in strides):
-            return False
-    return True
+def _descriptor_view(t: torch.Tensor, spec: AttentionSpec) -> Optional[Tuple[List[int], List[int], bool]]:
+    """t as a 4-D TMA view (shape, strides, heads_outer), or None when TMA cannot address it.
+
+    The dims follow the memory order, strides non-increasing: (batch, position, head, dim), or
+    (batch, head, position, dim) when the head stride is the larger (the SDPA layout). A packed
+    varlen batch is batch 1. Size-1 dims get the stride a packed tensor would have (any stride
+    addresses them). TMA needs a non-empty tensor, a 16-byte aligned base and 16-byte multiples.
+    """
+    if t.numel() == 0 or t.data_ptr() % 16:
+        return None
+    stride_b, stride_s, stride_h = seq_strides(t, spec)
+    if spec.varlen:
+        batch, positions, heads = 1, t.shape[0], t.shape[1]
+    elif spec.bhsd:
+        batch, heads, positions = t.shape[0], t.shape[1], t.shape[2]
+    else:
+        batch, positions, heads = t.shape[0], t.shape[1], t.shape[2]
+    heads_outer = stride_h > stride_s
+    dims = [[batch, stride_b], [heads, stride_h], [positions, stride_s]]
+    if not heads_outer:
+        dims[1], dims[2] = dims[2], dims[1]
+    inner_extent = t.shape[-1]  # the unit-stride head dim
+    for dim in reversed(dims):
+        if dim[0] == 1:
+            dim[1] = inner_extent
+        inner_extent = dim[0] * dim[1]
+    strides = [stride for _, stride in dims]
+    size = t.element_size()
+    if any(stride * size % 16 for stride in strides) or strides != sorted(strides, reverse=True) or strides[-1] < 1:
+        return None
+    return [n for n, _ in dims] + [t.shape[-1]], strides + [1], heads_outer
+
+
+def _tma_layout(spec: AttentionSpec, tiled: Tuple[torch.Tensor, torch.Tensor]) -> Optional[bool]:
+    """heads_outer shared by the two streamed tensors' TMA views, or None when they cannot both be
+    described with the same dim order."""
+    views = [_descriptor_view(t, spec) for t in tiled]
+    if any(view is None for view in views) or views[0][2] != views[1][2]:
+        return None
+    return views[0][2]
+
+
+def _tma_by_default(device: torch.device) -> bool:
+    """The autotuned path loads through TMA on Hopper and newer with Triton >= 3.4."""
+    return HAS_TENSOR_DESCRIPTOR and not INTERPRETING and device_capability(device.index or 0)[0] >= 9
 
 
 def _descriptor(t: torch.Tensor, spec: AttentionSpec, block_rows: int) -> TensorDescriptor:
-    """A 4-D (batch, position, head, dim) TMA descriptor over t; a varlen batch is batch 1."""
-    stride_b, stride_s, stride_h = seq_strides(t, spec)
-    if spec.varlen:
-        shape = [1, t.shape[0], t.shape[1], t.shape[2]]
-        stride_b = stride_s * t.shape[0]
-    elif spec.bhsd:
-        shape = [t.shape[0], t.shape[2], t.shape[1], t.shape[3]]
-    else:
-        shape = list(t.shape)
-    return TensorDescriptor(t, shape, [stride_b, stride_s, stride_h, 1], [1, block_rows, 1, spec.block_d])
+    shape, strides, heads_outer = _descriptor_view(t, spec)
+    block = [1, 1, block_rows, spec.block_d] if heads_outer else [1, block_rows, 1, spec.block_d]
+    return TensorDescriptor(t, shape, strides, block)
 
 
 # Position of the two descriptor arguments in each kernel's argument list.
@@ -155,25 +181,32 @@ def _launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_ro
     tensors its inner loop streams (K, V; or Q, dO for dK/dV): with TMA the kernel gets descriptors
     over them, else the same tensors as plain pointers, which it ignores.
     """
-    tma = _tma_compatible(spec, *tiled) if config is None else config.use_tma
+    if config is None:
+        heads_outer = _tma_layout(spec, tiled) if _tma_by_default(tiled[0].device) else None
+    elif config.use_tma:
+        heads_outer = _tma_layout(spec, tiled)
+        if heads_outer is None:
+            raise ValueError(f"{config} asks for TMA, but these tensors cannot be described by TMA descriptors")
+    else:
+        heads_outer = None
+    tma = heads_outer is not None
     if tma:
         # The rows a descriptor block spans; the autotuner's pre-hook sets it for each config.
         rows = 16 if config is None else config.meta()["BLOCK_M" if kind == "dkdv" else "BLOCK_N"]
         tiled = tuple(_descriptor(t, spec, rows) for t in tiled)
     split = DESCRIPTOR_POSITION[kind]
     args = (*args[:split], *tiled, *args[split:])
+    meta = dict(spec.meta(), HEADS_OUTER=bool(heads_outer))
     row_block = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
     if config is None:
 
         def grid(launch_meta):
             return (triton.cdiv(n_rows, launch_meta[row_block]) * n_row_groups,)
 
-        autotuned_kernel(kind, spec.block_d, tma)[grid](*args, **spec.meta())
+        autotuned_kernel(kind, spec.block_d, tma)[grid](*args, **meta)
     else:
         grid = (triton.cdiv(n_rows, config.meta()[row_block]) * n_row_groups,)
-        KERNELS[kind][grid](
-            *args, **spec.meta(), **config.meta(), num_warps=config.num_warps, num_stages=config.num_stages
-        )
+        KERNELS[kind][grid](*args, **meta, **config.meta(), num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def attention_fwd(
