@@ -117,8 +117,7 @@ class CausalLM(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model flops of one token's forward + backward: 6N + 12 * L * d * S (PaLM, appendix B)."""
-        c = self.config
-        return 6 * self.num_params(matmul_only=True) + 12 * c.n_layer * c.d_model * seq_len
+        return self.config.flops_per_token(seq_len)
 
     # ----------------------------------------------------------------------------------------
     # Sampling

@@ -178,8 +178,6 @@ def training_step(
     """Build the provider's model at the point and return its training step (forward + backward
     under bf16 autocast, then zero_grad; with optimizer, a fused AdamW step too). Raises
     NotImplementedError when the Triton model lacks a kernel API the config needs."""
-    with torch.device("meta"):  # the same shape's counts, for every provider
-        shape = build_model("torch", config)
     hf = provider.startswith("hf-llama")
     torch.manual_seed(0)
     with device:
@@ -206,8 +204,8 @@ def training_step(
     return TrainingStep(
         fn=step,
         loss=loss or ("fused" if config.fused_loss else "logits"),
-        params_millions=shape.num_params(matmul_only=False) / 1e6,
-        flops=shape.flops_per_token(point.context) * tokens,
+        params_millions=config.num_params(matmul_only=False) / 1e6,  # the same for every provider
+        flops=config.flops_per_token(point.context) * tokens,
         tokens=tokens,
     )
 
@@ -217,7 +215,7 @@ def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    if hasattr(torch, "_dynamo"):
+    if "torch._dynamo" in sys.modules:  # only where something was compiled (importing it costs)
         torch._dynamo.reset()
 
 

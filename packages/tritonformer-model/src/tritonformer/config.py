@@ -110,6 +110,33 @@ class TransformerConfig:
         """The seed's flag: ALiBi attention biases instead of a position table."""
         return self.position == "alibi"
 
+    def num_params(self, matmul_only: bool = True) -> int:
+        """The model's parameter count, from the config alone (no model is built).
+
+        matmul_only leaves out the embedding tables, which are lookups; a tied head counts once
+        (it is a matmul), an untied one with the matmuls.
+        """
+        d, f, hd = self.d_model, self.d_ff, self.head_dim
+        qkv_out = (self.n_head + 2 * self.n_kv_head) * hd
+        norm = d * (2 if self.norm == "layernorm" and self.use_linear_bias else 1)
+        attn = d * qkv_out + self.n_head * hd * d + (qkv_out + d) * self.qkv_bias
+        if self.mlp == "swiglu":
+            mlp = 3 * d * f + (2 * f + d) * self.use_linear_bias
+        else:
+            mlp = 2 * d * f + (f + d) * self.use_linear_bias
+        blocks = self.n_layer * (2 * norm + attn + mlp)
+        head = self.vocab_size * d  # the head's matrix, or the tied embedding that serves as it
+        total = blocks + norm + head
+        if not matmul_only:
+            total += self.vocab_size * d * (not self.tie_embeddings)  # the embedding table itself
+            total += self.max_seq_len * d * (self.position == "learned")
+        return total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Model flops of one token's forward + backward: 6N + 12 * L * d * S (PaLM, appendix B),
+        N = num_params(matmul_only=True)."""
+        return 6 * self.num_params(matmul_only=True) + 12 * self.n_layer * self.d_model * seq_len
+
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with some options changed, checked again.
 
