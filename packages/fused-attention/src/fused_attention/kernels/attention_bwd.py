@@ -171,7 +171,8 @@ def _attn_bwd_dkdv_kernel(
 ):  # fmt: skip
     num_n_blocks = tl.cdiv(max_seqlen_k, BLOCK_N)
     pid = tl.program_id(0)
-    # Key blocks first-first: under a causal mask the first keys are seen by the most queries.
+    # Key blocks in order: under a causal mask the first keys are seen by the most queries, so the
+    # longest programs start first.
     pid_n = pid % num_n_blocks
     batch_head = pid // num_n_blocks
     batch = batch_head // n_kv_heads

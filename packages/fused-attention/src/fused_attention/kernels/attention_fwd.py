@@ -156,7 +156,7 @@ def _attn_fwd_kernel(
     slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
     alibi_ref = m0 + diag
 
-    # TMA descriptors view K/V as (batch, position, head, dim); a packed varlen batch as batch 1.
+    # TMA descriptors see a packed varlen batch as batch 1.
     if IS_VARLEN:
         desc_batch = 0
     else:
