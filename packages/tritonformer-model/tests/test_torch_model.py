@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fused_attention
 from tritonformer import TorchTransformer, TransformerConfig, positions
 
 VOCAB = 256
@@ -73,6 +74,11 @@ def test_alibi_slopes_are_the_standard_ones():
     assert positions.alibi_slopes(4) == [2.0 ** (-2 * i) for i in range(1, 5)]
     # 12 heads: the 8 slopes of 8 heads, then every other slope of 16 heads.
     assert positions.alibi_slopes(12) == positions.alibi_slopes(8) + positions.alibi_slopes(16)[0::2][:4]
+    for n in (1, 2, 3, 5, 8, 12, 16, 20, 32, 40):
+        expected = torch.tensor(positions.alibi_slopes(n), dtype=torch.float32)
+        torch.testing.assert_close(positions.alibi_slopes_tensor(n), expected, rtol=1e-6, atol=0)
+        # and fused_attention's helper gives the same slopes
+        torch.testing.assert_close(fused_attention.alibi_slopes(n), expected, rtol=1e-6, atol=0)
 
 
 def test_rope_scores_depend_only_on_relative_position():

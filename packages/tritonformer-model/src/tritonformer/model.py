@@ -54,8 +54,6 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
         apis.append((fused_norm_xent, "linear_cross_entropy", "fused_loss=True"))
     if config.position == "rope":
         apis.append((fused_rope, "apply_rotary_qk", "position='rope'"))
-    if config.position == "alibi":
-        apis.append((fused_attention, "alibi_slopes", "position='alibi'"))
     if config.mlp == "swiglu":
         apis.append((fused_swiglu, "swiglu_mlp", "mlp='swiglu'"))
     return apis
@@ -196,7 +194,8 @@ class Transformer(CausalLM):
         if c.position == "rope":
             return positions.rope_cos_sin(seq_len, c.head_dim, c.rope_base, device)  # 2 x (S, D) fp32
         if c.position == "alibi":
-            return (fused_attention.alibi_slopes(c.n_head, device=device),)  # (H,) fp32
+            # fused_attention.alibi_slopes' values, computed on the device: no copy, no stream sync.
+            return (positions.alibi_slopes_tensor(c.n_head, device),)  # (H,) fp32
         return None
 
     def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

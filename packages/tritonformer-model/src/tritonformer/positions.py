@@ -54,6 +54,18 @@ def alibi_slopes(n_head: int) -> List[float]:
     return power_of_two(lower) + power_of_two(2 * lower)[0::2][: n_head - lower]
 
 
+def alibi_slopes_tensor(n_head: int, device=None) -> torch.Tensor:
+    """alibi_slopes(n_head) as an fp32 (H,) tensor computed on `device` (no host-to-device copy,
+    which would synchronize the stream every forward)."""
+    lower = 2 ** math.floor(math.log2(n_head))
+    i = torch.arange(1, lower + 1, device=device, dtype=torch.float32)
+    slopes = torch.exp2(-8.0 / lower * i)  # the power of two's slopes: 2^(-8i/lower)
+    if lower == n_head:
+        return slopes
+    j = torch.arange(1, 2 * (n_head - lower), 2, device=device, dtype=torch.float32)
+    return torch.cat((slopes, torch.exp2(-8.0 / (2 * lower) * j)))  # odd slopes of twice the heads
+
+
 def alibi_causal_bias(slopes: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Additive attention bias (H, S, S): -slope * (i - j) for keys j <= query i, -inf above.
 

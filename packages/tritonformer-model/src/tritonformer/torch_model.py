@@ -163,7 +163,7 @@ class TorchTransformer(CausalLM):
         if c.position == "rope":
             return positions.rope_cos_sin(seq_len, c.head_dim, c.rope_base, device)  # 2 x (S, D) fp32
         if c.position == "alibi":
-            slopes = torch.tensor(positions.alibi_slopes(c.n_head), device=device)  # (H,)
+            slopes = positions.alibi_slopes_tensor(c.n_head, device)  # (H,) fp32
             return (positions.alibi_causal_bias(slopes, seq_len),)  # (H, S, S) fp32
         return None
 
