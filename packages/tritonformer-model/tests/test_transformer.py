@@ -149,3 +149,25 @@ def test_training_loop_resumes_bit_exactly(tmp_path):
     expected = first.train_step()
     resumed = Trainer(settings, resume=True, log=lambda *_: None)
     assert resumed.step == 1 and resumed.train_step() == expected
+
+
+def test_fp16_grad_scaler_skips_an_overflowing_step_and_goes_on(tmp_path):
+    settings = TrainSettings(
+        model="triton", preset="tiny", dtype="fp16", steps=4, batch_size=2, seq_len=16, eval_interval=100,
+        sample_tokens=0, out_dir=str(tmp_path), overrides=dict(n_layer=1, n_head=2, d_model=32, d_ff=64),
+    )  # fmt: skip
+    trainer = Trainer(settings, log=lambda *_: None)
+    assert trainer.scaler.is_enabled()
+    trainer.train_step()
+    scale = trainer.scaler.get_scale()
+    weight = trainer.model.blocks[0].attn.qkv.weight
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    hook = weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))  # this step overflows
+    trainer.train_step()
+    hook.remove()
+    assert trainer.scaler.get_scale() == scale / 2  # the scaler backed off
+    for name, p in trainer.model.named_parameters():  # and the step was skipped
+        assert torch.equal(p, before[name]), name
+    losses = [trainer.train_step() for _ in range(2)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert not torch.equal(weight, before["blocks.0.attn.qkv.weight"])  # training went on
