@@ -1,6 +1,6 @@
 """Every kernel specialization the launchers choose compiles to a cubin (sm_80, sm_90).
 
-A covering set, not the cross product: each case is what the launcher's own `launch_meta`
+A covering set, not the cross product: each case is what the launcher's own `launch_plan`
 picks for a representative shape, and together they give every compile-time value (formats,
 start positions, interleaved with and without tl.split, forward / transpose, pass-through
 copied or not, in place, position ids) and every dtype at least once, plus tiles from 1 to 8
@@ -45,8 +45,21 @@ QK_CASES = [
     ("bf16", "bf16", 64, 64, 1, 1, False, None, False),
 ]
 QK_STRIDES = [f"stride_{name}_{dim}" for name in ("q", "k", "q_out", "k_out") for dim in "bhs"]
-QK_INTS = [*QK_STRIDES, "stride_cos_b", "stride_cos_s", "stride_sin_b", "stride_sin_s", "stride_pos_b",
-           "stride_pos_s", "seq_len", "n_q_heads", "n_k_heads", "n_q_blocks"]  # fmt: skip
+QK_INTS = [*QK_STRIDES, "stride_table_b", "stride_table_s", "stride_pos_b", "seq_len", "n_q_heads", "n_k_heads"]
+
+
+def _rope_meta(case):
+    """What the launcher picks for a ROPE_CASES case (rows: heads, times batch unless thd / start positions)."""
+    fmt, dtype, _, head_dim, d2, heads, batch, interleaved, split, start, _, transpose, _ = case
+    n_rows = heads if fmt == "thd" or start else heads * batch
+    return rope_ops.launch_plan(fmt == "thd", n_rows, d2, head_dim, ELEMENT_SIZE[dtype], interleaved, split,
+                                start is not None, transpose).meta  # fmt: skip
+
+
+def _qk_meta(case):
+    dtype, _, head_dim, d2, q_heads, k_heads, in_place, position_ids, transpose = case
+    return rope_qk_ops.launch_plan(q_heads, k_heads, d2, head_dim, ELEMENT_SIZE[dtype], in_place,
+                                   position_ids is not None, transpose).meta  # fmt: skip
 
 
 def _split_meta(meta):
@@ -57,11 +70,8 @@ def _split_meta(meta):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_rope_kernel_compiles(case, arch):
-    fmt, dtype, freqs_dtype, head_dim, d2, heads, batch, interleaved, split, start, cu, transpose, int_type = case
-    n_rows = heads if fmt == "thd" or start else heads * batch
-    meta = rope_ops.launch_meta(fmt, n_rows, d2, head_dim, ELEMENT_SIZE[dtype], interleaved, split, start is not None,
-                                transpose)  # fmt: skip
-    constexprs, num_warps = _split_meta(meta)
+    _, dtype, freqs_dtype, _, _, _, _, _, _, start, cu, _, int_type = case
+    constexprs, num_warps = _split_meta(_rope_meta(case))
     signature = {
         "t_ptr": f"*{dtype}",
         "freqs_ptr": f"*{freqs_dtype}",
@@ -76,10 +86,8 @@ def test_rope_kernel_compiles(case, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", QK_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_rope_qk_kernel_compiles(case, arch):
-    dtype, table_dtype, head_dim, d2, q_heads, k_heads, in_place, position_ids, transpose = case
-    meta = rope_qk_ops.launch_meta(max(q_heads, k_heads), d2, head_dim, ELEMENT_SIZE[dtype], in_place,
-                                   position_ids is not None, transpose)  # fmt: skip
-    constexprs, num_warps = _split_meta(meta)
+    dtype, table_dtype, _, _, _, _, _, position_ids, _ = case
+    constexprs, num_warps = _split_meta(_qk_meta(case))
     signature = {
         **{name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr")},
         "cos_ptr": f"*{table_dtype}",
@@ -92,16 +100,13 @@ def test_rope_qk_kernel_compiles(case, arch):
 
 def test_the_covering_set_covers_every_compile_time_value():
     """Each constexpr value and each num_warps the cases pick, as the docstring promises."""
-    metas = [
-        rope_ops.launch_meta(c[0], c[5] if c[0] == "thd" or c[9] else c[5] * c[6], c[4], c[3], ELEMENT_SIZE[c[1]],
-                             c[7], c[8], c[9] is not None, c[11])
-        for c in ROPE_CASES
-    ]  # fmt: skip
-    for flag in ("IS_THD", "HAS_START", "INTERLEAVED", "TRANSPOSE", "COPY_PASS"):
+    metas = [_rope_meta(c) for c in ROPE_CASES]
+    for flag in ("IS_THD", "HAS_START", "INTERLEAVED", "TRANSPOSE"):
         assert {m[flag] for m in metas} == {False, True}, flag
     assert {m["SPLIT_PAIRS"] for m in metas} == ({False, True} if SPLIT else {False})
-    qk_metas = [rope_qk_ops.launch_meta(max(c[4], c[5]), c[3], c[2], ELEMENT_SIZE[c[0]], c[6], c[7] is not None, c[8])
-                for c in QK_CASES]  # fmt: skip
-    for flag in ("HAS_POSITION_IDS", "TRANSPOSE", "COPY_PASS"):
+    qk_metas = [_qk_meta(c) for c in QK_CASES]
+    for flag in ("HAS_POSITION_IDS", "TRANSPOSE"):
         assert {m[flag] for m in qk_metas} == {False, True}, flag
+    for group in (metas, qk_metas):  # pass-through columns copied (BLOCK_PASS > 1) and not
+        assert {m["BLOCK_PASS"] > 1 for m in group} == {False, True}
     assert {m["num_warps"] for m in metas + qk_metas} >= {1, 2, 4}

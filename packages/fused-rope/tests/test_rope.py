@@ -43,11 +43,12 @@ def test_reduced_grid(tensor_format, interleaved, rotary_percent, dtype, device,
 @pytest.mark.parametrize("interleaved", PAIRS)
 @pytest.mark.parametrize(
     "head_dim, d2",
-    [(80, 80), (80, 40), (96, 96), (96, 48), (32, 24), (16, 2), (8, 6)],
+    [(80, 80), (80, 40), (96, 96), (96, 48), (32, 24), (16, 2), (8, 6), (9, 8)],
     ids=lambda v: str(v),
 )
 def test_odd_head_dims_and_rotary_dims(head_dim, d2, interleaved, device, rope_checks):
-    """Head dims 80 / 96 and rotary dims whose half is not a power of two (20, 24, 12, 3), d2 = 2."""
+    """Head dims 80 / 96 and rotary dims whose half is not a power of two (20, 24, 12, 3), d2 = 2,
+    and an odd head dim (one pass-through column)."""
     t = torch.randn(3, 2, 3, head_dim, device=device, dtype=torch.bfloat16)
     rope_checks.check_rope(t, rope_checks.make_freqs(3, d2, device), "sbhd", interleaved)
 

@@ -51,7 +51,7 @@ def test_position_ids(ids_batch, table_batch, inplace, device, rope_checks):
     rope_checks.check_rope_qk(q, k, cos, sin, position_ids, inplace=inplace)
 
 
-@pytest.mark.parametrize("head_dim, d2", [(80, 80), (80, 40), (96, 96), (96, 48), (32, 24)], ids=str)
+@pytest.mark.parametrize("head_dim, d2", [(80, 80), (80, 40), (96, 96), (96, 48), (32, 24), (9, 8)], ids=str)
 def test_odd_head_dims_and_rotary_dims(head_dim, d2, device, rope_checks):
     q, k = bhsd(2, 3, 3, head_dim, torch.bfloat16, device), bhsd(2, 1, 3, head_dim, torch.bfloat16, device)
     rope_checks.check_rope_qk(q, k, *make_tables(1, 3, d2, device))

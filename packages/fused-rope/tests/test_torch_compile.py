@@ -85,6 +85,34 @@ def test_apply_rotary_qk_in_place(backend, device):
         _assert_same([compiled(inputs[0])], [fn(inputs[0])])
 
 
+def test_traced_in_place_with_autograd_needs_no_mark_dirty(device):
+    """Traced with autograd, the in-place update is the functional operator plus copy_ into q and k.
+
+    Dynamo before torch 2.13 drops an autograd.Function's ctx.mark_dirty (pytorch/pytorch#184113):
+    the eager path (mark_dirty on the views) then compiled to a graph whose gradient skipped the
+    rotation (test_apply_rotary_qk_in_place failed on torch 2.11). This pins the traced form on
+    any torch: no mutating operator, no dirty inputs.
+    """
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cos, sin = torch.randn(5, 16, device=device), torch.randn(5, 16, device=device)
+
+    def fn(qkv):
+        qkv = qkv * 1.0
+        apply_rotary_qk(qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2), cos, sin, inplace=True)
+        return qkv
+
+    torch.compile(fn, backend=backend, fullgraph=True)(torch.randn(2, 5, 8, 16, device=device, requires_grad=True))
+    code = "\n".join(m.code for gm in graphs for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
+    assert "fused_rope.rope_qk_fwd.default" in code and "rope_qk_fwd_.default" not in code
+    assert code.count(".copy_(") == 2 and "dirty_idx" not in code
+
+
 def test_rotary_embedding_inside_a_compiled_block(device):
     """The module's cached tables are built and reused inside a fullgraph-compiled block."""
     torch._dynamo.reset()

@@ -22,10 +22,35 @@ KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
 # torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
 if hasattr(torch.amp, "custom_fwd"):
     custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
-    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+    _torch_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
 else:  # pragma: no cover - torch < 2.4
     custom_fwd = torch.cuda.amp.custom_fwd
-    custom_bwd = torch.cuda.amp.custom_bwd
+    _torch_custom_bwd = torch.cuda.amp.custom_bwd
+
+
+def custom_bwd(bwd: Callable) -> Callable:
+    """torch's custom_bwd (the backward runs under the forward's autocast state), entered only
+    when the forward ran under autocast.
+
+    torch's decorator enters an autocast context on every call, about as long as a kernel
+    launch on the host; with autocast off in the forward that context only disables autocast,
+    which these backwards (output allocations and Triton launches, nothing autocast changes)
+    do not need. Under autocast, or while torch.compile traces, torch's decorator runs as is.
+    """
+    with_autocast = _torch_custom_bwd(bwd)
+
+    @functools.wraps(bwd)
+    def call(ctx, *grads):
+        if ctx._fwd_used_autocast or is_compiling():
+            return with_autocast(ctx, *grads)
+        return bwd(ctx, *grads)
+
+    return call
+
+
+# True while torch.compile traces (torch >= 2.3 spells it torch.compiler.is_compiling; older
+# torch cannot trace these Functions without a graph break, so it always runs them eagerly).
+is_compiling = getattr(torch.compiler, "is_compiling", None) or (lambda: False)
 
 # torch.library.custom_op (torch >= 2.4) makes a launcher an operator that torch.compile treats
 # as opaque (its fake implementation gives the output's metadata), so fullgraph=True traces
@@ -51,7 +76,7 @@ def custom_op(name: str, fake: Callable, mutates_args: tuple = ()) -> Callable[[
 
         @functools.wraps(fn)
         def call(*args):
-            if torch.compiler.is_compiling():
+            if is_compiling():
                 return op(*args)
             out = fn(*args)
             for index in mutated:

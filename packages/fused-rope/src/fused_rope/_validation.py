@@ -52,8 +52,8 @@ def check_rotary_dim(name: str, d2: int, head_dim: int, head_dim_name: str) -> N
         raise ValueError(f"{name} has last dim {d2}, more than the head dim {head_dim} of {head_dim_name}")
 
 
-def _on_kernel_device(value: torch.Tensor) -> bool:
-    # is_cuda / is_cpu are several times cheaper than value.device.type on the launch path.
+def on_kernel_device(value: torch.Tensor) -> bool:
+    """value is on the device kernels run on (is_cuda / is_cpu: several times cheaper than .device)."""
     return value.is_cpu if INTERPRETING else value.is_cuda
 
 
@@ -66,7 +66,7 @@ def check_device(**tensors: Optional[torch.Tensor]) -> None:
     for name, value in tensors.items():
         if value is None:
             continue
-        if not _on_kernel_device(value):
+        if not on_kernel_device(value):
             where = "the CPU (TRITON_INTERPRET=1 is set)" if INTERPRETING else "a CUDA device"
             raise ValueError(f"{name} is on {value.device}; the kernels run on {where}")
         if first is None:

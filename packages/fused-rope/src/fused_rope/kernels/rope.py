@@ -48,7 +48,7 @@ def _find_sequence(cu_seqlens_ptr, token, n_seqs, search_steps):
     return lo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_batch_groups", "n_heads", "n_rows", "n_seqs", "search_steps"])
 def _rope_kernel(
     # pointers
     t_ptr,
@@ -78,11 +78,13 @@ def _rope_kernel(
     INTERLEAVED: tl.constexpr,
     SPLIT_PAIRS: tl.constexpr,
     TRANSPOSE: tl.constexpr,
-    COPY_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
 ):
+    # The pass-through columns (d2 < head_dim) are copied through a (BLOCK_R, BLOCK_PASS) tile;
+    # without any, BLOCK_PASS is 1.
+    COPY_PASS: tl.constexpr = BLOCK_PASS > 1
     pid_g = tl.program_id(0)
     pid_r = tl.program_id(1)
     if IS_THD:

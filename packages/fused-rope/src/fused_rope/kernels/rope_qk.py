@@ -55,7 +55,7 @@ def _rope_qk_head_block(
         _store_pass(y_ptr, y_rows, row_mask, x_pass, HALF, HEAD_DIM, BLOCK_PASS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seq_len", "n_q_heads", "n_k_heads"])
 def _rope_qk_kernel(
     # pointers
     q_ptr,
@@ -65,7 +65,8 @@ def _rope_qk_kernel(
     position_ids_ptr,
     q_out_ptr,
     k_out_ptr,
-    # strides, in elements (the head dim of every tensor is contiguous)
+    # strides, in elements (the head dim of every tensor is contiguous; cos and sin share theirs;
+    # position_ids is contiguous (batch or 1, seq))
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -78,45 +79,43 @@ def _rope_qk_kernel(
     stride_k_out_b,
     stride_k_out_h,
     stride_k_out_s,
-    stride_cos_b,
-    stride_cos_s,
-    stride_sin_b,
-    stride_sin_s,
+    stride_table_b,
+    stride_table_s,
     stride_pos_b,
-    stride_pos_s,
     # sizes
     seq_len,
     n_q_heads,
     n_k_heads,
-    n_q_blocks,
     # meta-parameters
     HALF: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_POSITION_IDS: tl.constexpr,
     TRANSPOSE: tl.constexpr,
-    COPY_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
 ):
+    # The pass-through columns are copied when there is a tile for them (new tensors with
+    # d2 < head_dim); in place, or with d2 == head_dim, BLOCK_PASS is 1 and they are not touched.
+    COPY_PASS: tl.constexpr = BLOCK_PASS > 1
     pid_g = tl.program_id(0)
     pid_r = tl.program_id(1)
     batch = (pid_g // seq_len).to(tl.int64)
     index_s = (pid_g % seq_len).to(tl.int64)
     if HAS_POSITION_IDS:
-        pos = tl.load(position_ids_ptr + batch * stride_pos_b + index_s * stride_pos_s).to(tl.int64)
+        pos = tl.load(position_ids_ptr + batch * stride_pos_b + index_s).to(tl.int64)
     else:
         pos = index_s
 
     offs_p = tl.arange(0, BLOCK_P)
     pair_mask = offs_p < HALF
-    cos_row = cos_ptr + batch * stride_cos_b + pos * stride_cos_s
-    sin_row = sin_ptr + batch * stride_sin_b + pos * stride_sin_s
-    cos1 = tl.load(cos_row + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-    cos2 = tl.load(cos_row + HALF + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(sin_row + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(sin_row + HALF + offs_p, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    table_row = batch * stride_table_b + pos * stride_table_s + offs_p
+    cos1 = tl.load(cos_ptr + table_row, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    cos2 = tl.load(cos_ptr + table_row + HALF, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(sin_ptr + table_row, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    sin2 = tl.load(sin_ptr + table_row + HALF, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
 
+    n_q_blocks = tl.cdiv(n_q_heads, BLOCK_R)
     if pid_r < n_q_blocks:
         _rope_qk_head_block(
             q_ptr, q_out_ptr, batch, index_s, pid_r, stride_q_b, stride_q_h, stride_q_s,

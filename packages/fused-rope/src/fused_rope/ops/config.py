@@ -4,8 +4,9 @@ Both kernels run one program per (token, block of BLOCK_R rows), a row being one
 (BLOCK_R, BLOCK_P) tile of rotary pairs plus a (BLOCK_R, BLOCK_PASS) tile of pass-through
 columns. The rules, for a memory-bound kernel on an H100 (about 20-40 KiB must be in flight
 per SM to cover DRAM latency at 3 TB/s):
-- BLOCK_P = next_pow2(d2 / 2) and BLOCK_PASS = next_pow2(head_dim - d2): whole rows, so a
-  small rotary_percent shrinks the pair tile instead of wasting lanes on it;
+- BLOCK_P = next_pow2(d2 / 2) and BLOCK_PASS = next_pow2(head_dim - d2) (at least 2; 1 means
+  the pass-through columns are not touched: in place, or none): whole rows, so a small
+  rotary_percent shrinks the pair tile instead of wasting lanes on it;
 - BLOCK_R: as many rows as fit in TILE_BYTES of input, so short heads (or few of them) still
   give each program several KiB to move, and long heads (512) give fewer rows, not bigger
   programs;
@@ -17,7 +18,8 @@ per SM to cover DRAM latency at 3 TB/s):
   program has threads (Triton treats such a load as too expensive to replicate); with more
   threads every thread row would recompute the sin/cos of its columns. So those launches use
   at most (number of angles per row) / 32 warps, and their threads carry more rows each.
-Configurations are cached per shape, so the host pays for this once.
+Configurations are cached per shape (and each launcher caches its whole launch plan), so the
+host pays for this once per shape.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ class LaunchConfig:
     block_r: int
     block_p: int
     block_pass: int
-    copy_pass: bool
     num_warps: int
 
 
@@ -48,17 +49,18 @@ def launch_config(
     """Tile and warps for rows of `half` pairs and `n_pass` pass-through columns.
 
     n_rows: rows one position's programs share (the tile's height is capped by it).
-    copy_pass: the pass-through columns are copied (False in place, or when there are none).
+    copy_pass: the pass-through columns are copied (False in place); BLOCK_PASS > 1 says so to
+    the kernel.
     angle_lanes_per_pair: angles the kernel computes cos/sin of per pair per row vector
     (0: cos/sin are loaded, HF-style; 1: one vector per pair member; 2: one flat vector of
     both members, interleaved pairs split in registers).
     """
     block_p = triton.next_power_of_2(half)
     copy_pass = copy_pass and n_pass > 0
-    block_pass = triton.next_power_of_2(n_pass) if copy_pass else 1
+    block_pass = max(2, triton.next_power_of_2(n_pass)) if copy_pass else 1
     row_bytes = (2 * block_p + (block_pass if copy_pass else 0)) * element_size
     block_r = min(triton.next_power_of_2(n_rows), max(1, TILE_BYTES // row_bytes))
     num_warps = max(1, min(MAX_WARPS, block_r * row_bytes // (BYTES_PER_THREAD * 32)))
     if angle_lanes_per_pair:
         num_warps = max(1, min(num_warps, angle_lanes_per_pair * block_p // 32))
-    return LaunchConfig(block_r, block_p, block_pass, copy_pass, num_warps)
+    return LaunchConfig(block_r, block_p, block_pass, num_warps)

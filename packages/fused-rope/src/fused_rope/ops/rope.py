@@ -8,44 +8,54 @@ through `RoPEFunction` without a graph break.
 """
 
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import torch
-import triton
 
 from .. import _compat
 from .._compat import custom_bwd, custom_fwd, custom_op
 from .._validation import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
     check_bool,
     check_device,
     check_ndim,
     check_optional_index,
     check_rotary_dim,
     check_tensor,
+    on_kernel_device,
 )
 from ..kernels.rope import _rope_kernel
 from ._layout import output_like, unit_last_stride
 from .config import launch_config
 
 TENSOR_FORMATS = ("sbhd", "bshd", "thd")
+# Dims of t holding (sequence, batch, heads) per format (thd: tokens, -, heads).
+_SEQ_BATCH_HEAD_DIMS = {"sbhd": (0, 1, 2), "bshd": (1, 0, 2), "thd": (0, None, 1)}
 
 # Interleaved pairs are split in registers (one contiguous load) where Triton has tl.split;
 # the portable path loads the two members with stride-2 loads. Chosen once, at import.
 SPLIT_INTERLEAVED_PAIRS = _compat.HAS_SPLIT_JOIN
 
 
+class LaunchPlan(NamedTuple):
+    n_row_blocks: int  # the grid's second dim
+    meta: Dict[str, Any]  # compile-time arguments and num_warps
+
+
 @functools.cache
-def launch_meta(
-    tensor_format: str, n_rows: int, d2: int, head_dim: int, element_size: int, interleaved: bool,
-    split_pairs: bool, has_start: bool, transpose: bool,
-) -> Dict[str, Any]:  # fmt: skip
-    """The compile-time arguments and num_warps of one _rope_kernel launch (cached per shape)."""
+def launch_plan(
+    is_thd: bool, n_rows: int, d2: int, head_dim: int, element_size: int, interleaved: bool, split_pairs: bool,
+    has_start: bool, transpose: bool,
+) -> LaunchPlan:  # fmt: skip
+    """Everything about one _rope_kernel launch that the shape decides (cached per shape)."""
     cfg = launch_config(n_rows, d2 // 2, head_dim - d2, element_size, True, 2 if split_pairs else 1)
-    return dict(
-        HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=tensor_format == "thd", HAS_START=has_start, INTERLEAVED=interleaved,
-        SPLIT_PAIRS=split_pairs, TRANSPOSE=transpose, COPY_PASS=cfg.copy_pass, BLOCK_R=cfg.block_r,
-        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+    meta = dict(
+        HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=is_thd, HAS_START=has_start, INTERLEAVED=interleaved,
+        SPLIT_PAIRS=split_pairs, TRANSPOSE=transpose, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
+        BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
     )  # fmt: skip
+    return LaunchPlan(-(-n_rows // cfg.block_r), meta)
 
 
 def _launch(
@@ -57,40 +67,40 @@ def _launch(
     interleaved: bool,
     transpose: bool,
 ) -> torch.Tensor:
-    """One launch of _rope_kernel over t (checked by the caller); returns a new tensor."""
+    """One launch of _rope_kernel over t (checked by the caller); returns a new tensor.
+
+    freqs: (s2, 1, 1, d2) or (s2, d2) with a contiguous last dim (the kernel steps by its
+    stride(0) from one position to the next).
+    """
     out = output_like(t)
-    if out.numel() == 0:
-        return out
     t = unit_last_stride(t)
-    freqs = unit_last_stride(freqs.reshape(freqs.shape[0], freqs.shape[-1]))  # (s2, d2)
-    n_heads = t.shape[-2]
-    t_stride, out_stride = t.stride(), out.stride()
-    if tensor_format == "thd":
-        n_seqs = cu_seqlens.numel() - 1
-        n_groups, n_batch_groups, n_rows = t.shape[0], 1, n_heads
-        t_strides = (t_stride[0], 0, t_stride[1])
-        out_strides = (out_stride[0], 0, out_stride[1])
+    t_shape, t_stride, out_stride = t.shape, t.stride(), out.stride()
+    seq_dim, batch_dim, head_dim_index = _SEQ_BATCH_HEAD_DIMS[tensor_format]
+    n_heads = t_shape[head_dim_index]
+    if batch_dim is None:  # thd: one program per token, rows are its heads
+        n_seqs = cu_seqlens.shape[0] - 1
+        n_groups, n_batch_groups, n_rows = t_shape[0], 1, n_heads
+        stride_t_b = stride_out_b = 0
     else:
-        seq_dim = 0 if tensor_format == "sbhd" else 1
-        seq_len, batch = t.shape[seq_dim], t.shape[1 - seq_dim]
-        n_seqs = 0
+        batch, n_seqs = t_shape[batch_dim], 0
         # With start positions each batch entry has its own angles: one batch entry per program.
         n_batch_groups = batch if start_positions is not None else 1
-        n_groups, n_rows = seq_len * n_batch_groups, n_heads * (batch // n_batch_groups)
-        t_strides = (t_stride[seq_dim], t_stride[1 - seq_dim], t_stride[2])
-        out_strides = (out_stride[seq_dim], out_stride[1 - seq_dim], out_stride[2])
-    meta = launch_meta(
-        tensor_format, n_rows, freqs.shape[1], t.shape[-1], t.element_size(), interleaved,
+        n_groups, n_rows = t_shape[seq_dim] * n_batch_groups, n_heads * (batch // n_batch_groups)
+        stride_t_b, stride_out_b = t_stride[batch_dim], out_stride[batch_dim]
+    if n_groups == 0 or n_rows == 0:
+        return out
+    plan = launch_plan(
+        batch_dim is None, n_rows, freqs.shape[-1], t_shape[-1], t.element_size(), interleaved,
         interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None, transpose,
     )  # fmt: skip
-    grid = (n_groups, triton.cdiv(n_rows, meta["BLOCK_R"]))
-    _rope_kernel[grid](
+    _rope_kernel[(n_groups, plan.n_row_blocks)](
         t, freqs, out,
         t if start_positions is None else start_positions,
         t if cu_seqlens is None else cu_seqlens,
-        *t_strides, *out_strides, freqs.stride()[0],
+        t_stride[seq_dim], stride_t_b, t_stride[head_dim_index],
+        out_stride[seq_dim], stride_out_b, out_stride[head_dim_index], freqs.stride(0),
         n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0,
-        **meta,
+        **plan.meta,
     )  # fmt: skip
     return out
 
@@ -189,44 +199,66 @@ class RoPEFunction(torch.autograd.Function):
 
 
 def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions) -> None:
-    check_tensor("t", t)
-    check_tensor("freqs", freqs)
+    """Every check of apply_rotary_pos_emb, each attribute read once; the messages are built only on failure."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
+        check_tensor("t", t)
+    if not isinstance(freqs, torch.Tensor) or freqs.dtype not in FLOAT_DTYPES:
+        check_tensor("freqs", freqs)
     if tensor_format not in TENSOR_FORMATS:
         raise ValueError(f"tensor_format must be one of {', '.join(map(repr, TENSOR_FORMATS))}, got {tensor_format!r}")
-    check_bool("interleaved", interleaved)
-    check_optional_index("cu_seqlens", cu_seqlens)
-    check_optional_index("start_positions", start_positions)
+    if interleaved is not False and interleaved is not True:
+        check_bool("interleaved", interleaved)
+    for name, index in (("cu_seqlens", cu_seqlens), ("start_positions", start_positions)):
+        if index is not None and (not isinstance(index, torch.Tensor) or index.dtype not in INDEX_DTYPES):
+            check_optional_index(name, index)
     thd = tensor_format == "thd"
-    layouts = {"sbhd": "(s, b, h, d)", "bshd": "(b, s, h, d)", "thd": "(total_tokens, h, d)"}
-    check_ndim("t", t, (3,) if thd else (4,), f"{layouts[tensor_format]} for tensor_format={tensor_format!r}")
-    check_ndim("freqs", freqs, (4, 2), "(s2, 1, 1, d2) or (s2, d2)")
-    if freqs.dim() == 4 and (freqs.shape[1] != 1 or freqs.shape[2] != 1):
-        raise ValueError(f"freqs must have shape (s2, 1, 1, d2), got {tuple(freqs.shape)}")
-    check_rotary_dim("freqs", freqs.shape[-1], t.shape[-1], "t")
+    t_shape, freqs_shape = t.shape, freqs.shape
+    if len(t_shape) != (3 if thd else 4):
+        layouts = {"sbhd": "(s, b, h, d)", "bshd": "(b, s, h, d)", "thd": "(total_tokens, h, d)"}
+        check_ndim("t", t, (3,) if thd else (4,), f"{layouts[tensor_format]} for tensor_format={tensor_format!r}")
+    if len(freqs_shape) == 4:
+        if freqs_shape[1] != 1 or freqs_shape[2] != 1:
+            raise ValueError(f"freqs must have shape (s2, 1, 1, d2), got {tuple(freqs_shape)}")
+    elif len(freqs_shape) != 2:
+        check_ndim("freqs", freqs, (4, 2), "(s2, 1, 1, d2) or (s2, d2)")
+    d2, head_dim = freqs_shape[-1], t_shape[-1]
+    if d2 % 2 or d2 == 0 or d2 > head_dim:
+        check_rotary_dim("freqs", d2, head_dim, "t")
     if thd:
         if cu_seqlens is None:
             raise ValueError("cu_seqlens is required with tensor_format='thd'")
-        check_ndim("cu_seqlens", cu_seqlens, (1,), "(n_seqs + 1,) cumulative sequence lengths")
-        if cu_seqlens.numel() == 0:
+        if cu_seqlens.dim() != 1:
+            check_ndim("cu_seqlens", cu_seqlens, (1,), "(n_seqs + 1,) cumulative sequence lengths")
+        n_entries = cu_seqlens.shape[0] - 1
+        if n_entries < 0:
             raise ValueError("cu_seqlens must have n_seqs + 1 >= 1 entries, got an empty tensor")
-        n_entries, entries_name = cu_seqlens.numel() - 1, "sequences (cu_seqlens has n_seqs + 1 entries)"
     else:
         if cu_seqlens is not None:
             raise ValueError(f"cu_seqlens is only used with tensor_format='thd', not {tensor_format!r}")
         seq_dim = 0 if tensor_format == "sbhd" else 1
-        if freqs.shape[0] < t.shape[seq_dim]:
+        if freqs_shape[0] < t_shape[seq_dim]:
             raise ValueError(
-                f"freqs has {freqs.shape[0]} positions (dim 0) but t has a sequence of {t.shape[seq_dim]} "
+                f"freqs has {freqs_shape[0]} positions (dim 0) but t has a sequence of {t_shape[seq_dim]} "
                 f"(dim {seq_dim} of {tensor_format})"
             )
-        n_entries, entries_name = t.shape[1 - seq_dim], f"batch entries (dim {1 - seq_dim} of t)"
+        n_entries = t_shape[1 - seq_dim]
     if start_positions is not None:
-        check_ndim("start_positions", start_positions, (1,), "one start per batch entry (sequence)")
-        if start_positions.numel() != n_entries:
+        if start_positions.dim() != 1:
+            check_ndim("start_positions", start_positions, (1,), "one start per batch entry (sequence)")
+        if start_positions.shape[0] != n_entries:
+            entries = "sequences (cu_seqlens has n_seqs + 1 entries)"
+            if not thd:
+                entries = f"batch entries (dim {1 - seq_dim} of t)"
             raise ValueError(
-                f"start_positions has {start_positions.numel()} entries but there are {n_entries} {entries_name}"
+                f"start_positions has {start_positions.shape[0]} entries but there are {n_entries} {entries}"
             )
-    check_device(t=t, freqs=freqs, cu_seqlens=cu_seqlens, start_positions=start_positions)
+    device = t.get_device()
+    if not (
+        on_kernel_device(t) and on_kernel_device(freqs) and freqs.get_device() == device
+        and (cu_seqlens is None or (on_kernel_device(cu_seqlens) and cu_seqlens.get_device() == device))
+        and (start_positions is None or (on_kernel_device(start_positions) and start_positions.get_device() == device))
+    ):  # fmt: skip
+        check_device(t=t, freqs=freqs, cu_seqlens=cu_seqlens, start_positions=start_positions)
 
 
 def apply_rotary_pos_emb(
@@ -259,4 +291,8 @@ def apply_rotary_pos_emb(
     cu_seqlens or start_positions their values are checked too (one host sync).
     """
     _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
-    return RoPEFunction.apply(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
+    freqs = unit_last_stride(freqs)
+    if torch.is_grad_enabled() and t.requires_grad:
+        return RoPEFunction.apply(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
+    # Nothing to differentiate (inference, no_grad): the operator alone, no autograd node.
+    return rope_fwd(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)

@@ -2,81 +2,98 @@
 
 `apply_rotary_qk(q, k, cos, sin)` computes HF's `q * cos + rotate_half(q) * sin` (and the same
 for k) from precomputed tables, q and k of one token in the same launch, optionally in place.
+
+The eager path is kept short because a RoPE launch is a few hundred microseconds of GPU time
+at most and the host path of a forward plus backward was once longer than both kernels:
+the checks read each attribute once, the tables are normalized once per forward (their
+strides ride on the autograd context), each launch looks its whole plan up in one cached
+call, and eager calls reach the launchers without the operator dispatcher.
 """
 
 import functools
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import torch
-import triton
 
-from .._compat import custom_bwd, custom_fwd, custom_op
+from .._compat import custom_bwd, custom_fwd, custom_op, is_compiling
 from .._validation import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
     check_bool,
     check_device,
     check_ndim,
-    check_optional_index,
     check_rotary_dim,
     check_tensor,
+    on_kernel_device,
 )
 from ..kernels.rope_qk import _rope_qk_kernel
 from ._layout import output_like, unit_last_stride
 from .config import launch_config
 
 
-def _table_strides(table: torch.Tensor) -> Tuple[int, int]:
-    """(batch, position) strides of a (P, d2) or (Bc, P, d2) table; 0 where it broadcasts."""
-    stride = table.stride()
-    if len(stride) == 2 or table.shape[0] == 1:
-        return 0, stride[-2]
-    return stride[0], stride[1]
+class LaunchPlan(NamedTuple):
+    n_row_blocks: int  # q's row blocks then k's: the grid's second dim
+    meta: Dict[str, Any]  # compile-time arguments and num_warps
 
 
 @functools.cache
-def launch_meta(
-    n_heads: int, d2: int, head_dim: int, element_size: int, in_place: bool, has_position_ids: bool, transpose: bool
-) -> Dict[str, Any]:
-    """The compile-time arguments and num_warps of one _rope_qk_kernel launch (cached per shape).
+def launch_plan(
+    n_q_heads: int, n_k_heads: int, d2: int, head_dim: int, element_size: int, in_place: bool, has_position_ids: bool,
+    transpose: bool,
+) -> LaunchPlan:  # fmt: skip
+    """Everything about one _rope_qk_kernel launch that the shape decides (cached per shape).
 
-    n_heads: the larger of q's and k's head counts (one BLOCK_R for both).
+    One BLOCK_R for q and k, from the larger head count.
     """
-    cfg = launch_config(n_heads, d2 // 2, head_dim - d2, element_size, not in_place, 0)
-    return dict(
+    cfg = launch_config(max(n_q_heads, n_k_heads), d2 // 2, head_dim - d2, element_size, not in_place, 0)
+    n_row_blocks = -(-n_q_heads // cfg.block_r) - (-n_k_heads // cfg.block_r)
+    meta = dict(
         HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, TRANSPOSE=transpose,
-        COPY_PASS=cfg.copy_pass, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass,
-        num_warps=cfg.num_warps,
+        BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
     )  # fmt: skip
+    return LaunchPlan(n_row_blocks, meta)
+
+
+def table_strides(cos: torch.Tensor) -> Tuple[int, int]:
+    """(batch, position) strides of a (P, d2) or (Bc, P, d2) table; batch 0 where it broadcasts."""
+    stride = cos.stride()
+    if len(stride) == 2 or cos.shape[0] == 1:
+        return 0, stride[-2]
+    return stride[0], stride[1]
 
 
 def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None:
     """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k.
 
-    k and k_out may be None: q alone (the in-place backward treats q and k one at a time).
+    q, k: last dim contiguous; cos, sin: last dim contiguous, the same (batch, position)
+    strides; position_ids: None or contiguous. k and k_out may be None: q alone (the in-place
+    backward treats q and k one at a time).
     """
     batch, n_q_heads, seq_len, head_dim = q.shape
-    n_k_heads = 0 if k is None else k.shape[1]
-    if batch * seq_len == 0 or n_q_heads + n_k_heads == 0:
-        return
+    n_tokens = batch * seq_len
     if k is None:
-        k = k_out = q[:, :0]
-    cos, sin = unit_last_stride(cos), unit_last_stride(sin)
-    meta = launch_meta(
-        max(n_q_heads, n_k_heads), cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None,
+        k = k_out = q
+        n_k_heads = 0
+    else:
+        n_k_heads = k.shape[1]
+    plan = launch_plan(
+        n_q_heads, n_k_heads, cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None,
         transpose,
     )  # fmt: skip
-    n_q_blocks = triton.cdiv(n_q_heads, meta["BLOCK_R"])
-    grid = (batch * seq_len, n_q_blocks + triton.cdiv(n_k_heads, meta["BLOCK_R"]))
+    if n_tokens == 0 or plan.n_row_blocks == 0:
+        return
     if position_ids is None:
-        pos_strides = (0, 0)
+        position_ids, stride_pos_b = q, 0
     else:
-        pos_strides = position_ids.stride()
-        pos_strides = (0 if position_ids.shape[0] == 1 else pos_strides[0], pos_strides[1])
-    _rope_qk_kernel[grid](
-        q, k, cos, sin, q if position_ids is None else position_ids, q_out, k_out,
-        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
-        *_table_strides(cos), *_table_strides(sin), *pos_strides,
-        seq_len, n_q_heads, n_k_heads, n_q_blocks,
-        **meta,
+        stride_pos_b = 0 if position_ids.shape[0] == 1 else seq_len
+    stride_q, stride_k, stride_q_out, stride_k_out = q.stride(), k.stride(), q_out.stride(), k_out.stride()
+    _rope_qk_kernel[(n_tokens, plan.n_row_blocks)](
+        q, k, cos, sin, position_ids, q_out, k_out,
+        stride_q[0], stride_q[1], stride_q[2], stride_k[0], stride_k[1], stride_k[2],
+        stride_q_out[0], stride_q_out[1], stride_q_out[2], stride_k_out[0], stride_k_out[1], stride_k_out[2],
+        *table_strides(cos), stride_pos_b,
+        seq_len, n_q_heads, n_k_heads,
+        **plan.meta,
     )  # fmt: skip
 
 
@@ -201,45 +218,75 @@ class _RotatedInPlace(torch.autograd.Function):
 
 
 def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
+    """Every check of apply_rotary_qk, each attribute read once; the messages are built only on failure."""
     for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-        check_tensor(name, x)
+        if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
+            check_tensor(name, x)
     if k.dtype != q.dtype:
         raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}; they must match")
     if sin.dtype != cos.dtype:
         raise TypeError(f"sin has dtype {sin.dtype} but cos has {cos.dtype}; they must match")
-    check_optional_index("position_ids", position_ids)
-    check_bool("inplace", inplace)
-    check_ndim("q", q, (4,), "(batch, heads, seq, head_dim)")
-    check_ndim("k", k, (4,), "(batch, kv_heads, seq, head_dim)")
-    batch, _, seq_len, head_dim = q.shape
-    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq_len, head_dim):
+    if position_ids is not None:
+        if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in INDEX_DTYPES:
+            check_tensor("position_ids", position_ids, INDEX_DTYPES)
+    if inplace is not False and inplace is not True:
+        check_bool("inplace", inplace)
+    q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
+    if len(q_shape) != 4:
+        check_ndim("q", q, (4,), "(batch, heads, seq, head_dim)")
+    if len(k_shape) != 4:
+        check_ndim("k", k, (4,), "(batch, kv_heads, seq, head_dim)")
+    batch, _, seq_len, head_dim = q_shape
+    if k_shape[0] != batch or k_shape[2] != seq_len or k_shape[3] != head_dim:
         raise ValueError(
-            f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: "
+            f"k has shape {tuple(k_shape)} but q has {tuple(q_shape)}: "
             "batch, seq and head_dim (dims 0, 2, 3) must match"
         )
-    check_ndim("cos", cos, (2, 3), "(positions, d2) or (batch or 1, positions, d2)")
-    if sin.shape != cos.shape:
-        raise ValueError(f"sin has shape {tuple(sin.shape)} but cos has {tuple(cos.shape)}; they must match")
-    if cos.dim() == 3 and cos.shape[0] not in (1, batch):
-        raise ValueError(f"cos has batch dim {cos.shape[0]} (dim 0); it must be 1 or q's batch {batch}")
-    check_rotary_dim("cos", cos.shape[-1], head_dim, "q and k")
+    if len(cos_shape) not in (2, 3):
+        check_ndim("cos", cos, (2, 3), "(positions, d2) or (batch or 1, positions, d2)")
+    if sin.shape != cos_shape:
+        raise ValueError(f"sin has shape {tuple(sin.shape)} but cos has {tuple(cos_shape)}; they must match")
+    if len(cos_shape) == 3 and cos_shape[0] != 1 and cos_shape[0] != batch:
+        raise ValueError(f"cos has batch dim {cos_shape[0]} (dim 0); it must be 1 or q's batch {batch}")
+    d2 = cos_shape[-1]
+    if d2 % 2 or d2 == 0 or d2 > head_dim:
+        check_rotary_dim("cos", d2, head_dim, "q and k")
     if position_ids is None:
-        if cos.shape[-2] < seq_len:
-            raise ValueError(f"cos has {cos.shape[-2]} positions (dim -2) but q has a sequence of {seq_len} (dim 2)")
+        if cos_shape[-2] < seq_len:
+            raise ValueError(f"cos has {cos_shape[-2]} positions (dim -2) but q has a sequence of {seq_len} (dim 2)")
     else:
-        check_ndim("position_ids", position_ids, (2,), "(batch or 1, seq)")
-        if position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != seq_len:
+        pos_shape = position_ids.shape
+        if len(pos_shape) != 2:
+            check_ndim("position_ids", position_ids, (2,), "(batch or 1, seq)")
+        if (pos_shape[0] != 1 and pos_shape[0] != batch) or pos_shape[1] != seq_len:
             raise ValueError(
-                f"position_ids has shape {tuple(position_ids.shape)}; "
-                f"it must be ({batch} or 1, {seq_len}) (q's batch, seq)"
+                f"position_ids has shape {tuple(pos_shape)}; it must be ({batch} or 1, {seq_len}) (q's batch, seq)"
             )
     if inplace:
         if q.stride(-1) != 1 or k.stride(-1) != 1:
             raise ValueError("inplace=True needs q and k with a contiguous last dim (stride 1)")
-        for name, x in (("q", q), ("k", k)):
-            if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
-                raise ValueError(f"inplace=True cannot overwrite {name}: it is a leaf tensor that requires grad")
-    check_device(q=q, k=k, cos=cos, sin=sin, position_ids=position_ids)
+        if torch.is_grad_enabled():
+            for name, x in (("q", q), ("k", k)):
+                if x.requires_grad and x.is_leaf:
+                    raise ValueError(f"inplace=True cannot overwrite {name}: it is a leaf tensor that requires grad")
+    device = q.get_device()
+    if not (
+        on_kernel_device(q) and on_kernel_device(k) and on_kernel_device(cos) and on_kernel_device(sin)
+        and k.get_device() == device and cos.get_device() == device and sin.get_device() == device
+        and (position_ids is None or (on_kernel_device(position_ids) and position_ids.get_device() == device))
+    ):  # fmt: skip
+        check_device(q=q, k=k, cos=cos, sin=sin, position_ids=position_ids)
+
+
+def _kernel_tables(cos, sin, position_ids):
+    """cos, sin with a contiguous last dim and the same strides (the kernel indexes both with
+    one set), position_ids contiguous: copies only for unusual layouts of these small tensors."""
+    cos_stride = cos.stride()
+    if cos_stride[-1] != 1 or sin.stride() != cos_stride:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if position_ids is not None:
+        position_ids = position_ids.contiguous()
+    return cos, sin, position_ids
 
 
 def apply_rotary_qk(
@@ -267,12 +314,21 @@ def apply_rotary_qk(
     (q and k themselves when inplace). Differentiable in q and k; cos, sin get no gradient.
     """
     _check_qk_args(q, k, cos, sin, position_ids, inplace)
+    cos, sin, position_ids = _kernel_tables(cos, sin, position_ids)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        # Nothing to differentiate (inference, no_grad): the operators alone, no autograd node.
+        if inplace:
+            rope_qk_fwd_(q, k, cos, sin, position_ids)
+            return q, k
+        return rope_qk_fwd(q, k, cos, sin, position_ids)
     if not inplace:
         return RoPEQKFunction.apply(q, k, cos, sin, position_ids)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        q = RoPEQKInplaceFunction.apply(q, k, cos, sin, position_ids)
-        return q, _RotatedInPlace.apply(k, cos, sin, position_ids)
-    # Nothing to differentiate: the in-place operator alone (Dynamo traces ctx.mark_dirty only
-    # where autograd records the Function).
-    rope_qk_fwd_(q, k, cos, sin, position_ids)
-    return q, k
+    if is_compiling():
+        # Dynamo before torch 2.13 drops ctx.mark_dirty (pytorch/pytorch#184113, fixed by
+        # #184267): the gradient would skip the rotation when, as usual, the caller reads the
+        # result through the buffer q and k are views of. Traced, the update is written as
+        # what AOTAutograd makes of any in-place op anyway: new tensors copied back.
+        q_out, k_out = RoPEQKFunction.apply(q, k, cos, sin, position_ids)
+        return q.copy_(q_out), k.copy_(k_out)
+    q = RoPEQKInplaceFunction.apply(q, k, cos, sin, position_ids)
+    return q, _RotatedInPlace.apply(k, cos, sin, position_ids)
