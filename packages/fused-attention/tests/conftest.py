@@ -21,6 +21,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
 from fused_attention import flash_attention, flash_attention_varlen
+from fused_attention.ops import configs
 from fused_attention.reference import alibi_bias, attention_reference, attention_reference_varlen, visible_mask
 
 GRADS = ("dq", "dk", "dv")
@@ -199,3 +200,27 @@ def attn():
         run_ours=run_ours,
         compare=compare,
     )
+
+
+@pytest.fixture(autouse=True)
+def _first_config_only(request, monkeypatch):
+    """Compiled, every kernel specialization a test meets autotunes over all its candidate
+    configs, a compile of seconds each. Tests pin the first candidate instead, unless they ask
+    for the `full_autotune` fixture; test_every_autotune_config checks every candidate. (When
+    interpreting there is one config already.)"""
+    if "full_autotune" in request.fixturenames:
+        yield
+        return
+    original = configs.candidate_configs
+    monkeypatch.setattr(configs, "candidate_configs", lambda *args: original(*args)[:1])
+    configs.autotuned_kernel.cache_clear()
+    yield
+    configs.autotuned_kernel.cache_clear()
+
+
+@pytest.fixture
+def full_autotune():
+    """Requested by tests that run the autotuner over every candidate config, as users do."""
+    configs.autotuned_kernel.cache_clear()
+    yield
+    configs.autotuned_kernel.cache_clear()

@@ -26,11 +26,11 @@ def _slopes(kind, batch, n_heads):
     return None
 
 
-@pytest.mark.gpu(reason="real sequence lengths need the compiled kernels")
+@pytest.mark.gpu(reason="real sequence lengths need the compiled kernels (and the autotuner over every config)")
 @pytest.mark.parametrize("dtype", [pytest.param(FP16, id="fp16"), pytest.param(BF16, id="bf16")])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen", [1, 17, 100, 1000, 4099])
-def test_sequence_lengths(seqlen, causal, dtype, attn):
+def test_sequence_lengths(seqlen, causal, dtype, attn, full_autotune):
     q, k, v = attn.random_qkv(3, seqlen, seqlen, 4, 2, 128, dtype, "cuda")
     attn.check_attention(q, k, v, with_dlse=True, causal=causal)
 
@@ -105,7 +105,7 @@ def _all_configs(kind, block_d):
 
 @pytest.mark.gpu(reason="each autotune config runs compiled")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_every_autotune_config(head_dim, attn):
+def test_every_autotune_config(head_dim, attn, full_autotune):
     """Whatever config the autotuner picks is correct: each of them, pointer and TMA loads."""
     q, k, v = attn.random_qkv(2, 777, 801, 4, 2, head_dim, BF16, "cuda")
     slopes = _slopes("heads", 2, 4)

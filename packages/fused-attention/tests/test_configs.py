@@ -42,7 +42,7 @@ def test_descriptor_arguments_sit_where_the_launcher_puts_them(kind):
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("kind", list(KERNELS))
-def test_tables(kind, tma):
+def test_tables(kind, tma, full_autotune):
     table = (TMA_CONFIGS if tma else POINTER_CONFIGS)[kind]
     assert sorted(table) == [64, 128, 256]
     for block_d, configs in table.items():

@@ -9,20 +9,19 @@ pytestmark = pytest.mark.kernels
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
-# (query lengths, key lengths, heads, kv heads, options); lengths include 0 and 1.
+# (query lengths, key lengths, heads, kv heads, options, dtype); lengths include 0 and 1.
 CASES = {
-    "self-causal": ([1, 17, 30, 5], None, 2, 2, {"causal": True}),
-    "cross-lengths": ([1, 17, 0, 30, 5], [4, 17, 3, 25, 9], 2, 2, {}),
-    "causal-alibi-per-batch": ([9, 1, 33], [14, 6, 20], 2, 1, {"causal": True, "alibi": "batch"}),
-    "window-gqa": ([23, 40, 2], None, 4, 1, {"window_size": (4, 2)}),
-    "causal-window-alibi": ([31, 12], [35, 12], 2, 2, {"causal": True, "window_size": (6, 0), "alibi": "heads"}),
+    "self-causal": ([1, 17, 30, 5], None, 2, 2, {"causal": True}, BF16),
+    "cross-lengths": ([1, 17, 0, 30, 5], [4, 17, 3, 25, 9], 2, 2, {}, FP16),
+    "causal-alibi-per-batch": ([9, 1, 33], [14, 6, 20], 2, 1, {"causal": True, "alibi": "batch"}, BF16),
+    "window-gqa": ([23, 40, 2], None, 4, 1, {"window_size": (4, 2)}, FP16),
+    "causal-window-alibi": ([31, 12], [35, 12], 2, 2, {"causal": True, "window_size": (6, 0), "alibi": "heads"}, BF16),
 }
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(FP16, id="fp16"), pytest.param(BF16, id="bf16")])
 @pytest.mark.parametrize("case", list(CASES))
-def test_packed_batches(case, dtype, attn, device):
-    lengths_q, lengths_k, n_heads, n_kv_heads, options = CASES[case]
+def test_packed_batches(case, attn, device):
+    lengths_q, lengths_k, n_heads, n_kv_heads, options, dtype = CASES[case]
     lengths_k = lengths_q if lengths_k is None else lengths_k
     options = dict(options)
     kind = options.pop("alibi", None)

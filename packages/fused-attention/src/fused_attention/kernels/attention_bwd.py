@@ -32,6 +32,7 @@ from .common import (
     _load_tile,
     _seq_bounds,
     _store_tile,
+    _to_dtype,
 )
 
 
@@ -100,10 +101,10 @@ def _dkdv_update(
     if MASKED:
         visible = _band_mask(offs_m[None, :], offs_n[:, None], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p_t = tl.where(visible & (offs_m[None, :] < seqlen_q), p_t, 0.0)
-    dv = _dot_acc(p_t.to(do.dtype), do, dv, UPCAST)
+    dv = _dot_acc(_to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
     dp_t = _dot(v, tl.trans(do), UPCAST)
     ds_t = p_t * (dp_t - delta[None, :])
-    dk = _dot_acc(ds_t.to(q.dtype), q, dk, UPCAST)
+    dk = _dot_acc(_to_dtype(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
     return dk, dv
 
 
@@ -245,12 +246,13 @@ def _attn_bwd_dkdv_kernel(
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
     dv_ptrs = dv_ptr + batch64 * stride_dvb + row0 * stride_dvs + kv_head.to(tl.int64) * stride_dvh
     _store_tile(
-        dk_ptrs + offs_c[:, None] * stride_dks + offs_d[None, :], (dk * softmax_scale).to(dk_ptr.dtype.element_ty),
-        offs_n, seqlen_k, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+        dk_ptrs + offs_c[:, None] * stride_dks + offs_d[None, :],
+        _to_dtype(dk * softmax_scale, dk_ptr.dtype.element_ty, UPCAST), offs_n, seqlen_k, offs_d, HEAD_DIM,
+        BLOCK_D != HEAD_DIM,
     )  # fmt: skip
     _store_tile(
-        dv_ptrs + offs_c[:, None] * stride_dvs + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), offs_n, seqlen_k,
-        offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+        dv_ptrs + offs_c[:, None] * stride_dvs + offs_d[None, :], _to_dtype(dv, dv_ptr.dtype.element_ty, UPCAST),
+        offs_n, seqlen_k, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
     )  # fmt: skip
 
 
@@ -272,7 +274,7 @@ def _dq_update(
         p = tl.where(visible & (offs_n[None, :] < seqlen_k), p, 0.0)
     dp = _dot(do, tl.trans(v), UPCAST)
     ds = p * (dp - delta[:, None])
-    return _dot_acc(ds.to(k.dtype), k, dq, UPCAST)
+    return _dot_acc(_to_dtype(ds, k.dtype, UPCAST), k, dq, UPCAST)
 
 
 @triton.jit
@@ -397,6 +399,7 @@ def _attn_bwd_dq_kernel(
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh
     _store_tile(
-        dq_ptrs + offs_r[:, None] * stride_dqs + offs_d[None, :], (dq * softmax_scale).to(dq_ptr.dtype.element_ty),
-        offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+        dq_ptrs + offs_r[:, None] * stride_dqs + offs_d[None, :],
+        _to_dtype(dq * softmax_scale, dq_ptr.dtype.element_ty, UPCAST), offs_m, seqlen_q, offs_d, HEAD_DIM,
+        BLOCK_D != HEAD_DIM,
     )  # fmt: skip

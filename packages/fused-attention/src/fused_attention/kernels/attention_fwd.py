@@ -33,6 +33,7 @@ from .common import (
     _load_tile,
     _seq_bounds,
     _store_tile,
+    _to_dtype,
 )
 
 
@@ -66,7 +67,7 @@ def _fwd_update(
         p = tl.math.exp2(s - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+    acc = _dot_acc(_to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
     return acc, l_i, m_new
 
 
@@ -194,7 +195,8 @@ def _attn_fwd_kernel(
     if ALIBI == 1:
         lse2 -= slope2 * offs_r.to(tl.float32)  # the row term of the bias, -slope * (i - m0)
     _store_tile(
-        o_base + offs_r[:, None] * stride_os + offs_d[None, :], o.to(o_ptr.dtype.element_ty), offs_m, seqlen_q,
+        o_base + offs_r[:, None] * stride_os + offs_d[None, :], _to_dtype(o, o_ptr.dtype.element_ty, UPCAST), offs_m,
+        seqlen_q,
         offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
     )  # fmt: skip
     tl.store(lse_base + offs_r, lse2 * LN2, mask=offs_m < seqlen_q)

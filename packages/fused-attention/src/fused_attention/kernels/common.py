@@ -41,6 +41,22 @@ def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 `x` in `dtype`, rounded to nearest even.
+
+    The interpreter (UPCAST) truncates fp32 -> bf16 casts; there the rounding is done on the bits
+    first (add half an ulp, ties to even, drop the low 16 bits), so that the P and dS operands of
+    the matmuls carry no systematic bias into the sums they feed.
+    """
+    if UPCAST:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.int32, bitcast=True)
+            bits += 0x7FFF + ((bits >> 16) & 1)
+            x = (bits & -65536).to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
 def _seq_bounds(cu_seqlens_ptr, batch, seqlen, IS_VARLEN: tl.constexpr):
     """(first packed row, length) of sequence `batch`: from cu_seqlens when varlen, else (0, seqlen)."""
     if IS_VARLEN:
