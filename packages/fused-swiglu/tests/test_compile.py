@@ -17,13 +17,16 @@ from fused_swiglu.kernels.backward import (
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_weight_grad_kernel,
+    _weight_grad_reduce_kernel,
 )
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
-from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARPS
+from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARPS, REDUCE_NUM_WARPS, REDUCE_ROWS
 
 pytestmark = pytest.mark.aot
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
+# SMs of the target, a constexpr of the weight gradient (its last-wave split) and the TMA forward.
+NUM_SMS = {80: 108, 90: 132}
 
 # kernel -> (pointer args, int args, the int args that are 1 for contiguous operands)
 KERNELS = {
@@ -41,9 +44,9 @@ KERNELS = {
     ),
     "weight_grad": (
         _swiglu_weight_grad_kernel,
-        ["x_ptr", "dg_ptr", "du_ptr", "dwg_ptr", "dwu_ptr"],
-        ["stride_xm", "stride_xk", "stride_dm", "stride_dwk", "M", "N", "K"],
-        ["stride_xk"],
+        ["x_ptr", "dg_ptr", "du_ptr", "dwg_ptr", "dwu_ptr", "ws_ptr"],
+        ["stride_xm", "stride_xk", "stride_dm", "stride_dwk", "M", "N", "K", "split"],
+        ["stride_xk", "split"],
     ),
     "down_grad": (
         _mlp_down_grad_kernel,
@@ -55,7 +58,9 @@ KERNELS = {
 
 # Per config index of each autotuned kernel: (dtype, contiguous strides, constexprs besides the config).
 # The "EVEN" heuristic (reduction divisible by the block) alternates; fp16 accumulation and TF32
-# appear where the launchers can pick them (fp16 / fp32 operands).
+# appear where the launchers can pick them (fp16 / fp32 operands). "Contiguous" also compiles the
+# weight gradient's split count as the value 1 (no split: what the JIT specializes on); the
+# strided cases keep it a runtime value (the split path).
 CASES = {
     "fwd": [
         ("bf16", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=True)),
@@ -110,8 +115,9 @@ def test_autotuned_kernels_compile(name, config, dtype, contiguous, constexprs, 
     signature = {p: POINTER[dtype] for p in pointers}
     signature.update({i: "i32" for i in ints if i not in fixed})
     constexprs = dict(constexprs, UPCAST=False, **config, **fixed)
-    if name == "down_grad":
-        constexprs["EPILOGUE_M"] = min(config["BLOCK_M"], 32)  # the kernel's heuristic
+    if name == "weight_grad":
+        signature["ws_ptr"] = "*fp32"
+        constexprs["NUM_SMS"] = NUM_SMS[arch]
     compile_to_cubin(
         kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps, num_stages=num_stages
     )
@@ -133,13 +139,38 @@ def test_grad_kernel_compiles(dtype, arch):
     )
 
 
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
+@pytest.mark.parametrize(
+    "dtype, blocks",
+    [("bf16", (128, 128, 8)), ("fp16", (128, 64, 8)), ("fp32", (64, 128, 8)), ("bf16", (64, 64, 8))],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v,
+)
+def test_weight_grad_reduce_kernel_compiles(dtype, blocks, arch):
+    """The partial-sum reduction takes its tile from the weight gradient's config: each
+    (BLOCK_K, BLOCK_N, GROUP_K) of weight_grad_configs once, every dtype."""
+    block_k, block_n, group_k = blocks
+    signature = {"ws_ptr": "*fp32", "dwg_ptr": POINTER[dtype], "dwu_ptr": POINTER[dtype]}
+    signature.update({i: "i32" for i in ("stride_dwk", "N", "K", "split")})
+    constexprs = dict(UPCAST=False, NUM_SMS=NUM_SMS[arch], BLOCK_K=block_k, BLOCK_N=block_n, GROUP_K=group_k)
+    constexprs["ROWS"] = min(REDUCE_ROWS, block_k)
+    compile_to_cubin(
+        _weight_grad_reduce_kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=REDUCE_NUM_WARPS
+    )
+
+
+def test_reduce_cases_cover_the_weight_grad_tiles():
+    if interpreting():
+        pytest.skip("the interpreter's config list is not the compiled one")
+    tiles = {(c["BLOCK_K"], c["BLOCK_N"], c["GROUP_K"]) for c in autotune_configs(_swiglu_weight_grad_kernel)}
+    assert tiles == {(128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 8)}
+
+
 # The Hopper TMA forward: sm_90 only (the launcher never picks it elsewhere), 16-bit operands.
 TMA_CASES = [
     ("bf16", dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
     ("fp16", dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True)),
     ("bf16", dict(HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
     ("fp16", dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
-    ("bf16", dict(HAS_BIAS=False, SAVE_GU=False, ACC_FP16=False)),
 ]
 
 
@@ -168,7 +199,7 @@ def test_tma_forward_compiles(config, dtype, constexprs):
     compile_to_cubin(
         _swiglu_fwd_tma_kernel,
         signature=signature,
-        constexprs=dict(constexprs, UPCAST=False, **config),
+        constexprs=dict(constexprs, UPCAST=False, NUM_SMS=NUM_SMS[90], **config),
         arch=90,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FusedSwiGLUMLP, swiglu_mlp
+from fused_swiglu.kernels.backward import _mlp_down_grad_kernel
 from fused_swiglu.reference import swiglu_mlp_reference
 
 pytestmark = pytest.mark.kernels
@@ -69,3 +71,16 @@ def test_torch_compile_fullgraph(device, sw):
     inputs = make_mlp_inputs(sw, (2, 11), 32, 40, torch.bfloat16, device, bias=True)
     compiled = torch.compile(swiglu_mlp, backend="eager", fullgraph=True)
     sw.check_against_reference(compiled, swiglu_mlp_reference, inputs)
+
+
+@pytest.mark.parametrize("epilogue", ["row-slices", "one-pass"])
+def test_down_projection_epilogue_schedules(epilogue, device, sw, monkeypatch):
+    """Both schedules of the SwiGLU epilogue of dh = dy @ w_down^T (configs.py), on the tile of
+    the config this run uses: row slices after the main loop, or g and u loaded before it and
+    one pass over the tile (EPILOGUE_M == BLOCK_M)."""
+    (base,) = _mlp_down_grad_kernel.configs  # pinned (GPU) or the interpreter's one config
+    rows = base.kwargs["BLOCK_M"] // (2 if epilogue == "row-slices" else 1)
+    config = triton.Config(dict(base.kwargs, EPILOGUE_M=rows), num_warps=base.num_warps, num_stages=base.num_stages)
+    monkeypatch.setattr(_mlp_down_grad_kernel, "configs", [config])
+    inputs = make_mlp_inputs(sw, (2, 19), 48, 72, torch.bfloat16, device)
+    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)

@@ -2,10 +2,14 @@
 
 import pytest
 import torch
+import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, swiglu
-from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
+from fused_swiglu._compat import multiprocessor_count
+from fused_swiglu.kernels.backward import _swiglu_weight_grad_kernel
+from fused_swiglu.kernels.configs import weight_grad_split
+from fused_swiglu.ops.launchers import launch_forward
 from fused_swiglu.reference import swiglu_reference
 
 pytestmark = pytest.mark.kernels
@@ -190,11 +194,13 @@ def test_tma_forward_kernel(bias, dtype, device, sw):
     assert_close_to_reference(g, gate, x @ w_gate + (b_gate if bias else 0), name="g")
 
 
-def test_tma_forward_is_not_chosen_off_hopper(device, sw):
-    """Under the interpreter (or any non-sm_90 device) the launcher keeps the pointer kernel."""
-    x, w_gate, w_up = (t.detach() for t in sw.make_inputs((8,), 64, 64, torch.bfloat16, device))
-    if device == "cpu":
-        assert not use_tma_forward(x, w_gate, w_up)
-    elif torch.cuda.get_device_capability()[0] != 9:
-        assert not use_tma_forward(x, w_gate, w_up)
-    assert not use_tma_forward(x, w_gate[:, :63], w_up[:, :63])  # 63-element rows: not 16-byte aligned
+def test_weight_gradient_split_of_the_last_wave(device, sw):
+    """dw_gate, dw_up where the last wave of output tiles splits its reduction over several
+    programs (checked to happen with the config this run uses), and the partial sums meet in the
+    reduction kernel; M = 42 rows leaves the last reduction step partial."""
+    x, w_gate, w_up = sw.make_inputs((42,), 40, 70, torch.bfloat16, device)
+    config = _swiglu_weight_grad_kernel.configs[0].kwargs
+    assert len(_swiglu_weight_grad_kernel.configs) == 1  # pinned (GPU) or the interpreter's one config
+    tiles = triton.cdiv(40, config["BLOCK_K"]) * triton.cdiv(70, config["BLOCK_N"])
+    assert weight_grad_split(tiles, multiprocessor_count(x.device), triton.cdiv(42, config["BLOCK_M"])) > 1
+    sw.check_against_reference(swiglu, swiglu_reference, [x, w_gate, w_up])

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 import triton
+import triton.testing
 
 TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 
@@ -33,6 +34,20 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Interpreted kernels take CPU tensors; compiled kernels take CUDA tensors.
 KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
+
+# tl.dot(..., input_precision=...) (Triton >= 3.0) states an fp32 dot's precision outright; Triton
+# 2.2 has only allow_tf32. (On 3.x, allow_tf32=False yields to a TRITON_F32_DEFAULT setting.)
+HAS_INPUT_PRECISION = TRITON_VERSION >= (3, 0)
+
+
+# Autotuning times each config over ~40 ms after 10 ms of warm-up (Triton's default: 25 + 100 ms):
+# every config still runs ~40 times at the headline size (~1 ms a call), and a new problem size
+# costs a third of the time. Triton >= 3.1 takes a do_bench callable; older versions warmup/rep.
+def _autotune_bench(kernel_call, quantiles):
+    return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
+
+
+AUTOTUNE_TIMING = {"do_bench": _autotune_bench} if TRITON_VERSION >= (3, 1) else {"warmup": 10, "rep": 40}
 
 # autocast decorators for autograd Functions: torch.amp.custom_fwd (torch >= 2.4) or the older
 # torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
@@ -66,9 +81,26 @@ HOPPER_TMA_FORWARD = TensorDescriptor is not None and TRITON_VERSION >= (3, 4) a
 
 
 @functools.cache
-def is_hopper(device_index: int) -> bool:
+def is_hopper(device_index: Optional[int]) -> bool:
     """sm_90 (H100/H200), where the TMA forward runs."""
     return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+# Programs that run at once when interpreting: small, so that the CPU tests' few tiles still
+# leave a partial last wave and take the weight gradient's split path (ops/launchers.py).
+INTERPRETER_MULTIPROCESSORS = 5
+
+
+@functools.cache
+def _multiprocessors(device_index: Optional[int]) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (132 on an H100 SXM); the interpreter's stand-in on the CPU."""
+    if INTERPRETING:
+        return INTERPRETER_MULTIPROCESSORS
+    return _multiprocessors(device.index)
 
 
 # torch.compile: where torch has torch.library.custom_op (>= 2.4), the launchers are registered as

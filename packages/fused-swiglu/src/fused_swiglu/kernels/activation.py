@@ -27,6 +27,24 @@ def _swiglu(g, u):
 
 
 @triton.jit
+def _swiglu_grads(dh, g, u):
+    """(d_gate, d_up, h) from fp32 dh, g, u, in fp32."""
+    sig = _sigmoid(g)
+    silu = g * sig
+    return dh * u * sig * (1.0 + g * (1.0 - sig)), dh * silu, silu * u
+
+
+@triton.jit
+def _swiglu_backward_store(dh, g, u, g_ptrs, u_ptrs, h_ptrs, mask, STORE_H: tl.constexpr, UPCAST: tl.constexpr):
+    """d_gate over g, d_up over u (and h = silu(g) * u when STORE_H), from loaded dh, g, u tiles."""
+    d_gate, d_up, h = _swiglu_grads(dh.to(tl.float32), g.to(tl.float32), u.to(tl.float32))
+    _store(g_ptrs, d_gate, mask, UPCAST)
+    _store(u_ptrs, d_up, mask, UPCAST)
+    if STORE_H:
+        _store(h_ptrs, h, mask, UPCAST)
+
+
+@triton.jit
 def _swiglu_backward_tile(
     dh_ptr,
     g_ptr,
@@ -52,13 +70,8 @@ def _swiglu_backward_tile(
     mask = (offs_m[:, None] < size_m) & (offs_n[None, :] < size_n)
     rows = offs_m.to(tl.int64)[:, None]
     cols = offs_n.to(tl.int64)[None, :]
-    dh = tl.load(dh_ptr + rows * stride_dhm + cols * stride_dhn, mask=mask, other=0.0).to(tl.float32)
+    dh = tl.load(dh_ptr + rows * stride_dhm + cols * stride_dhn, mask=mask, other=0.0)
     offs = rows * stride_gm + offs_n[None, :]
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    sig = _sigmoid(g)
-    silu = g * sig
-    _store(g_ptr + offs, dh * u * sig * (1.0 + g * (1.0 - sig)), mask, UPCAST)
-    _store(u_ptr + offs, dh * silu, mask, UPCAST)
-    if STORE_H:
-        _store(h_ptr + offs, silu * u, mask, UPCAST)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    _swiglu_backward_store(dh, g, u, g_ptr + offs, u_ptr + offs, h_ptr + offs, mask, STORE_H, UPCAST)

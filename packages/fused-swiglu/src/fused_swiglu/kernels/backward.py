@@ -7,22 +7,35 @@
   tile in h's own memory (the tile stays in L2) and reads it back with g and u in one coalesced
   layout: doing the step on the accumulator's MMA layout made Triton shuttle four fp32 tiles
   between layouts and spill (ptxas: 1 KB of spills per thread at 128x128). dh is rounded to the
-  operand dtype there, as torch's own dh is.
+  operand dtype there, as torch's own dh is. Two epilogue schedules (EPILOGUE_M, configs.py):
+  row slices after the main loop, or g and u loaded before the main loop and one pass after it.
 - `_swiglu_input_grad_kernel`: dx = d_gate @ w_gate^T + d_up @ w_up^T as ONE matmul over a
   2 * d_intermediate reduction (one accumulator, one write of dx).
 - `_swiglu_weight_grad_kernel`: dw_gate = x^T @ d_gate and dw_up = x^T @ d_up, reducing over all
-  rows (every leading dim) inside the kernel; each x^T tile is loaded once for both.
+  rows (every leading dim) inside the kernel; each x^T tile is loaded once for both. The tiles
+  of a last, partial wave split their reduction over `split` programs (configs.weight_grad_split),
+  which write fp32 partial sums to a workspace; `_weight_grad_reduce_kernel` adds them in a
+  fixed order (deterministic) and writes those tiles.
 """
 
 import triton
 import triton.language as tl
 
-from .activation import _swiglu_backward_tile
-from .configs import down_grad_configs, input_grad_configs, weight_grad_configs
+from .._compat import AUTOTUNE_TIMING
+from .activation import _swiglu_backward_store, _swiglu_backward_tile
+from .configs import (
+    down_grad_configs,
+    input_grad_configs,
+    prune_down_grad,
+    prune_input_grad,
+    prune_weight_grad,
+    weight_grad_configs,
+    weight_grad_plan,
+)
 from .matmul import _grouped_tile, _shared_a_matmul, _store, _sum_of_products_matmul, _wrapped_offsets
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _swiglu_grad_kernel(
     dh_ptr,
     g_ptr,
@@ -43,11 +56,15 @@ def _swiglu_grad_kernel(
     )
 
 
-@triton.autotune(configs=down_grad_configs(), key=["M", "N", "D"], restore_value=["g_ptr", "u_ptr"])
-@triton.heuristics(
-    {"EVEN_D": lambda args: args["D"] % args["BLOCK_D"] == 0, "EPILOGUE_M": lambda args: min(args["BLOCK_M"], 32)}
+@triton.autotune(
+    configs=down_grad_configs(),
+    key=["M", "N", "D"],
+    restore_value=["g_ptr", "u_ptr"],
+    prune_configs_by={"early_config_prune": prune_down_grad},
+    **AUTOTUNE_TIMING,
 )
-@triton.jit
+@triton.heuristics({"EVEN_D": lambda args: args["D"] % args["BLOCK_D"] == 0})
+@triton.jit(do_not_specialize=["M"])
 def _mlp_down_grad_kernel(
     dy_ptr,
     wd_ptr,
@@ -68,10 +85,18 @@ def _mlp_down_grad_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP_M: tl.constexpr,
-    EVEN_D: tl.constexpr,
     EPILOGUE_M: tl.constexpr,
+    EVEN_D: tl.constexpr,
 ):
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :]
+    if EPILOGUE_M == BLOCK_M:
+        # Issued now, consumed after the main loop: the loads' latency and traffic overlap it.
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+        u = tl.load(u_ptr + offs, mask=mask, other=0.0)
     # dh tile = dy (BLOCK_M, D) @ w_down^T (D, BLOCK_N); w_down is (N, D).
     dh = _sum_of_products_matmul(
         dy_ptr, dy_ptr, wd_ptr, wd_ptr,
@@ -79,23 +104,28 @@ def _mlp_down_grad_kernel(
         stride_dym, stride_dyd, stride_wdd, stride_wdn, stride_wdd, stride_wdn,
         D, 1, False, ALLOW_TF32, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D,
     )  # fmt: skip
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    dh_ptrs = h_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :]
-    _store(dh_ptrs, dh, mask, UPCAST)
+    _store(h_ptr + offs, dh, mask, UPCAST)
     tl.debug_barrier()  # the whole tile is in memory before any thread reads it back
-    # In row slices: three loaded tiles of BLOCK_M rows at once would not fit in registers.
-    for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
-        offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
-        _swiglu_backward_tile(
-            h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST
-        )
+    if EPILOGUE_M == BLOCK_M:
+        dh = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        _swiglu_backward_store(dh, g, u, g_ptr + offs, u_ptr + offs, h_ptr + offs, mask, True, UPCAST)
+    else:
+        # In row slices: three loaded tiles of BLOCK_M rows at once would not fit in registers.
+        for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
+            offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
+            _swiglu_backward_tile(
+                h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST
+            )
 
 
-@triton.autotune(configs=input_grad_configs(), key=["M", "K", "N", "ACC_FP16"])
+@triton.autotune(
+    configs=input_grad_configs(),
+    key=["M", "K", "N", "ACC_FP16"],
+    prune_configs_by={"early_config_prune": prune_input_grad},
+    **AUTOTUNE_TIMING,
+)
 @triton.heuristics({"EVEN_N": lambda args: args["N"] % args["BLOCK_N"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _swiglu_input_grad_kernel(
     dg_ptr,
     du_ptr,
@@ -135,15 +165,41 @@ def _swiglu_input_grad_kernel(
     _store(dx_ptrs, acc.to(tl.float32), mask, UPCAST)
 
 
-@triton.autotune(configs=weight_grad_configs(), key=["M", "N", "K"])
-@triton.heuristics({"EVEN_M": lambda args: args["M"] % args["BLOCK_M"] == 0})
 @triton.jit
+def _weight_grad_work(pid, M, K, N, split, NUM_SMS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_M: tl.constexpr):  # fmt: skip
+    """Program -> (tile, first row, end row, index among the split programs or -1).
+
+    Tiles [0, full) are whole programs; with split > 1 the last `tiles % NUM_SMS` tiles each get
+    `split` programs, the p-th of which reduces steps [p * steps // split, (p + 1) * steps // split).
+    (split == 1, the usual case, is a value the JIT specializes on: all of this folds away.)"""
+    tiles = tl.cdiv(K, BLOCK_K) * tl.cdiv(N, BLOCK_N)
+    full = tl.where(split > 1, tiles - tiles % NUM_SMS, tiles)
+    steps = tl.cdiv(M, BLOCK_M)
+    is_part = pid >= full
+    part_program = tl.where(is_part, pid - full, 0)
+    part = part_program % split
+    tile = tl.where(is_part, full + part_program // split, pid)
+    r_begin = tl.where(is_part, (part * steps // split) * BLOCK_M, 0)
+    r_end = tl.where(is_part, tl.minimum(((part + 1) * steps // split) * BLOCK_M, M), M)
+    return tile, r_begin, r_end, tl.where(is_part, part_program, -1)
+
+
+@triton.autotune(
+    configs=weight_grad_configs(),
+    key=["M", "N", "K"],
+    prune_configs_by={"early_config_prune": prune_weight_grad},
+    **AUTOTUNE_TIMING,
+)
+@triton.heuristics({"EVEN_M": lambda args: args["M"] % args["BLOCK_M"] == 0, "split": weight_grad_plan})
+@triton.jit(do_not_specialize=["M"])
 def _swiglu_weight_grad_kernel(
     x_ptr,
     dg_ptr,
     du_ptr,
     dwg_ptr,
     dwu_ptr,
+    ws_ptr,
     stride_xm,
     stride_xk,
     stride_dm,
@@ -151,25 +207,77 @@ def _swiglu_weight_grad_kernel(
     M,
     N,
     K,
+    split,
     ALLOW_TF32: tl.constexpr,
     UPCAST: tl.constexpr,
+    NUM_SMS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     GROUP_K: tl.constexpr,
     EVEN_M: tl.constexpr,
 ):
-    pid_k, pid_n = _grouped_tile(tl.program_id(0), K, N, BLOCK_K, BLOCK_N, GROUP_K)
-    # (dw_gate, dw_up) tiles = x^T (BLOCK_K, M) @ (d_gate, d_up) (M, BLOCK_N), over every row.
+    """`split` (a heuristic of the config, configs.weight_grad_plan; a runtime value, so that the
+    split counts share one compiled kernel) programs share each tile of the last, partial wave."""
+    tile, r_begin, r_end, part_program = _weight_grad_work(
+        tl.program_id(0), M, K, N, split, NUM_SMS, BLOCK_K, BLOCK_N, BLOCK_M
+    )
+    pid_k, pid_n = _grouped_tile(tile, K, N, BLOCK_K, BLOCK_N, GROUP_K)
+    # (dw_gate, dw_up) tiles = x^T (BLOCK_K, rows) @ (d_gate, d_up) (rows, BLOCK_N), over rows [r_begin, r_end).
     acc_g, acc_u = _shared_a_matmul(
         x_ptr, dg_ptr, du_ptr,
         _wrapped_offsets(pid_k, K, BLOCK_K), _wrapped_offsets(pid_n, N, BLOCK_N),
         stride_xk, stride_xm, stride_dm, 1, stride_dm, 1,
-        M, False, ALLOW_TF32, UPCAST, BLOCK_K, BLOCK_N, BLOCK_M, EVEN_M,
+        r_begin, r_end, False, ALLOW_TF32, UPCAST, BLOCK_K, BLOCK_N, BLOCK_M, EVEN_M,
     )  # fmt: skip
-    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    if part_program < 0:
+        offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+        offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n[None, :]
+        _store(dwg_ptr + offs, acc_g, mask, UPCAST)
+        _store(dwu_ptr + offs, acc_u, mask, UPCAST)
+    else:
+        # The workspace holds (part program, [gate, up], BLOCK_K, BLOCK_N) fp32 tiles.
+        tile_offs = tl.arange(0, BLOCK_K)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        ws_tile = ws_ptr + part_program.to(tl.int64) * (2 * BLOCK_K * BLOCK_N) + tile_offs
+        tl.store(ws_tile, acc_g)
+        tl.store(ws_tile + BLOCK_K * BLOCK_N, acc_u)
+
+
+@triton.jit
+def _weight_grad_reduce_kernel(
+    ws_ptr,
+    dwg_ptr,
+    dwu_ptr,
+    stride_dwk,
+    N,
+    K,
+    split,
+    UPCAST: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """One program per split tile and matrix: the `split` partial sums added in order, then stored."""
+    tiles = tl.cdiv(K, BLOCK_K) * tl.cdiv(N, BLOCK_N)
+    index = tl.program_id(0)
+    which = tl.program_id(1)  # 0: dw_gate, 1: dw_up
+    pid_k, pid_n = _grouped_tile(tiles - tiles % NUM_SMS + index, K, N, BLOCK_K, BLOCK_N, GROUP_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-    offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n[None, :]
-    _store(dwg_ptr + offs, acc_g, mask, UPCAST)
-    _store(dwu_ptr + offs, acc_u, mask, UPCAST)
+    first = ws_ptr + (index * split * 2 + which).to(tl.int64) * (BLOCK_K * BLOCK_N)
+    for start in tl.static_range(0, BLOCK_K, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        tile_offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        total = tl.load(first + tile_offs)
+        for part in range(1, split):
+            total += tl.load(first + part * (2 * BLOCK_K * BLOCK_N) + tile_offs)
+        offs_k = pid_k * BLOCK_K + rows
+        mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+        offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n[None, :]
+        if which == 0:
+            _store(dwg_ptr + offs, total, mask, UPCAST)
+        else:
+            _store(dwu_ptr + offs, total, mask, UPCAST)

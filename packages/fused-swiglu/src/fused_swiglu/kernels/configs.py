@@ -1,31 +1,43 @@
-"""Autotune configurations, chosen for the H100 (132 SMs, 228 KB shared memory per SM, wgmma).
+"""Autotune configurations, chosen for the H100 (132 SMs, 227 KB of shared memory per block, wgmma),
+the pruning that keeps autotuning short, and the weight gradient's split of its last wave.
 
 Each list holds a few configs that bracket the shapes that matter (training: tens of thousands
-of rows; d_model 1024..8192): autotuning compiles and times every config once per (M, N, K),
-so the lists stay short. Shared memory per stage is (A tile + B tiles) x element size; the
-deepest pipelines below need up to 192 KB (H100); where they do not fit (A100: 164 KB, or fp32
-operands) Triton's autotuner skips them as out of resources and the shallower ones remain.
-Every list ends with a small config that fits anywhere (fp32 included). One config per list
-fits two CTAs on an SM (<= ~113 KB of shared memory, <= 128 x 255 registers): while one CTA
-runs its epilogue (stores of h, g, u; or the loads and stores of the backward step) the other
-keeps the tensor cores busy, which a one-CTA-per-SM pipeline cannot do without persistence.
+of rows; d_model 1024..8192). Autotuning compiles and times every config it keeps once per
+(M, N, K), so `prune_*` keeps only what can win: configs whose operand stages fit in shared
+memory for the operand dtype (fp32 halves what fits), tiles no larger than the problem, and,
+for a problem whose output fills the GPU four times over with 128x128 tiles, only the large
+tiles (smaller ones only add operand traffic there). Shared memory per stage is (A tile + B
+tiles) x element size; registers, as compiled for sm_90 (ptxas, Triton 3.9, bf16, aligned
+operands), are noted per config: a config of <= 128 registers x 8 warps and <= ~113 KB leaves
+room for two programs on an SM, so that one's epilogue overlaps the other's main loop.
 
 The interpreter (TRITON_INTERPRET=1) gets one small config instead, so that the tiny shapes of
 the CPU tests still span several tiles in every dimension (Triton's autotuner cannot time
-anything without a GPU).
+anything without a GPU); tests pin the other epilogue variant explicitly.
 """
 
 import triton
 
 from .._compat import INTERPRETING
 
+# Shared memory one block may use on an H100 (the opt-in maximum); a config that still does not
+# fit elsewhere (A100: 163 KB) fails to launch and the autotuner skips it.
+SHARED_MEMORY = 227 * 1024
+# Output elements from which 128x128 tiles fill 132 SMs four times over: only large tiles compete.
+LARGE_OUTPUT = 4 * 132 * 128 * 128
+# The weight gradient's last-wave split (see weight_grad_split).
+MAX_SPLIT = 4
+MANY_WAVES = 8
 
-def _configs(names, rows, pre_hook=None):
-    """triton.Config for each (block sizes..., group, num_warps, num_stages) row."""
+
+def _configs(names, rows, pre_hook=None, extra=()):
+    """triton.Config for each (block sizes..., group, num_warps, num_stages[, extra...]) row."""
     configs = []
-    for *blocks, group, num_warps, num_stages in rows:
+    for row in rows:
+        *blocks, group, num_warps, num_stages = row[: len(names) + 2]
         kwargs = dict(zip(names, blocks))
         kwargs[names[-1]] = group
+        kwargs.update(zip(extra, row[len(names) + 2 :]))
         configs.append(triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages, pre_hook=pre_hook))
     return configs
 
@@ -42,44 +54,137 @@ def _set_forward_tma_blocks(nargs):
 # Two BLOCK_P x BLOCK_Q fp32 accumulators: 128x128 twice is a 128x256 tile's registers and
 # arithmetic intensity, 128 accumulator registers per thread over 8 warps.
 _DUAL_ROWS = [
-    # P,   Q,   R, group, warps, stages   smem/stage (16-bit)
-    (128, 128, 64, 8, 8, 3),  # 48 KB: the workhorse for large shapes
-    (128, 128, 64, 8, 8, 4),  # 48 KB x 4 = 192 KB: deeper pipeline, H100 only
-    (128, 64, 64, 8, 4, 3),  # 32 KB x 3 = 96 KB: two CTAs per SM overlap epilogues and main loops
-    (64, 128, 64, 8, 4, 4),  # 40 KB: small M (few rows)
-    (64, 64, 32, 8, 4, 3),  # 12 KB: anything, fp32 included
+    # P,   Q,   R, group, warps, stages   smem (16-bit); registers: TMA forward / weight grad
+    (128, 128, 64, 8, 8, 3),  # 144 KB; 183 / 190: the workhorse for large shapes
+    (128, 128, 64, 8, 8, 4),  # 192 KB: deeper pipeline, H100 only
+    (128, 64, 64, 8, 4, 3),  # 96 KB; 202 regs x 4 warps: two programs per SM
+    (64, 128, 64, 8, 4, 4),  # 160 KB: small M (few rows)
+    (64, 64, 32, 8, 4, 3),  # 36 KB: anything, fp32 included
 ]
-# Sum-of-products / single matmul (input grad: [d_gate, d_up] @ [w_gate, w_up]^T; the down
-# projection's backward): one accumulator.
-_SINGLE_ROWS = [
-    (128, 128, 64, 8, 8, 3),  # two pairs: 64 KB/stage; one pair (down projection): 96 KB, two CTAs/SM
-    (128, 256, 32, 8, 8, 4),  # two pairs: 48 KB/stage; one accumulator of 128 regs/thread
-    (128, 128, 32, 8, 4, 3),  # two pairs: 32 KB x 3 = 96 KB, two CTAs per SM (one pair: 48 KB)
+# The persistent TMA forward (Hopper): PROGRAMS_PER_SM programs per SM walk the tiles; with two,
+# one program's epilogue runs beside the other's main loop. The epilogue's layout conversion
+# takes 16-32 KB of shared memory beside the stages (the next tile's loads are in flight).
+_TMA_FORWARD_ROWS = [
+    # M,   N,   K, group, warps, stages, PROGRAMS_PER_SM   smem; registers
+    (128, 128, 64, 8, 8, 3, 1),  # 176 KB, 186 regs: the workhorse
+    (64, 128, 64, 8, 4, 2, 2),  # 88 KB, 252 regs x 4 warps: two programs per SM
+    (64, 128, 64, 8, 4, 3, 1),  # 128 KB: small M
+    (64, 64, 32, 8, 4, 3, 1),  # 44 KB: anything
+]
+# Single accumulator (input grad: [d_gate, d_up] @ [w_gate, w_up]^T, one loop per pair, so the
+# stages hold one pair's tiles).
+_INPUT_GRAD_ROWS = [
+    (128, 128, 64, 8, 8, 3),  # 96 KB: two programs per SM
+    (128, 256, 64, 8, 8, 3),  # 144 KB; a 128x256 accumulator, the highest arithmetic intensity
+    (128, 256, 32, 8, 8, 4),  # 96 KB: the same tile, shorter steps
     (64, 128, 64, 8, 4, 3),  # small M
     (64, 64, 32, 8, 4, 3),  # anything, fp32 included
 ]
+# The down projection's backward: dh = dy @ w_down^T with the SwiGLU backward as its epilogue.
+# EPILOGUE_M < BLOCK_M: the epilogue walks the tile in row slices (few registers: two programs
+# per SM, one's epilogue beside the other's main loop); EPILOGUE_M == BLOCK_M: g and u are
+# loaded before the main loop (their latency hides behind it) and the epilogue is one pass.
+_DOWN_GRAD_ROWS = [
+    # M,   N,   D, group, warps, stages, EPILOGUE_M   smem; registers
+    (128, 128, 64, 8, 8, 3, 32),  # 96 KB, 102 regs: two programs per SM
+    (128, 128, 64, 8, 16, 3, 128),  # 96 KB, 128 regs x 16 warps: g, u prefetched, one program per SM
+    (128, 256, 64, 8, 8, 3, 32),  # 144 KB, 182 regs: a 128x256 accumulator
+    (64, 128, 64, 8, 8, 3, 64),  # 72 KB, 128 regs: small M, g, u prefetched, two programs per SM
+    (64, 64, 32, 8, 4, 3, 32),  # 24 KB: anything, fp32 included
+]
 _INTERPRETER_ROW = [(32, 32, 16, 2, 4, 1)]
+_INTERPRETER_TMA_ROW = [(32, 32, 16, 2, 4, 1, 1)]
+# Row slices of 16 in the interpreter's 32-row tile: the sliced epilogue; tests pin the one-pass one.
+_INTERPRETER_DOWN_ROW = [(32, 32, 16, 2, 4, 1, 16)]
 
 
-def _rows(rows):
-    return _INTERPRETER_ROW if INTERPRETING else rows
+def forward_configs(interpreting: bool = INTERPRETING):
+    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), _INTERPRETER_ROW if interpreting else _DUAL_ROWS)
 
 
-def forward_configs():
-    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), _rows(_DUAL_ROWS))
+def forward_tma_configs(interpreting: bool = INTERPRETING):
+    rows = _INTERPRETER_TMA_ROW if interpreting else _TMA_FORWARD_ROWS
+    names = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+    return _configs(names, rows, _set_forward_tma_blocks, extra=("PROGRAMS_PER_SM",))
 
 
-def forward_tma_configs():
-    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), _rows(_DUAL_ROWS), _set_forward_tma_blocks)
+def weight_grad_configs(interpreting: bool = INTERPRETING):
+    return _configs(("BLOCK_K", "BLOCK_N", "BLOCK_M", "GROUP_K"), _INTERPRETER_ROW if interpreting else _DUAL_ROWS)
 
 
-def weight_grad_configs():
-    return _configs(("BLOCK_K", "BLOCK_N", "BLOCK_M", "GROUP_K"), _rows(_DUAL_ROWS))
+def input_grad_configs(interpreting: bool = INTERPRETING):
+    rows = _INTERPRETER_ROW if interpreting else _INPUT_GRAD_ROWS
+    return _configs(("BLOCK_M", "BLOCK_K", "BLOCK_N", "GROUP_M"), rows)
 
 
-def input_grad_configs():
-    return _configs(("BLOCK_M", "BLOCK_K", "BLOCK_N", "GROUP_M"), _rows(_SINGLE_ROWS))
+def down_grad_configs(interpreting: bool = INTERPRETING):
+    rows = _INTERPRETER_DOWN_ROW if interpreting else _DOWN_GRAD_ROWS
+    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_D", "GROUP_M"), rows, extra=("EPILOGUE_M",))
 
 
-def down_grad_configs():
-    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_D", "GROUP_M"), _rows(_SINGLE_ROWS))
+def _prune(configs, size_p, size_q, p, q, r, b_tiles, element_size):
+    """The configs that fit and suit a (size_p, size_q) output (see the module docstring); at
+    least the smallest. p, q, r: the config's names for the output and reduction blocks;
+    b_tiles: B tiles per stage (2 for the dual matmul)."""
+
+    def smem(config):
+        kw = config.kwargs
+        stages = config.num_stages * (kw[p] * kw[r] + b_tiles * kw[r] * kw[q]) * element_size
+        return stages * kw.get("PROGRAMS_PER_SM", 1)
+
+    smallest_p = min(c.kwargs[p] for c in configs)
+    smallest_q = min(c.kwargs[q] for c in configs)
+    large = size_p * size_q >= LARGE_OUTPUT
+    kept = [
+        c
+        for c in configs
+        if smem(c) <= SHARED_MEMORY
+        and c.kwargs[p] <= max(triton.next_power_of_2(size_p), smallest_p)
+        and c.kwargs[q] <= max(triton.next_power_of_2(size_q), smallest_q)
+        and (not large or c.kwargs[p] * c.kwargs[q] * b_tiles >= 128 * 128)
+    ]
+    return kept or [min(configs, key=smem)]
+
+
+# early_config_prune hooks (Triton 2.2 passes the positional arguments only: sizes and tensors).
+def prune_forward(configs, named_args, **kwargs):
+    x = named_args["x_ptr"] if "x_ptr" in named_args else named_args["x_desc"].base
+    return _prune(configs, named_args["M"], named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, x.element_size())
+
+
+def prune_weight_grad(configs, named_args, **kwargs):
+    size = named_args["x_ptr"].element_size()
+    return _prune(configs, named_args["K"], named_args["N"], "BLOCK_K", "BLOCK_N", "BLOCK_M", 2, size)
+
+
+def prune_input_grad(configs, named_args, **kwargs):
+    size = named_args["dg_ptr"].element_size()
+    return _prune(configs, named_args["M"], named_args["K"], "BLOCK_M", "BLOCK_K", "BLOCK_N", 1, size)
+
+
+def prune_down_grad(configs, named_args, **kwargs):
+    size = named_args["dy_ptr"].element_size()
+    return _prune(configs, named_args["M"], named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_D", 1, size)
+
+
+def weight_grad_split(tiles: int, multiprocessors: int, steps: int) -> int:
+    """How many programs share each tile of the weight gradient's last, partial wave (1: none).
+
+    The weight gradient has few output tiles and long reductions (x 16384 x 2048, intermediate
+    5632: 704 tiles of 128x128 on 132 SMs, 5 full waves and 44 tiles alone in a sixth that
+    leaves 88 SMs idle for a whole tile's time). The `tiles % multiprocessors` tiles of that
+    wave each split their reduction over `split` programs (split x remainder <= SMs), which
+    fill the wave with programs 1/split as long; a small second kernel adds the partial sums in
+    a fixed order. Past MANY_WAVES full waves the idle tail is under 1/8 of the time: no split.
+    Each program keeps at least one reduction step (split <= steps).
+    """
+    remainder = tiles % multiprocessors
+    if remainder == 0 or tiles // multiprocessors >= MANY_WAVES:
+        return 1
+    return max(1, min(multiprocessors // remainder, MAX_SPLIT, steps))
+
+
+def weight_grad_plan(args) -> int:
+    """weight_grad_split for the config being launched (a heuristic: the config's blocks are in args)."""
+    tiles = triton.cdiv(args["K"], args["BLOCK_K"]) * triton.cdiv(args["N"], args["BLOCK_N"])
+    return weight_grad_split(tiles, args["NUM_SMS"], triton.cdiv(args["M"], args["BLOCK_M"]))

@@ -11,9 +11,12 @@ a second pair of matmuls (see ops/swiglu.py for the trade-off).
 import triton
 import triton.language as tl
 
+from .._compat import AUTOTUNE_TIMING
 from .activation import _swiglu
-from .configs import forward_configs, forward_tma_configs
+from .configs import forward_configs, forward_tma_configs, prune_forward
 from .matmul import _dot, _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets, _zeros
+
+FORWARD_KEY = ["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"]
 
 
 @triton.jit
@@ -52,9 +55,14 @@ def _swiglu_fwd_epilogue(
         _store(u_ptr + offs, u, mask, UPCAST)
 
 
-@triton.autotune(configs=forward_configs(), key=["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"])
+@triton.autotune(
+    configs=forward_configs(),
+    key=FORWARD_KEY,
+    prune_configs_by={"early_config_prune": prune_forward},
+    **AUTOTUNE_TIMING,
+)
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _swiglu_fwd_kernel(
     x_ptr,
     wg_ptr,
@@ -90,7 +98,7 @@ def _swiglu_fwd_kernel(
         x_ptr, wg_ptr, wu_ptr,
         _wrapped_offsets(pid_m, M, BLOCK_M), _wrapped_offsets(pid_n, N, BLOCK_N),
         stride_xm, stride_xk, stride_wgk, stride_wgn, stride_wuk, stride_wun,
-        K, ACC_FP16, ALLOW_TF32, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+        0, K, ACC_FP16, ALLOW_TF32, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
     )  # fmt: skip
     _swiglu_fwd_epilogue(
         acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
@@ -98,8 +106,13 @@ def _swiglu_fwd_kernel(
     )  # fmt: skip
 
 
-@triton.autotune(configs=forward_tma_configs(), key=["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"])
-@triton.jit
+@triton.autotune(
+    configs=forward_tma_configs(),
+    key=FORWARD_KEY,
+    prune_configs_by={"early_config_prune": prune_forward},
+    **AUTOTUNE_TIMING,
+)
+@triton.jit(do_not_specialize=["M"])
 def _swiglu_fwd_tma_kernel(
     x_desc,
     wg_desc,
@@ -117,26 +130,34 @@ def _swiglu_fwd_tma_kernel(
     SAVE_GU: tl.constexpr,
     ACC_FP16: tl.constexpr,
     UPCAST: tl.constexpr,
+    NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr,
 ):
-    """The Hopper variant (Triton >= 3.4, 16-bit operands with aligned, unit-stride rows): the
-    x and weight tiles arrive by TMA through tensor descriptors (zero-padded past the edges, so
-    no masks and no address registers in the main loop; the pointer kernel's two accumulators
-    leave it at ptxas' 255-register limit). Same epilogue as `_swiglu_fwd_kernel`."""
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    acc_g = _zeros(BLOCK_M, BLOCK_N, ACC_FP16)
-    acc_u = _zeros(BLOCK_M, BLOCK_N, ACC_FP16)
-    for step in range(0, tl.cdiv(K, BLOCK_K)):
-        off_k = step * BLOCK_K
-        x = x_desc.load([off_m, off_k])
-        acc_g = _dot(x, wg_desc.load([off_k, off_n]), acc_g, ACC_FP16, False, UPCAST)
-        acc_u = _dot(x, wu_desc.load([off_k, off_n]), acc_u, ACC_FP16, False, UPCAST)
-    _swiglu_fwd_epilogue(
-        acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
-        HAS_BIAS, SAVE_GU, UPCAST, BLOCK_M, BLOCK_N,
-    )  # fmt: skip
+    """The Hopper variant (Triton >= 3.4, 16-bit operands with aligned, unit-stride rows), persistent:
+    P = min(tiles, NUM_SMS * PROGRAMS_PER_SM) programs walk the tiles pid, pid + P, ... in grouped
+    order (with two programs per SM, one's epilogue runs beside the other's main loop).
+    The x and weight tiles arrive by TMA through tensor descriptors (zero-padded past the edges,
+    so no masks and no address registers in the main loop; the pointer kernel's two
+    accumulators leave it at ptxas' 255-register limit). The (tile, k) loops are flattened, so
+    the next tile's first loads are in flight while this tile's epilogue runs, and the
+    epilogue's stores drain behind the next tile's MMAs. Same epilogue as `_swiglu_fwd_kernel`."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
+        pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc_g = _zeros(BLOCK_M, BLOCK_N, ACC_FP16)
+        acc_u = _zeros(BLOCK_M, BLOCK_N, ACC_FP16)
+        for step in range(0, tl.cdiv(K, BLOCK_K)):
+            off_k = step * BLOCK_K
+            x = x_desc.load([off_m, off_k])
+            acc_g = _dot(x, wg_desc.load([off_k, off_n]), acc_g, ACC_FP16, False, UPCAST)
+            acc_u = _dot(x, wu_desc.load([off_k, off_n]), acc_u, ACC_FP16, False, UPCAST)
+        _swiglu_fwd_epilogue(
+            acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
+            HAS_BIAS, SAVE_GU, UPCAST, BLOCK_M, BLOCK_N,
+        )  # fmt: skip

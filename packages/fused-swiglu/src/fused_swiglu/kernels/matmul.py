@@ -1,4 +1,4 @@
-"""Matmul building blocks shared by the SwiGLU kernels: tile order, one dot step, two main loops.
+"""Matmul building blocks shared by the SwiGLU kernels: tile order, one dot step, the main loops.
 
 Conventions: a program computes a (BLOCK_P, BLOCK_Q) output tile and reduces over R in BLOCK_R
 steps. Row and column indices are wrapped modulo the sizes (`offs % P`), so the operand loads
@@ -6,10 +6,38 @@ need no row/column masks (the extra rows and columns repeat valid data and are m
 store); only the reduction tail is masked, and not at all when EVEN_R (R % BLOCK_R == 0).
 Indices are int64 before they meet a stride, so tensors past 2^31 elements are addressed
 correctly; the main loops then advance pointers, which are 64-bit.
+
+Precision of the dot step (`_dot`): 16-bit operands accumulate in fp32 on the tensor cores
+(acc += a @ b, one wgmma/mma chain); fp16 accumulation (FastAccumFusedSwiGLU) likewise in fp16.
+fp32 operands run as IEEE fp32 (FMA, no tensor cores) unless torch's allow_tf32 opted in, and
+each BLOCK_R-deep partial product is summed into a fresh accumulator before it is added to the
+running one: a two-level sum whose rounding error grows with R / BLOCK_R + BLOCK_R instead of R
+(a single FMA chain over R = 4096 rows made the fp32 weight gradients ~2x less accurate than
+cuBLAS; modelled on the CPU, the chained sum errs 4x more than the chunked one).
 """
 
 import triton
 import triton.language as tl
+
+from .._compat import HAS_INPUT_PRECISION
+
+if HAS_INPUT_PRECISION:
+
+    @triton.jit
+    def _fp32_dot(a, b, ALLOW_TF32: tl.constexpr):
+        """a @ b of fp32 tiles into a fresh fp32 accumulator; the precision stated explicitly, so
+        that no environment default (TRITON_F32_DEFAULT) can turn it into TF32 behind the user."""
+        if ALLOW_TF32:
+            product = tl.dot(a, b, input_precision="tf32")
+        else:
+            product = tl.dot(a, b, input_precision="ieee")
+        return product
+
+else:  # pragma: no cover - Triton < 3.0: allow_tf32 is the only switch (and nothing overrides it)
+
+    @triton.jit
+    def _fp32_dot(a, b, ALLOW_TF32: tl.constexpr):
+        return tl.dot(a, b, allow_tf32=ALLOW_TF32)
 
 
 @triton.jit
@@ -36,15 +64,18 @@ def _dot(a, b, acc, ACC_FP16: tl.constexpr, ALLOW_TF32: tl.constexpr, UPCAST: tl
     """acc + a @ b, accumulated in acc's dtype (fp32, or fp16 when ACC_FP16).
 
     UPCAST (the interpreter): bf16/fp16 dots would run on raw bits there, so the product is taken
-    in fp32 and rounded into the accumulator once per call. ALLOW_TF32 only matters for fp32
-    operands (torch.backends.cuda.matmul.allow_tf32 decides it, as for torch's own matmuls).
+    in fp32 and rounded into the accumulator once per call. fp32 operands: a fresh partial sum
+    per call, then one add (see the module docstring). ALLOW_TF32 only matters for fp32 operands
+    (torch.backends.cuda.matmul.allow_tf32 decides it, as for torch's own matmuls).
     """
     if UPCAST:
         acc = (acc.to(tl.float32) + tl.dot(a.to(tl.float32), b.to(tl.float32))).to(acc.dtype)
     elif ACC_FP16:
         acc = tl.dot(a, b, acc, out_dtype=tl.float16)
+    elif a.dtype == tl.float32:
+        acc += _fp32_dot(a, b, ALLOW_TF32)
     else:
-        acc = tl.dot(a, b, acc, allow_tf32=ALLOW_TF32)
+        acc = tl.dot(a, b, acc)
     return acc
 
 
@@ -70,7 +101,8 @@ def _shared_a_matmul(
     stride_b1_q,
     stride_b2_r,
     stride_b2_q,
-    size_r,
+    r_begin,
+    r_end,
     ACC_FP16: tl.constexpr,
     ALLOW_TF32: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -79,20 +111,23 @@ def _shared_a_matmul(
     BLOCK_R: tl.constexpr,
     EVEN_R: tl.constexpr,
 ):
-    """(A @ B1, A @ B2) for one output tile: each A tile is loaded once and feeds both dots."""
+    """(A @ B1, A @ B2) for one output tile over the reduction slice [r_begin, r_end): each A
+    tile is loaded once and feeds both dots. r_begin is a multiple of BLOCK_R; EVEN_R: so is
+    r_end - r_begin (no tail mask)."""
     offs_r = tl.arange(0, BLOCK_R)
-    a_ptrs = a_ptr + offs_p[:, None] * stride_a_p + offs_r[None, :] * stride_a_r
-    b1_ptrs = b1_ptr + offs_r[:, None] * stride_b1_r + offs_q[None, :] * stride_b1_q
-    b2_ptrs = b2_ptr + offs_r[:, None] * stride_b2_r + offs_q[None, :] * stride_b2_q
+    rows_r = (r_begin + offs_r).to(tl.int64)
+    a_ptrs = a_ptr + offs_p[:, None] * stride_a_p + rows_r[None, :] * stride_a_r
+    b1_ptrs = b1_ptr + rows_r[:, None] * stride_b1_r + offs_q[None, :] * stride_b1_q
+    b2_ptrs = b2_ptr + rows_r[:, None] * stride_b2_r + offs_q[None, :] * stride_b2_q
     acc1 = _zeros(BLOCK_P, BLOCK_Q, ACC_FP16)
     acc2 = _zeros(BLOCK_P, BLOCK_Q, ACC_FP16)
-    for step in range(0, tl.cdiv(size_r, BLOCK_R)):
+    for step in range(0, tl.cdiv(r_end - r_begin, BLOCK_R)):
         if EVEN_R:
             a = tl.load(a_ptrs)
             b1 = tl.load(b1_ptrs)
             b2 = tl.load(b2_ptrs)
         else:
-            in_r = offs_r < size_r - step * BLOCK_R
+            in_r = offs_r < r_end - r_begin - step * BLOCK_R
             a = tl.load(a_ptrs, mask=in_r[None, :], other=0.0)
             b1 = tl.load(b1_ptrs, mask=in_r[:, None], other=0.0)
             b2 = tl.load(b2_ptrs, mask=in_r[:, None], other=0.0)
@@ -102,6 +137,43 @@ def _shared_a_matmul(
         b1_ptrs += BLOCK_R * stride_b1_r
         b2_ptrs += BLOCK_R * stride_b2_r
     return acc1, acc2
+
+
+@triton.jit
+def _accumulate_matmul(
+    acc,
+    a_ptr,
+    b_ptr,
+    offs_p,
+    offs_q,
+    stride_a_p,
+    stride_a_r,
+    stride_b_r,
+    stride_b_q,
+    size_r,
+    ACC_FP16: tl.constexpr,
+    ALLOW_TF32: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    EVEN_R: tl.constexpr,
+):
+    """acc + A @ B for one output tile: one dot per step, so the tensor-core pipeline keeps one
+    step's MMAs in flight while the next step's tiles load."""
+    offs_r = tl.arange(0, BLOCK_R)
+    a_ptrs = a_ptr + offs_p[:, None] * stride_a_p + offs_r[None, :] * stride_a_r
+    b_ptrs = b_ptr + offs_r[:, None] * stride_b_r + offs_q[None, :] * stride_b_q
+    for step in range(0, tl.cdiv(size_r, BLOCK_R)):
+        if EVEN_R:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            in_r = offs_r < size_r - step * BLOCK_R
+            a = tl.load(a_ptrs, mask=in_r[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=in_r[:, None], other=0.0)
+        acc = _dot(a, b, acc, ACC_FP16, ALLOW_TF32, UPCAST)
+        a_ptrs += BLOCK_R * stride_a_r
+        b_ptrs += BLOCK_R * stride_b_r
+    return acc
 
 
 @triton.jit
@@ -130,36 +202,22 @@ def _sum_of_products_matmul(
 ):
     """A1 @ B1 (+ A2 @ B2 when PAIRS == 2) into one accumulator: one matmul over a 2R reduction.
 
-    A1 and A2 share strides (two buffers of one shape); a2_ptr/b2_ptr are unused when PAIRS == 1.
+    The pairs run as two loops one after the other, not as two dots in one loop: two dots into
+    one accumulator per step made the compiler wait for the first step's MMAs before issuing the
+    second's (`wgmma.wait_group 0` mid-loop, in the sm_90 PTX), draining the tensor-core pipeline
+    twice per step. A1 and A2 share strides (two buffers of one shape); a2_ptr/b2_ptr are unused
+    when PAIRS == 1.
     """
-    offs_r = tl.arange(0, BLOCK_R)
-    a_offs = offs_p[:, None] * stride_a_p + offs_r[None, :] * stride_a_r
-    a1_ptrs = a1_ptr + a_offs
-    a2_ptrs = a2_ptr + a_offs
-    b1_ptrs = b1_ptr + offs_r[:, None] * stride_b1_r + offs_q[None, :] * stride_b1_q
-    b2_ptrs = b2_ptr + offs_r[:, None] * stride_b2_r + offs_q[None, :] * stride_b2_q
     acc = _zeros(BLOCK_P, BLOCK_Q, ACC_FP16)
-    for step in range(0, tl.cdiv(size_r, BLOCK_R)):
-        if EVEN_R:
-            a1 = tl.load(a1_ptrs)
-            b1 = tl.load(b1_ptrs)
-        else:
-            in_r = offs_r < size_r - step * BLOCK_R
-            a1 = tl.load(a1_ptrs, mask=in_r[None, :], other=0.0)
-            b1 = tl.load(b1_ptrs, mask=in_r[:, None], other=0.0)
-        acc = _dot(a1, b1, acc, ACC_FP16, ALLOW_TF32, UPCAST)
-        if PAIRS == 2:
-            if EVEN_R:
-                a2 = tl.load(a2_ptrs)
-                b2 = tl.load(b2_ptrs)
-            else:
-                a2 = tl.load(a2_ptrs, mask=in_r[None, :], other=0.0)
-                b2 = tl.load(b2_ptrs, mask=in_r[:, None], other=0.0)
-            acc = _dot(a2, b2, acc, ACC_FP16, ALLOW_TF32, UPCAST)
-            a2_ptrs += BLOCK_R * stride_a_r
-            b2_ptrs += BLOCK_R * stride_b2_r
-        a1_ptrs += BLOCK_R * stride_a_r
-        b1_ptrs += BLOCK_R * stride_b1_r
+    acc = _accumulate_matmul(
+        acc, a1_ptr, b1_ptr, offs_p, offs_q, stride_a_p, stride_a_r, stride_b1_r, stride_b1_q, size_r,
+        ACC_FP16, ALLOW_TF32, UPCAST, BLOCK_R, EVEN_R,
+    )  # fmt: skip
+    if PAIRS == 2:
+        acc = _accumulate_matmul(
+            acc, a2_ptr, b2_ptr, offs_p, offs_q, stride_a_p, stride_a_r, stride_b2_r, stride_b2_q, size_r,
+            ACC_FP16, ALLOW_TF32, UPCAST, BLOCK_R, EVEN_R,
+        )  # fmt: skip
     return acc
 
 

@@ -7,18 +7,28 @@ gradients of g and u are contiguous (M, N); w_down (N, D) any strides; dy (M, D)
 No typing-from-the-future import here: torch infers the op schemas from these annotations.
 """
 
+import functools
 from typing import Optional, Tuple
 
 import torch
 import triton
 
-from .._compat import HOPPER_TMA_FORWARD, INTERPRETING, TensorDescriptor, is_hopper, library_op
+from .._compat import (
+    HOPPER_TMA_FORWARD,
+    INTERPRETING,
+    TensorDescriptor,
+    is_hopper,
+    library_op,
+    multiprocessor_count,
+)
 from ..kernels.backward import (
     _mlp_down_grad_kernel,
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_weight_grad_kernel,
+    _weight_grad_reduce_kernel,
 )
+from ..kernels.configs import weight_grad_split
 from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 Tensor = torch.Tensor
@@ -27,6 +37,9 @@ Tensor = torch.Tensor
 GRAD_BLOCK_M = 64
 GRAD_BLOCK_N = 128
 GRAD_NUM_WARPS = 8
+# The weight gradient's partial-sum reduction: row slices of 32 of a tile, 4 warps.
+REDUCE_ROWS = 32
+REDUCE_NUM_WARPS = 4
 
 
 def _allow_tf32(dtype: torch.dtype) -> bool:
@@ -41,18 +54,21 @@ def _mark_overwritten(*tensors: Tensor) -> None:
         torch.autograd.graph.increment_version(tensor)
 
 
-def _tma_ready(t: Tensor) -> bool:
-    """Rows unit-stride and 16-byte aligned, as a TMA descriptor needs."""
-    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+def tma_ready(t: Tensor) -> bool:
+    """What a 2-D TMA descriptor needs of the tensor it reads: a unit stride along rows, a row
+    stride that is positive and a multiple of 16 bytes, and a 16-byte aligned base address. The
+    shape need not be aligned (the descriptor zero-fills reads past the edges)."""
+    row_bytes = t.stride(0) * t.element_size()
+    return t.stride(1) == 1 and row_bytes > 0 and row_bytes % 16 == 0 and t.data_ptr() % 16 == 0
 
 
 def use_tma_forward(x: Tensor, w_gate: Tensor, w_up: Tensor) -> bool:
-    """The Hopper TMA forward (see _compat) applies: Triton >= 3.4, sm_90, aligned 16-bit operands."""
+    """The Hopper TMA forward (see _compat) applies: Triton >= 3.4, sm_90, TMA-ready 16-bit operands."""
     return (
         HOPPER_TMA_FORWARD
         and x.dtype in (torch.float16, torch.bfloat16)
+        and all(tma_ready(t) for t in (x, w_gate, w_up))
         and is_hopper(x.device.index)
-        and all(_tma_ready(t) for t in (x, w_gate, w_up))
     )
 
 
@@ -70,11 +86,16 @@ def launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu: bool, fp16_a
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
     if tma:
+        sms = multiprocessor_count(x.device)
+
+        def persistent_grid(meta):
+            return (min(grid(meta)[0], sms * meta["PROGRAMS_PER_SM"]),)
+
         # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
         descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, w_gate, w_up)]
-        _swiglu_fwd_tma_kernel[grid](
+        _swiglu_fwd_tma_kernel[persistent_grid](
             *descriptors, b_gate, b_up, h, g, u, h.stride(0), M, N, K,
-            HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING,
+            HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING, NUM_SMS=sms,
         )  # fmt: skip
         return
     _swiglu_fwd_kernel[grid](
@@ -172,21 +193,57 @@ def _(d_gate, d_up, w_gate, w_up, fp16_accumulate):
     return d_gate.new_empty((d_gate.shape[0], w_gate.shape[0]))
 
 
+@functools.lru_cache(maxsize=256)
+def _weight_grad_workspace_elements(M: int, N: int, K: int, sms: int, blocks: Tuple[Tuple[int, int, int], ...]) -> int:
+    """fp32 elements of partial sums the weight gradient may write, the most over its configs."""
+    most = 0
+    for block_k, block_n, block_m in blocks:
+        tiles = triton.cdiv(K, block_k) * triton.cdiv(N, block_n)
+        split = weight_grad_split(tiles, sms, triton.cdiv(M, block_m))
+        if split > 1:
+            most = max(most, (tiles % sms) * split * 2 * block_k * block_n)
+    return most
+
+
 @library_op("swiglu_weight_grad")
 def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor) -> Tuple[Tensor, Tensor]:
-    """(dw_gate, dw_up) = (x^T @ d_gate, x^T @ d_up), reduced over all M rows -> (K, N) each."""
+    """(dw_gate, dw_up) = (x^T @ d_gate, x^T @ d_up), reduced over all M rows -> (K, N) each.
+
+    A last, partial wave of output tiles splits its reduction (configs.weight_grad_split): those
+    programs write fp32 partial sums to a workspace, which a second kernel adds up in order.
+    """
     M, K = x.shape
     N = d_gate.shape[1]
     dw_gate = torch.empty((K, N), dtype=x.dtype, device=x.device)
     dw_up = torch.empty((K, N), dtype=x.dtype, device=x.device)
     if M == 0:
         return dw_gate.zero_(), dw_up.zero_()
-    _swiglu_weight_grad_kernel[lambda meta: (triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
-        x, d_gate, d_up, dw_gate, dw_up,
+    sms = multiprocessor_count(x.device)
+    kernel = _swiglu_weight_grad_kernel
+    blocks = tuple((c.kwargs["BLOCK_K"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"]) for c in kernel.configs)
+    workspace = torch.empty(
+        max(_weight_grad_workspace_elements(M, N, K, sms, blocks), 1), dtype=torch.float32, device=x.device
+    )
+
+    def grid(meta):
+        tiles = triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"])
+        return (tiles + (tiles % sms) * (meta["split"] - 1),)
+
+    kernel[grid](
+        x, d_gate, d_up, dw_gate, dw_up, workspace,
         x.stride(0), x.stride(1), d_gate.stride(0), dw_gate.stride(0),
         M, N, K,
-        ALLOW_TF32=_allow_tf32(x.dtype), UPCAST=INTERPRETING,
+        ALLOW_TF32=_allow_tf32(x.dtype), UPCAST=INTERPRETING, NUM_SMS=sms,
     )  # fmt: skip
+    config = kernel.best_config.kwargs  # the config just launched (the autotuner records it)
+    tiles = triton.cdiv(K, config["BLOCK_K"]) * triton.cdiv(N, config["BLOCK_N"])
+    split = weight_grad_split(tiles, sms, triton.cdiv(M, config["BLOCK_M"]))
+    if split > 1:
+        _weight_grad_reduce_kernel[(tiles % sms, 2)](
+            workspace, dw_gate, dw_up, dw_gate.stride(0), N, K, split,
+            UPCAST=INTERPRETING, NUM_SMS=sms, BLOCK_K=config["BLOCK_K"], BLOCK_N=config["BLOCK_N"],
+            GROUP_K=config["GROUP_K"], ROWS=min(REDUCE_ROWS, config["BLOCK_K"]), num_warps=REDUCE_NUM_WARPS,
+        )  # fmt: skip
     return dw_gate, dw_up
 
 

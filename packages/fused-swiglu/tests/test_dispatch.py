@@ -1,0 +1,105 @@
+"""Launch decisions that need no kernel launch: when the Hopper TMA forward is chosen, which
+autotune configs survive pruning, and the weight gradient's split of its last wave."""
+
+import pytest
+import torch
+
+from fused_swiglu.kernels import configs
+from fused_swiglu.kernels.configs import weight_grad_split
+from fused_swiglu.ops import launchers
+from fused_swiglu.ops.launchers import tma_ready, use_tma_forward
+
+
+@pytest.mark.parametrize(
+    "layout, ready",
+    [
+        ("contiguous", True),
+        ("narrower view", True),  # 63 of 64 columns: the rows keep a 128-byte stride
+        ("odd row stride", False),  # (64, 63) contiguous: 126-byte rows
+        ("offset base", False),  # one element in: a 2-byte misaligned base
+        ("transposed", False),  # columns not unit-stride
+        ("broadcast rows", False),  # row stride 0
+    ],
+)
+def test_tma_needs_aligned_strides_and_base_not_shape(layout, ready):
+    """What a TMA descriptor needs (the launcher's tma_ready), checked on CPU tensors: no launch."""
+    base = torch.zeros(64, 128, dtype=torch.bfloat16)
+    assert base.data_ptr() % 16 == 0
+    t = {
+        "contiguous": base[:, :64],
+        "narrower view": base[:, :63],
+        "odd row stride": torch.zeros(64, 63, dtype=torch.bfloat16),
+        "offset base": base[:, 1:65],
+        "transposed": base[:, :64].t(),
+        "broadcast rows": base[:1, :64].expand(64, 64),
+    }[layout]
+    assert tma_ready(t) is ready
+
+
+@pytest.mark.parametrize("hopper", [False, True], ids=["off-hopper", "hopper"])
+def test_tma_forward_is_chosen_only_on_hopper_with_ready_operands(hopper, monkeypatch):
+    """The launcher's choice on any machine: the device capability and Triton's support are
+    stubbed, so that the off-Hopper case is tested on a Hopper too (and the Hopper case off it)."""
+    monkeypatch.setattr(launchers, "HOPPER_TMA_FORWARD", True)
+    monkeypatch.setattr(launchers, "is_hopper", lambda index: hopper)
+    x, w_gate, w_up = (torch.zeros(shape, dtype=torch.bfloat16) for shape in ((8, 64), (64, 64), (64, 64)))
+    assert use_tma_forward(x, w_gate, w_up) is hopper
+    assert use_tma_forward(x, w_gate[:, :63], w_up[:, :63]) is hopper  # unaligned width, aligned strides
+    assert not use_tma_forward(x, torch.zeros(64, 63, dtype=torch.bfloat16), w_up[:, :63])  # 126-byte rows
+    assert not use_tma_forward(x.float(), w_gate.float(), w_up.float())  # 16-bit operands only
+    monkeypatch.setattr(launchers, "HOPPER_TMA_FORWARD", False)  # Triton < 3.4, or interpreting
+    assert not use_tma_forward(x, w_gate, w_up)
+
+
+@pytest.mark.parametrize(
+    "tiles, multiprocessors, steps, split",
+    [
+        (704, 132, 256, 3),  # the headline: 5 full waves, 44 tiles alone in the sixth -> 132 programs
+        (660, 132, 256, 1),  # whole waves: nothing to fill
+        (8 * 132 + 5, 132, 256, 1),  # eight full waves first: the idle tail is small
+        (20, 132, 256, 4),  # fewer tiles than SMs: at most MAX_SPLIT programs a tile
+        (20, 132, 2, 2),  # ... and at least one reduction step each
+        (100, 132, 256, 1),  # 132 // 100 = 1
+    ],
+)
+def test_weight_grad_split(tiles, multiprocessors, steps, split):
+    assert weight_grad_split(tiles, multiprocessors, steps) == split
+
+
+def _kwargs(kept):
+    return [(c.kwargs, c.num_warps, c.num_stages) for c in kept]
+
+
+def test_pruning_keeps_what_fits_and_suits_the_problem():
+    """fp32 operands keep only the configs whose stages fit in shared memory; a large output keeps
+    only the large tiles; a tiny problem keeps tiles no larger than it; never nothing."""
+    dual = configs.forward_configs(interpreting=False)
+    x16, x32 = torch.empty(0, dtype=torch.bfloat16), torch.empty(0, dtype=torch.float32)
+    large = configs.prune_forward(dual, {"x_ptr": x16, "M": 16384, "N": 5632})
+    assert _kwargs(large) == _kwargs(dual[:4])  # 128x128 (twice) and 64x128 (twice) tiles
+    fp32 = configs.prune_forward(dual, {"x_ptr": x32, "M": 16384, "N": 5632})
+    for c in fp32:
+        stage = (c.kwargs["BLOCK_M"] + 2 * c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 4
+        assert c.num_stages * stage <= configs.SHARED_MEMORY
+    assert _kwargs(fp32) == _kwargs([dual[2]])
+    tiny = configs.prune_forward(dual, {"x_ptr": x16, "M": 7, "N": 40})
+    assert _kwargs(tiny) == _kwargs([dual[4]])
+    tma = configs.forward_tma_configs(interpreting=False)
+    two_per_sm = [c for c in tma if c.kwargs["PROGRAMS_PER_SM"] == 2]
+    kept = configs.prune_forward(tma, {"x_ptr": x16, "M": 16384, "N": 5632})
+    assert two_per_sm and all(c in kept for c in two_per_sm)
+    down = configs.down_grad_configs(interpreting=False)
+    float64 = {"dy_ptr": torch.empty(0, dtype=torch.float64), "M": 16384, "N": 5632}
+    assert _kwargs(configs.prune_down_grad(down[:2], float64)) == _kwargs(down[:1])  # none fits: the smallest
+
+
+def test_config_lists():
+    """Under the interpreter each kernel has one small config; the down-projection backward
+    offers both epilogue schedules (row slices, and g, u prefetched: EPILOGUE_M ==
+    BLOCK_M), and every EPILOGUE_M divides its BLOCK_M."""
+    makers = [configs.forward_configs, configs.forward_tma_configs, configs.weight_grad_configs,
+              configs.input_grad_configs, configs.down_grad_configs]  # fmt: skip
+    assert all(len(make(interpreting=True)) == 1 for make in makers)
+    down = configs.down_grad_configs(interpreting=False) + configs.down_grad_configs(interpreting=True)
+    assert all(c.kwargs["BLOCK_M"] % c.kwargs["EPILOGUE_M"] == 0 for c in down)
+    assert {c.kwargs["EPILOGUE_M"] == c.kwargs["BLOCK_M"] for c in down} == {True, False}
