@@ -7,16 +7,26 @@ bshd to the TransformerEngine-style API. Providers:
 - tritonformer inplace (forward only: it overwrites its inputs): the same, in place;
 - tritonformer TE-style: apply_rotary_pos_emb on q then k (two launches, angles `freqs`,
   cos/sin computed in the kernel);
+- tritonformer TE-style, q|k one tensor: q and k as the two halves of one (batch, seq,
+  2 heads, head_dim) tensor (as a fused projection lays them out), one apply_rotary_pos_emb;
 - torch: TransformerEngine's unfused formula (reference.py) in bf16 on q and k;
-- torch.compile: the same function compiled (default automatic dynamic shapes: the first
-  shape, the headline, compiles static; the sweep reuses one dynamic recompile);
-- liger: liger_kernel.transformers.rope.liger_rotary_pos_emb (in place; whole heads only).
+- torch.compile: the same function compiled (headline only: each new shape is a recompile);
+- liger: liger_kernel.transformers.rope.liger_rotary_pos_emb (in place; whole heads only);
+- autograd floor (no kernels): an autograd.Function whose forward and backward only allocate
+  their outputs, timed the same way: what any single-op fwd+bwd pays on this host before
+  launching anything (Function.apply, torch.autograd.grad, the engine's hand-off to its
+  device thread and back), so `ms` of a host-bound row minus this row is the provider's own.
+The fwd+bwd headline is timed twice: as PyTorch runs it by default, and with the backward on
+the calling thread (torch.autograd.set_multithreading_enabled(False)), which removes the
+engine's two thread hand-offs per torch.autograd.grad call (a training step pays them once
+for the whole model, a single-op benchmark once per op).
 Memory-bound: bytes = q and k read once and written once, 4 * (q + k) bytes per direction
 (fwd+bwd: twice that); the cos/sin or angle tables (< 0.5 %) are not counted.
 
-Headline: q, k (4, 32, 4096, 128). Sweeps around it, one axis at a time (the seed's): seq
-length, head dim (hidden size per head), rotary percent, batch, heads, margin (extra rows of
-angles beyond the sequence).
+Headline: q, k (4, 32, 4096, 128) fwd and fwd+bwd for every provider. Then a small sweep, one
+point per axis of the seed's sweeps (seq length, head dim, rotary percent, batch, heads,
+margin: extra rows of angles beyond the sequence), fwd and fwd+bwd, ours against Liger (the
+floor to beat at every point). The whole file runs in about a minute on an H100.
 """
 
 import pytest
@@ -29,21 +39,13 @@ from fused_rope.reference import apply_rotary_pos_emb_reference
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
-BASE = dict(seq=4096, head_dim=128, rotary_percent=1.0, batch=4, heads=32, margin=0)
-SWEEPS = {
-    "seq": [1024, 2048],
-    "head_dim": [256, 512],
-    "rotary_percent": [0.5],
-    "batch": [2, 16],
-    "heads": [8, 64],
-    "margin": [10, 77],
-}
-POINTS = [pytest.param("headline", BASE, id="headline")] + [
-    pytest.param(axis, {**BASE, axis: value}, id=f"{axis}={value}")
-    for axis, values in SWEEPS.items()
-    for value in values
-]
-PROVIDERS = [OURS, "tritonformer inplace", "tritonformer TE-style", "torch", "torch.compile", "liger"]
+HEADLINE = dict(seq=4096, head_dim=128, rotary_percent=1.0, batch=4, heads=32, margin=0)
+SWEEP = [("seq", 1024), ("head_dim", 256), ("rotary_percent", 0.5), ("batch", 2), ("heads", 8), ("margin", 77)]
+TE_FUSED = "tritonformer TE-style, q|k one tensor"
+FLOOR = "autograd floor (no kernels)"
+HEADLINE_PROVIDERS = [OURS, "tritonformer inplace", "tritonformer TE-style", TE_FUSED, "torch", "torch.compile",
+                      "liger", FLOOR]  # fmt: skip
+CALLING_THREAD_PROVIDERS = [OURS, "tritonformer TE-style", "torch.compile", "liger", FLOOR]
 COMPILED = {}
 
 
@@ -51,69 +53,101 @@ def _torch_rope(q, k, freqs):
     return apply_rotary_pos_emb_reference(q, freqs, "bshd"), apply_rotary_pos_emb_reference(k, freqs, "bshd")
 
 
-def _bshd(outputs):
-    """(batch, heads, seq, head_dim) views back to (batch, seq, heads, head_dim): free."""
-    return tuple(x.transpose(1, 2) for x in outputs)
+class _HostFloor(torch.autograd.Function):
+    """Allocates the outputs a RoPE Function would, launches nothing."""
+
+    @staticmethod
+    def forward(ctx, q, k):
+        return torch.empty_like(q), torch.empty_like(k)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        return torch.empty_like(dq), torch.empty_like(dk)
 
 
-def _provider_fn(provider, mode, point):
-    """fn(q, k, q_view, k_view, freqs, cos, sin) -> q, k results (b, s, h, d), or skip with the exact reason."""
+def _inputs(point, provider, grad):
+    """Leaves (what fwd+bwd differentiates) and fn() -> outputs of `provider` at `point`, or skip."""
+    batch, seq, heads, head_dim = point["batch"], point["seq"], point["heads"], point["head_dim"]
+    d2, n_positions = int(head_dim * point["rotary_percent"]), seq + point["margin"]
+    theta = torch.arange(n_positions, device="cuda")[:, None] * 10000 ** (-torch.arange(0, d2, 2, device="cuda") / d2)
+    freqs = torch.cat((theta, theta), -1).view(n_positions, 1, 1, d2)
+    cos = freqs.view(1, n_positions, d2).cos().to(torch.bfloat16)
+    sin = freqs.view(1, n_positions, d2).sin().to(torch.bfloat16)
+
+    def new(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+
+    if provider == TE_FUSED:
+        qk = new(batch, seq, 2 * heads, head_dim)
+        return (qk,), lambda: (apply_rotary_pos_emb(qk, freqs, "bshd"),)
+    q, k = new(batch, seq, heads, head_dim), new(batch, seq, heads, head_dim)
+    qv, kv = q.transpose(1, 2), k.transpose(1, 2)  # (batch, heads, seq, head_dim) views
+
     if provider == OURS:
-        return lambda q, k, qv, kv, freqs, cos, sin: _bshd(apply_rotary_qk(qv, kv, cos, sin))
+        return (q, k), lambda: apply_rotary_qk(qv, kv, cos, sin)
     if provider == "tritonformer inplace":
-        if mode != "fwd":
+        if grad:
             pytest.skip("in place is timed forward only: it overwrites its inputs")
-        return lambda q, k, qv, kv, freqs, cos, sin: _bshd(apply_rotary_qk(qv, kv, cos, sin, inplace=True))
+        return (q, k), lambda: apply_rotary_qk(qv, kv, cos, sin, inplace=True)
     if provider == "tritonformer TE-style":
-        return lambda q, k, qv, kv, freqs, cos, sin: (
-            apply_rotary_pos_emb(q, freqs, "bshd"),
-            apply_rotary_pos_emb(k, freqs, "bshd"),
-        )
+        return (q, k), lambda: (apply_rotary_pos_emb(q, freqs, "bshd"), apply_rotary_pos_emb(k, freqs, "bshd"))
     if provider == "torch":
-        return lambda q, k, qv, kv, freqs, cos, sin: _torch_rope(q, k, freqs)
+        return (q, k), lambda: _torch_rope(q, k, freqs)
     if provider == "torch.compile":
         if triton_version() < (3, 0):
             pytest.skip("torch.compile's Inductor needs Triton 3.x; this run has Triton 2.x first on the path")
-        compiled = COMPILED.setdefault(mode, torch.compile(_torch_rope))
-        return lambda q, k, qv, kv, freqs, cos, sin: compiled(q, k, freqs)
+        compiled = COMPILED.setdefault(grad, torch.compile(_torch_rope))
+        return (q, k), lambda: compiled(q, k, freqs)
+    if provider == FLOOR:
+        if not grad:
+            pytest.skip("the autograd floor is a fwd+bwd measurement")
+        return (q, k), lambda: _HostFloor.apply(qv, kv)
     try:
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
     except ImportError as error:
         pytest.skip(f"liger_kernel is not importable here: {error}")
     if point["rotary_percent"] < 1.0:
         pytest.skip("Liger rotates whole heads: no partial rotary (rotary_percent < 1)")
-    seq = point["seq"]
-    return lambda q, k, qv, kv, freqs, cos, sin: _bshd(liger_rotary_pos_emb(qv, kv, cos[:, :seq], sin[:, :seq]))
+    cos, sin = cos[:, :seq], sin[:, :seq]
+    return (q, k), lambda: liger_rotary_pos_emb(qv, kv, cos, sin)
+
+
+def _measure(benchmark, point, provider, mode, group):
+    grad = mode != "fwd"
+    leaves, fn = _inputs(point, provider, grad)
+    one_direction = 2 * sum(x.numel() for x in leaves) * leaves[0].element_size()  # read once, written once
+    shape = (
+        f"B{point['batch']} S{point['seq']} H{point['heads']} D{point['head_dim']} rot{point['rotary_percent']} "
+        f"margin{point['margin']}"
+    )
+    if not grad:
+        with torch.no_grad():
+            measure(benchmark, group=group, shape=shape, provider=provider, fn=fn, bytes=one_direction)
+        return
+    grads = [torch.randn_like(y) for y in fn()]  # in each output's own layout, as a consumer would give them
+
+    def fwd_bwd():
+        return torch.autograd.grad(fn(), leaves, grads)
+
+    bytes_ = None if provider == FLOOR else 2 * one_direction
+    measure(benchmark, group=group, shape=shape, provider=provider, fn=fwd_bwd, bytes=bytes_)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("axis, point", POINTS)
-def test_rope_qk(benchmark, axis, point, provider, mode):
-    batch, seq, heads, head_dim = point["batch"], point["seq"], point["heads"], point["head_dim"]
-    d2, n_positions = int(head_dim * point["rotary_percent"]), seq + point["margin"]
-    fn = _provider_fn(provider, mode, point)
-    grad = mode != "fwd"
-    q = torch.randn(batch, seq, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
-    k = torch.randn(batch, seq, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
-    qv, kv = q.transpose(1, 2), k.transpose(1, 2)  # (batch, heads, seq, head_dim) views
-    theta = torch.arange(n_positions, device="cuda")[:, None] * 10000 ** (-torch.arange(0, d2, 2, device="cuda") / d2)
-    freqs = torch.cat((theta, theta), -1).view(n_positions, 1, 1, d2)
-    cos = freqs.view(1, n_positions, d2).cos().to(torch.bfloat16)
-    sin = freqs.view(1, n_positions, d2).sin().to(torch.bfloat16)
-    args = (q, k, qv, kv, freqs, cos, sin)
-    one_direction = 2 * (q.numel() + k.numel()) * q.element_size()
-    group = f"rope q,k bf16 {'headline' if axis == 'headline' else axis + ' sweep'} {mode}"
-    shape = f"B{batch} S{seq} H{heads} D{head_dim} rot{point['rotary_percent']} margin{point['margin']}"
-    if mode == "fwd":
-        with torch.no_grad():
-            measure(benchmark, group=group, shape=shape, provider=provider, fn=lambda: fn(*args),
-                    bytes=one_direction)  # fmt: skip
-    else:
-        dq, dk = torch.randn_like(q), torch.randn_like(k)
+@pytest.mark.parametrize("provider", HEADLINE_PROVIDERS)
+def test_headline(benchmark, provider, mode):
+    _measure(benchmark, HEADLINE, provider, mode, f"rope q,k bf16 headline {mode}")
 
-        def fwd_bwd():
-            q_out, k_out = fn(*args)
-            return torch.autograd.grad((q_out, k_out), (q, k), (dq, dk))
 
-        measure(benchmark, group=group, shape=shape, provider=provider, fn=fwd_bwd, bytes=2 * one_direction)
+@pytest.mark.parametrize("provider", CALLING_THREAD_PROVIDERS)
+def test_headline_backward_on_the_calling_thread(benchmark, provider):
+    with torch.autograd.set_multithreading_enabled(False):
+        group = "rope q,k bf16 headline fwd+bwd, backward on the calling thread"
+        _measure(benchmark, HEADLINE, provider, "fwd+bwd", group)
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("provider", [OURS, "liger"])
+@pytest.mark.parametrize("axis, value", SWEEP, ids=[f"{axis}={value}" for axis, value in SWEEP])
+def test_sweep(benchmark, axis, value, provider, mode):
+    _measure(benchmark, {**HEADLINE, axis: value}, provider, mode, f"rope q,k bf16 {axis} sweep {mode}")

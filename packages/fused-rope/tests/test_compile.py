@@ -2,9 +2,10 @@
 
 A covering set, not the cross product: each case is what the launcher's own `launch_plan`
 picks for a representative shape, and together they give every compile-time value (formats,
-start positions, interleaved with and without tl.split, forward / transpose, pass-through
-copied or not, in place, position ids) and every dtype at least once, plus tiles from 1 to 8
-warps (head dims 64 to 512, rotary dims 40 to 256).
+start positions, interleaved with and without tl.split, pass-through copied or not, in place,
+position ids) and every dtype at least once, plus tiles from 1 to 8 warps (head dims 64 to
+512, rotary dims 40 to 256). The direction (forward or its transpose) is a runtime argument:
+one kernel serves both.
 """
 
 import pytest
@@ -22,44 +23,46 @@ ELEMENT_SIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 SPLIT = _compat.HAS_SPLIT_JOIN
 
 # tensor_format, t dtype, freqs dtype, head_dim, d2, heads, batch, interleaved, split pairs,
-# start_positions dtype, cu_seqlens dtype, transpose, integer argument type
+# start_positions dtype, cu_seqlens dtype, integer argument type
 ROPE_CASES = [
-    ("sbhd", "bf16", "fp32", 128, 128, 32, 4, False, False, None, None, False, "i32"),
-    ("bshd", "fp16", "fp32", 128, 64, 16, 2, True, SPLIT, "i64", None, True, "i32"),
-    ("thd", "fp32", "fp32", 256, 256, 8, 1, True, SPLIT, "i32", "i32", False, "i32"),
-    ("sbhd", "bf16", "fp32", 512, 256, 64, 2, False, False, None, None, True, "i64"),
-    ("thd", "bf16", "fp32", 80, 40, 4, 1, False, False, None, "i64", False, "i32"),
-    ("sbhd", "fp32", "bf16", 96, 96, 12, 1, True, SPLIT, None, None, True, "i32"),
-    ("bshd", "bf16", "fp32", 64, 32, 2, 1, False, False, "i32", None, False, "i32"),
-    ("sbhd", "fp16", "fp32", 128, 128, 8, 2, True, False, None, None, False, "i32"),
+    ("sbhd", "bf16", "fp32", 128, 128, 32, 4, False, False, None, None, "i32"),
+    ("bshd", "fp16", "fp32", 128, 64, 16, 2, True, SPLIT, "i64", None, "i32"),
+    ("thd", "fp32", "fp32", 256, 256, 8, 1, True, SPLIT, "i32", "i32", "i32"),
+    ("sbhd", "bf16", "fp32", 512, 256, 64, 2, False, False, None, None, "i64"),
+    ("thd", "bf16", "fp32", 80, 40, 4, 1, False, False, None, "i64", "i32"),
+    ("sbhd", "fp32", "bf16", 96, 96, 12, 1, True, SPLIT, None, None, "i32"),
+    ("bshd", "bf16", "fp32", 64, 32, 2, 1, False, False, "i32", None, "i32"),
+    ("sbhd", "fp16", "fp32", 128, 128, 8, 2, True, False, None, None, "i32"),
 ]
 ROPE_INTS = ["stride_t_s", "stride_t_b", "stride_t_h", "stride_out_s", "stride_out_b", "stride_out_h",
-             "stride_freqs_s", "n_batch_groups", "n_heads", "n_rows", "n_seqs", "search_steps"]  # fmt: skip
+             "stride_freqs_s", "n_batch_groups", "n_heads", "n_rows", "n_seqs", "search_steps",
+             "transpose"]  # fmt: skip
 
-# q/k dtype, cos/sin dtype, head_dim, d2, q heads, k heads, in place, position_ids dtype, transpose
+# q/k dtype, cos/sin dtype, head_dim, d2, q heads, k heads, in place, position_ids dtype
 QK_CASES = [
-    ("bf16", "bf16", 128, 128, 32, 8, False, None, False),
-    ("fp16", "fp32", 128, 64, 16, 16, True, "i64", False),
-    ("fp32", "fp32", 256, 256, 8, 2, False, None, True),
-    ("bf16", "fp32", 80, 40, 12, 4, False, "i32", True),
-    ("bf16", "bf16", 64, 64, 1, 1, False, None, False),
+    ("bf16", "bf16", 128, 128, 32, 8, False, None),
+    ("fp16", "fp32", 128, 64, 16, 16, True, "i64"),
+    ("fp32", "fp32", 256, 256, 8, 2, False, None),
+    ("bf16", "fp32", 80, 40, 12, 4, False, "i32"),
+    ("bf16", "bf16", 64, 64, 1, 1, False, None),
 ]
 QK_STRIDES = [f"stride_{name}_{dim}" for name in ("q", "k", "q_out", "k_out") for dim in "bhs"]
-QK_INTS = [*QK_STRIDES, "stride_table_b", "stride_table_s", "stride_pos_b", "seq_len", "n_q_heads", "n_k_heads"]
+QK_INTS = [*QK_STRIDES, "stride_table_b", "stride_table_s", "stride_pos_b", "seq_len", "n_q_heads", "n_k_heads",
+           "transpose"]  # fmt: skip
 
 
 def _rope_meta(case):
     """What the launcher picks for a ROPE_CASES case (rows: heads, times batch unless thd / start positions)."""
-    fmt, dtype, _, head_dim, d2, heads, batch, interleaved, split, start, _, transpose, _ = case
+    fmt, dtype, _, head_dim, d2, heads, batch, interleaved, split, start, _, _ = case
     n_rows = heads if fmt == "thd" or start else heads * batch
     return rope_ops.launch_plan(fmt == "thd", n_rows, d2, head_dim, ELEMENT_SIZE[dtype], interleaved, split,
-                                start is not None, transpose).meta  # fmt: skip
+                                start is not None).meta  # fmt: skip
 
 
 def _qk_meta(case):
-    dtype, _, head_dim, d2, q_heads, k_heads, in_place, position_ids, transpose = case
+    dtype, _, head_dim, d2, q_heads, k_heads, in_place, position_ids = case
     return rope_qk_ops.launch_plan(q_heads, k_heads, d2, head_dim, ELEMENT_SIZE[dtype], in_place,
-                                   position_ids is not None, transpose).meta  # fmt: skip
+                                   position_ids is not None).meta  # fmt: skip
 
 
 def _split_meta(meta):
@@ -70,7 +73,7 @@ def _split_meta(meta):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_rope_kernel_compiles(case, arch):
-    _, dtype, freqs_dtype, _, _, _, _, _, _, start, cu, _, int_type = case
+    _, dtype, freqs_dtype, _, _, _, _, _, _, start, cu, int_type = case
     constexprs, num_warps = _split_meta(_rope_meta(case))
     signature = {
         "t_ptr": f"*{dtype}",
@@ -86,7 +89,7 @@ def test_rope_kernel_compiles(case, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", QK_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_rope_qk_kernel_compiles(case, arch):
-    dtype, table_dtype, _, _, _, _, _, position_ids, _ = case
+    dtype, table_dtype, _, _, _, _, _, position_ids = case
     constexprs, num_warps = _split_meta(_qk_meta(case))
     signature = {
         **{name: f"*{dtype}" for name in ("q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr")},
@@ -101,12 +104,11 @@ def test_rope_qk_kernel_compiles(case, arch):
 def test_the_covering_set_covers_every_compile_time_value():
     """Each constexpr value and each num_warps the cases pick, as the docstring promises."""
     metas = [_rope_meta(c) for c in ROPE_CASES]
-    for flag in ("IS_THD", "HAS_START", "INTERLEAVED", "TRANSPOSE"):
+    for flag in ("IS_THD", "HAS_START", "INTERLEAVED"):
         assert {m[flag] for m in metas} == {False, True}, flag
     assert {m["SPLIT_PAIRS"] for m in metas} == ({False, True} if SPLIT else {False})
     qk_metas = [_qk_meta(c) for c in QK_CASES]
-    for flag in ("HAS_POSITION_IDS", "TRANSPOSE"):
-        assert {m[flag] for m in qk_metas} == {False, True}, flag
+    assert {m["HAS_POSITION_IDS"] for m in qk_metas} == {False, True}
     for group in (metas, qk_metas):  # pass-through columns copied (BLOCK_PASS > 1) and not
         assert {m["BLOCK_PASS"] > 1 for m in group} == {False, True}
     assert {m["num_warps"] for m in metas + qk_metas} >= {1, 2, 4}

@@ -8,7 +8,14 @@ A rotary pair is two columns of a head, (j, j + d2/2) for rotate-half (GPT-NeoX 
               y2 = x2 cos2 + x1 sin2                  dx1 = dy1 cos1 + dy2 sin2
                                                       dx2 = dy2 cos2 - dy1 sin1
 
-which for equal angles is a rotation and its inverse. A program transforms a tile of BLOCK_R
+which for equal angles is a rotation and its inverse. Both are
+
+              y1 = x1 cos1 - x2 sin_a,  y2 = x2 cos2 + x1 sin_b
+
+with (sin_a, sin_b) = (sin1, sin2) forward and (-sin2, -sin1) backward: the direction is a
+runtime argument `transpose` that only picks, on a program's 1-D vectors of sines, which
+sine goes where, so the forward and the backward are one compiled kernel (half the
+specializations to compile) at no cost per element. A program transforms a tile of BLOCK_R
 rows (heads) of one token: every element is read once and written once, all loads are issued
 before the first store, values are upcast to fp32 after loading and rounded once when stored.
 Row offsets are int64, so tensors past 2^31 elements are addressed correctly. HALF (d2 / 2)
@@ -44,14 +51,17 @@ def _pair_columns(offs_p, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
-def _rotate(x1, x2, cos1, sin1, cos2, sin2, TRANSPOSE: tl.constexpr):
-    """The pair transform above: forward, or its transpose (backward) when TRANSPOSE."""
-    if TRANSPOSE:
-        y1 = x1 * cos1 + x2 * sin2
-        y2 = x2 * cos2 - x1 * sin1
-    else:
-        y1 = x1 * cos1 - x2 * sin1
-        y2 = x2 * cos2 + x1 * sin2
+def _pair_sines(sin1, sin2, transpose):
+    """(sin_a, sin_b) of the pair transform: (sin1, sin2), or (-sin2, -sin1) when transpose != 0."""
+    flip = transpose != 0
+    return tl.where(flip, -sin2, sin1), tl.where(flip, -sin1, sin2)
+
+
+@triton.jit
+def _rotate(x1, x2, cos1, sin_a, cos2, sin_b):
+    """The pair transform above, given the sines _pair_sines picked."""
+    y1 = x1 * cos1 - x2 * sin_a
+    y2 = x2 * cos2 + x1 * sin_b
     return y1, y2
 
 
@@ -126,8 +136,9 @@ def _store_rotary(y_ptr, y_rows, row_mask, y, HALF: tl.constexpr, BLOCK_P: tl.co
 @triton.jit
 def _rotate_interleaved(x, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
     """rot(x) for a `_load_rotary` tile of interleaved pairs: columns (2j, 2j + 1) become
-    (-x[2j + 1], x[2j]). The pair transform is then y = x * cos + rot(x) * sin and its
-    transpose dx = dy * cos - rot(dy * sin), cos and sin (1, 2 * BLOCK_P) per column.
+    (-x[2j + 1], x[2j]). The pair transform is then y = x * cos + rot(x) * sin, cos and sin
+    (1, 2 * BLOCK_P) per column; for the transpose, column 2j's sine is -sin[2j + 1] and column
+    2j + 1's is -sin[2j] (each member takes its partner's, negated: the backward above).
 
     split / join exist from Triton 3.0. They are spelled triton.language.* because Triton 2.2
     resolves every tl.<name> of a kernel's call tree when it hashes the kernel, even in

@@ -13,7 +13,7 @@ row of the tile:
   (search_steps = ceil(log2(n_seqs)) scalar loads), its position is token - cu_seqlens[seq]
   (+ start_positions[seq]).
 The launcher checks every position against s2 before launching, so `freqs` is never read out
-of bounds. TRANSPOSE applies the backward (transposed) transform to a gradient. SPLIT_PAIRS
+of bounds. `transpose` = 1 applies the backward (transposed) transform to a gradient. SPLIT_PAIRS
 (interleaved pairs on Triton >= 3) loads the rotary columns contiguously and the angles as one
 row; otherwise the two members of each pair and their angles are loaded separately.
 """
@@ -26,6 +26,7 @@ from .common import (
     _load_pass,
     _load_rotary,
     _pair_columns,
+    _pair_sines,
     _rotate,
     _rotate_interleaved,
     _store_pairs,
@@ -48,7 +49,7 @@ def _find_sequence(cu_seqlens_ptr, token, n_seqs, search_steps):
     return lo
 
 
-@triton.jit(do_not_specialize=["n_batch_groups", "n_heads", "n_rows", "n_seqs", "search_steps"])
+@triton.jit(do_not_specialize=["n_batch_groups", "n_heads", "n_rows", "n_seqs", "search_steps", "transpose"])
 def _rope_kernel(
     # pointers
     t_ptr,
@@ -70,6 +71,8 @@ def _rope_kernel(
     n_rows,
     n_seqs,
     search_steps,
+    # 0: the forward transform; 1: its transpose (the backward)
+    transpose,
     # meta-parameters
     HALF: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -77,7 +80,6 @@ def _rope_kernel(
     HAS_START: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     SPLIT_PAIRS: tl.constexpr,
-    TRANSPOSE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
@@ -123,22 +125,20 @@ def _rope_kernel(
 
     if SPLIT_PAIRS:
         offs_d = tl.arange(0, 2 * BLOCK_P)
-        angle = tl.load(freqs_row + offs_d, mask=offs_d < 2 * HALF, other=0.0).to(tl.float32)
-        cos, sin = tl.cos(angle)[None, :], tl.sin(angle)[None, :]
-        if TRANSPOSE:
-            y = x * cos - _rotate_interleaved(x * sin, BLOCK_R, BLOCK_P)
-        else:
-            y = x * cos + _rotate_interleaved(x, BLOCK_R, BLOCK_P) * sin
+        mask_d = offs_d < 2 * HALF
+        angle = tl.load(freqs_row + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        # The transpose takes each member's sine from its partner (column 2j <-> 2j + 1), negated.
+        sin_angle = tl.load(freqs_row + (offs_d ^ transpose), mask=mask_d, other=0.0).to(tl.float32)
+        cos, sin = tl.cos(angle)[None, :], (tl.sin(sin_angle) * (1 - 2 * transpose))[None, :]
+        y = x * cos + _rotate_interleaved(x, BLOCK_R, BLOCK_P) * sin
         _store_rotary(out_ptr, out_rows, row_mask, y, HALF, BLOCK_P)
     else:
         offs_p = tl.arange(0, BLOCK_P)
         col1, col2 = _pair_columns(offs_p, HALF, INTERLEAVED)
         angle1 = tl.load(freqs_row + col1, mask=offs_p < HALF, other=0.0).to(tl.float32)
         angle2 = tl.load(freqs_row + col2, mask=offs_p < HALF, other=0.0).to(tl.float32)
-        y1, y2 = _rotate(
-            x1, x2, tl.cos(angle1)[None, :], tl.sin(angle1)[None, :], tl.cos(angle2)[None, :],
-            tl.sin(angle2)[None, :], TRANSPOSE,
-        )  # fmt: skip
+        sin_a, sin_b = _pair_sines(tl.sin(angle1), tl.sin(angle2), transpose)
+        y1, y2 = _rotate(x1, x2, tl.cos(angle1)[None, :], sin_a[None, :], tl.cos(angle2)[None, :], sin_b[None, :])
         _store_pairs(out_ptr, out_rows, row_mask, y1, y2, HALF, INTERLEAVED, BLOCK_P)
     if COPY_PASS:
         _store_pass(out_ptr, out_rows, row_mask, t_pass, HALF, HEAD_DIM, BLOCK_PASS)

@@ -5,13 +5,13 @@ of BLOCK_R heads of q (program ids below n_q_blocks) or of k (the rest), so GQA 
 need nothing special. The token's cos/sin row is loaded once per program (table row
 `position_ids[b, s]`, or `s` without position ids) and shared by the BLOCK_R heads of the
 tile. Rotate-half pairs (j, j + d2/2), the rest of the head passes through (copied when the
-output is a new tensor, untouched in place). TRANSPOSE applies the backward transform.
+output is a new tensor, untouched in place). `transpose` = 1 applies the backward transform.
 """
 
 import triton
 import triton.language as tl
 
-from .common import _load_pairs, _load_pass, _rotate, _store_pairs, _store_pass
+from .common import _load_pairs, _load_pass, _pair_sines, _rotate, _store_pairs, _store_pass
 
 
 @triton.jit
@@ -29,12 +29,11 @@ def _rope_qk_head_block(
     stride_y_s,
     n_heads,
     cos1,
-    sin1,
+    sin_a,
     cos2,
-    sin2,
+    sin_b,
     HALF: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    TRANSPOSE: tl.constexpr,
     COPY_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -49,13 +48,13 @@ def _rope_qk_head_block(
     if COPY_PASS:
         x_pass = _load_pass(x_ptr, x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
     x1, x2 = _load_pairs(x_ptr, x_rows, row_mask, HALF, False, BLOCK_P)
-    y1, y2 = _rotate(x1, x2, cos1, sin1, cos2, sin2, TRANSPOSE)
+    y1, y2 = _rotate(x1, x2, cos1, sin_a, cos2, sin_b)
     _store_pairs(y_ptr, y_rows, row_mask, y1, y2, HALF, False, BLOCK_P)
     if COPY_PASS:
         _store_pass(y_ptr, y_rows, row_mask, x_pass, HALF, HEAD_DIM, BLOCK_PASS)
 
 
-@triton.jit(do_not_specialize=["seq_len", "n_q_heads", "n_k_heads"])
+@triton.jit(do_not_specialize=["seq_len", "n_q_heads", "n_k_heads", "transpose"])
 def _rope_qk_kernel(
     # pointers
     q_ptr,
@@ -86,11 +85,12 @@ def _rope_qk_kernel(
     seq_len,
     n_q_heads,
     n_k_heads,
+    # 0: the forward transform; 1: its transpose (the backward)
+    transpose,
     # meta-parameters
     HALF: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_POSITION_IDS: tl.constexpr,
-    TRANSPOSE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
@@ -112,19 +112,21 @@ def _rope_qk_kernel(
     table_row = batch * stride_table_b + pos * stride_table_s + offs_p
     cos1 = tl.load(cos_ptr + table_row, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
     cos2 = tl.load(cos_ptr + table_row + HALF, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(sin_ptr + table_row, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(sin_ptr + table_row + HALF, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(sin_ptr + table_row, mask=pair_mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + table_row + HALF, mask=pair_mask, other=0.0).to(tl.float32)
+    sin_a, sin_b = _pair_sines(sin1, sin2, transpose)
+    sin_a, sin_b = sin_a[None, :], sin_b[None, :]
 
     n_q_blocks = tl.cdiv(n_q_heads, BLOCK_R)
     if pid_r < n_q_blocks:
         _rope_qk_head_block(
             q_ptr, q_out_ptr, batch, index_s, pid_r, stride_q_b, stride_q_h, stride_q_s,
-            stride_q_out_b, stride_q_out_h, stride_q_out_s, n_q_heads, cos1, sin1, cos2, sin2,
-            HALF, HEAD_DIM, TRANSPOSE, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
+            stride_q_out_b, stride_q_out_h, stride_q_out_s, n_q_heads, cos1, sin_a, cos2, sin_b,
+            HALF, HEAD_DIM, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
         )  # fmt: skip
     else:
         _rope_qk_head_block(
             k_ptr, k_out_ptr, batch, index_s, pid_r - n_q_blocks, stride_k_b, stride_k_h, stride_k_s,
-            stride_k_out_b, stride_k_out_h, stride_k_out_s, n_k_heads, cos1, sin1, cos2, sin2,
-            HALF, HEAD_DIM, TRANSPOSE, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
+            stride_k_out_b, stride_k_out_h, stride_k_out_s, n_k_heads, cos1, sin_a, cos2, sin_b,
+            HALF, HEAD_DIM, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
         )  # fmt: skip

@@ -46,13 +46,14 @@ class LaunchPlan(NamedTuple):
 @functools.cache
 def launch_plan(
     is_thd: bool, n_rows: int, d2: int, head_dim: int, element_size: int, interleaved: bool, split_pairs: bool,
-    has_start: bool, transpose: bool,
+    has_start: bool,
 ) -> LaunchPlan:  # fmt: skip
-    """Everything about one _rope_kernel launch that the shape decides (cached per shape)."""
+    """Everything about one _rope_kernel launch that the shape decides (cached per shape; the
+    forward and the backward share it, and their compiled kernel)."""
     cfg = launch_config(n_rows, d2 // 2, head_dim - d2, element_size, True, 2 if split_pairs else 1)
     meta = dict(
         HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=is_thd, HAS_START=has_start, INTERLEAVED=interleaved,
-        SPLIT_PAIRS=split_pairs, TRANSPOSE=transpose, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
+        SPLIT_PAIRS=split_pairs, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
         BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
     )  # fmt: skip
     return LaunchPlan(-(-n_rows // cfg.block_r), meta)
@@ -65,7 +66,7 @@ def _launch(
     cu_seqlens: Optional[torch.Tensor],
     tensor_format: str,
     interleaved: bool,
-    transpose: bool,
+    transpose: int,
 ) -> torch.Tensor:
     """One launch of _rope_kernel over t (checked by the caller); returns a new tensor.
 
@@ -91,7 +92,7 @@ def _launch(
         return out
     plan = launch_plan(
         batch_dim is None, n_rows, freqs.shape[-1], t_shape[-1], t.element_size(), interleaved,
-        interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None, transpose,
+        interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None,
     )  # fmt: skip
     _rope_kernel[(n_groups, plan.n_row_blocks)](
         t, freqs, out,
@@ -99,7 +100,7 @@ def _launch(
         t if cu_seqlens is None else cu_seqlens,
         t_stride[seq_dim], stride_t_b, t_stride[head_dim_index],
         out_stride[seq_dim], stride_out_b, out_stride[head_dim_index], freqs.stride(0),
-        n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0,
+        n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0, transpose,
         **plan.meta,
     )  # fmt: skip
     return out
@@ -164,7 +165,7 @@ def rope_fwd(
     """Forward launcher: checks the index tensors' values (one host sync, only if there are any)."""
     if start_positions is not None or cu_seqlens is not None:
         _check_positions(t, freqs, start_positions, cu_seqlens, tensor_format)
-    return _launch(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved, False)
+    return _launch(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved, 0)
 
 
 @custom_op("fused_rope::rope_bwd", fake=_fake_like_input)
@@ -177,7 +178,7 @@ def rope_bwd(
     interleaved: bool,
 ) -> torch.Tensor:
     """Backward launcher: the transposed transform of the gradient (the forward checked the indices)."""
-    return _launch(grad, freqs, start_positions, cu_seqlens, tensor_format, interleaved, True)
+    return _launch(grad, freqs, start_positions, cu_seqlens, tensor_format, interleaved, 1)
 
 
 class RoPEFunction(torch.autograd.Function):

@@ -39,17 +39,17 @@ class LaunchPlan(NamedTuple):
 @functools.cache
 def launch_plan(
     n_q_heads: int, n_k_heads: int, d2: int, head_dim: int, element_size: int, in_place: bool, has_position_ids: bool,
-    transpose: bool,
 ) -> LaunchPlan:  # fmt: skip
-    """Everything about one _rope_qk_kernel launch that the shape decides (cached per shape).
+    """Everything about one _rope_qk_kernel launch that the shape decides (cached per shape; the
+    forward into new tensors and the backward share it, and their compiled kernel).
 
     One BLOCK_R for q and k, from the larger head count.
     """
     cfg = launch_config(max(n_q_heads, n_k_heads), d2 // 2, head_dim - d2, element_size, not in_place, 0)
     n_row_blocks = -(-n_q_heads // cfg.block_r) - (-n_k_heads // cfg.block_r)
     meta = dict(
-        HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, TRANSPOSE=transpose,
-        BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+        HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, BLOCK_R=cfg.block_r,
+        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
     )  # fmt: skip
     return LaunchPlan(n_row_blocks, meta)
 
@@ -62,7 +62,7 @@ def table_strides(cos: torch.Tensor) -> Tuple[int, int]:
     return stride[0], stride[1]
 
 
-def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None:
+def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
     """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k.
 
     q, k: last dim contiguous; cos, sin: last dim contiguous, the same (batch, position)
@@ -77,9 +77,8 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None
     else:
         n_k_heads = k.shape[1]
     plan = launch_plan(
-        n_q_heads, n_k_heads, cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None,
-        transpose,
-    )  # fmt: skip
+        n_q_heads, n_k_heads, cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None
+    )
     if n_tokens == 0 or plan.n_row_blocks == 0:
         return
     if position_ids is None:
@@ -92,12 +91,12 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: bool) -> None
         stride_q[0], stride_q[1], stride_q[2], stride_k[0], stride_k[1], stride_k[2],
         stride_q_out[0], stride_q_out[1], stride_q_out[2], stride_k_out[0], stride_k_out[1], stride_k_out[2],
         *table_strides(cos), stride_pos_b,
-        seq_len, n_q_heads, n_k_heads,
+        seq_len, n_q_heads, n_k_heads, transpose,
         **plan.meta,
     )  # fmt: skip
 
 
-def _launch_new(q, k, cos, sin, position_ids, transpose: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def _launch_new(q, k, cos, sin, position_ids, transpose: int) -> Tuple[torch.Tensor, torch.Tensor]:
     q_out, k_out = output_like(q), output_like(k)
     _launch(unit_last_stride(q), unit_last_stride(k), cos, sin, position_ids, q_out, k_out, transpose)
     return q_out, k_out
@@ -125,7 +124,7 @@ def rope_qk_fwd(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward launcher into new tensors (position_ids' values checked first)."""
     _check_position_values(position_ids, cos)
-    return _launch_new(q, k, cos, sin, position_ids, False)
+    return _launch_new(q, k, cos, sin, position_ids, 0)
 
 
 def _fake_in_place(q, k, *args) -> None:
@@ -138,7 +137,7 @@ def rope_qk_fwd_(
 ) -> None:
     """Forward launcher in place: q and k (last dim contiguous) are overwritten."""
     _check_position_values(position_ids, cos)
-    _launch(q, k, cos, sin, position_ids, q, k, False)
+    _launch(q, k, cos, sin, position_ids, q, k, 0)
 
 
 @custom_op("fused_rope::rope_qk_bwd", fake=_fake_new)
@@ -146,7 +145,7 @@ def rope_qk_bwd(
     dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: Optional[torch.Tensor]
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Backward launcher: the transposed transform of both gradients, into new tensors."""
-    return _launch_new(dq, dk, cos, sin, position_ids, True)
+    return _launch_new(dq, dk, cos, sin, position_ids, 1)
 
 
 def _fake_one(dx, *args):
@@ -159,7 +158,7 @@ def rope_qk_bwd_one(
 ) -> torch.Tensor:
     """Backward launcher for one of q, k (the in-place path's gradients arrive one at a time)."""
     dx_in = output_like(dx)
-    _launch(unit_last_stride(dx), None, cos, sin, position_ids, dx_in, None, True)
+    _launch(unit_last_stride(dx), None, cos, sin, position_ids, dx_in, None, 1)
     return dx_in
 
 
