@@ -1,5 +1,6 @@
 """SwiGLU and the SwiGLU MLP, forward and forward+backward: ours against torch eager,
-torch.compile and Liger-Kernel (LigerSiLUMulFunction between cuBLAS matmuls), in one run.
+torch.compile and Liger-Kernel (LigerSiLUMulFunction between cuBLAS matmuls), in one run; and
+each of our kernels at the headline shape beside cuBLAS doing the same matmul.
 
 Flop counts (the usual 2 flops per multiply-add; the pointwise work is not counted):
 - SwiGLU, x (M, K) -> (M, N): forward = gate + up matmuls = 4*M*K*N; forward+backward adds
@@ -7,13 +8,18 @@ Flop counts (the usual 2 flops per multiply-add; the pointwise work is not count
 - SwiGLU MLP (down projection N -> K included): forward 6*M*K*N, forward+backward 18*M*K*N.
 The floor is the matmuls at the bf16 tensor-core ceiling (~795 TFLOP/s on this H100).
 
-Groups: the seed's sweep (batch 4 x sequence 2048 = 8192 rows, d_intermediate = 3 x d_model,
-d_model 1024..8192; bf16 and fp16); the headline MLP (16384 x 2048 -> 5632, bf16) with peak
-memory; and the forward kernel alone at the headline's gate/up shape, the Hopper TMA variant
-(what the launcher picks on an H100 with Triton >= 3.4) against the portable pointer kernel.
-torch.compile runs in the bf16 groups only, with torch's default dynamic-shape policy in the
-sweep: compiling it for every shape, dtype and mode would take most of this file's time
-budget (under ~3 minutes on an H100).
+Groups (bf16; the file runs in about 90 s on an H100, most of it compiling):
+- the headline MLP (16384 x 2048 -> 5632 -> 2048), forward and forward+backward, with peak
+  memory, against every anchor;
+- the headline's kernels one by one (the fused forward, the down-projection backward with the
+  SwiGLU step, the input gradient, the weight gradients), each against cuBLAS doing the same
+  matmuls without the fusion (torch.mm on concatenated operands: the floor our kernel must
+  reach), the forward also against the portable pointer kernel on its first config (what runs
+  off Hopper); the shape column names the config the autotuner chose;
+- the seed's sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024
+  and 4096, against torch eager and Liger-Kernel: torch.compile runs at the headline only (its
+  compile time per shape and mode would not fit), and so does fp16 (bf16's kernels on fp16
+  compile the whole set again).
 """
 
 import pytest
@@ -23,16 +29,24 @@ from tritonformer_testkit import triton_version
 from tritonformer_testkit.bench import OURS, measure
 
 from fused_swiglu import swiglu, swiglu_mlp
-from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
+from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_input_grad_kernel, _swiglu_weight_grad_kernel
+from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
+from fused_swiglu.ops.launchers import (
+    launch_forward,
+    mlp_down_grad_,
+    swiglu_input_grad,
+    swiglu_weight_grad,
+    use_tma_forward,
+)
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
 PROVIDERS = [OURS, "torch", "torch.compile", "liger"]
-SWEEP_D_MODEL = [1024, 2048, 4096, 8192]
+SWEEP_D_MODEL = [1024, 4096]
 SWEEP_ROWS = 4 * 2048
 HEADLINE = (16384, 2048, 5632)  # rows, d_model, d_intermediate
 MODES = ["fwd", "fwd+bwd"]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CUBLAS = "cuBLAS, same matmul"
 
 
 def _liger_silu_mul():
@@ -52,7 +66,7 @@ def _torch_swiglu_mlp(x, w_gate, w_up, w_down):
     return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
-def _provider_fn(provider: str, dtype_name: str, mlp: bool):
+def _provider_fn(provider: str, mlp: bool):
     """fn(x, w_gate, w_up[, w_down]) for each provider: ours takes (in, out) weights, the anchors
     nn.Linear-layout (out, in) ones; each gets its own layout contiguous (see _inputs)."""
     if provider == OURS:
@@ -62,13 +76,9 @@ def _provider_fn(provider: str, dtype_name: str, mlp: bool):
     if provider == "torch.compile":
         if triton_version() < (3, 0):
             pytest.skip("torch.compile's Inductor needs Triton 3.x; this run has Triton 2.x first on the path")
-        if dtype_name != "bf16":
-            pytest.skip("torch.compile runs in the bf16 groups only (its compile time per shape and dtype)")
-        if mlp:  # the headline: one shape, compiled for it
-            return torch.compile(_torch_swiglu_mlp, dynamic=False)
-        # The sweep: torch's default, static for the first shape, then one dynamic-shape graph
-        # for the rest (two compiles per mode instead of one per shape).
-        return torch.compile(_torch_swiglu)
+        if not mlp:
+            pytest.skip("torch.compile runs at the headline only (its compile time per shape and mode)")
+        return torch.compile(_torch_swiglu_mlp, dynamic=False)
     silu_mul = _liger_silu_mul()
 
     def liger(x, wg, wu, wd=None):
@@ -98,46 +108,106 @@ def _run(benchmark, group, shape, provider, fn, inputs, mode, flops_fwd, memory=
             fn=lambda: torch.autograd.grad(fn(*inputs), leaves, dy), flops=3 * flops_fwd, memory=memory)  # fmt: skip
 
 
-def _linear_weights(shapes, dtype):
-    """nn.Linear-layout (out, in) weights with nn.Linear's scale."""
-    return [torch.randn(out, fan_in, device="cuda", dtype=dtype) * fan_in**-0.5 for out, fan_in in shapes]
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("d_model", SWEEP_D_MODEL)
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_swiglu_sweep(benchmark, dtype_name, d_model, provider, mode):
-    dtype, rows, d_inter = DTYPES[dtype_name], SWEEP_ROWS, 3 * d_model
-    fn = _provider_fn(provider, dtype_name, mlp=False)
-    x = torch.randn(4, rows // 4, d_model, device="cuda", dtype=dtype)
-    w_gate, w_up = _linear_weights([(d_inter, d_model)] * 2, dtype)
-    _run(benchmark, f"swiglu {mode} {dtype_name} (batch 4 x seq 2048)", f"{d_model}->{d_inter}", provider, fn,
-         [x, w_gate, w_up], mode, 4 * rows * d_model * d_inter)  # fmt: skip
+def _linear_weights(shapes):
+    """nn.Linear-layout (out, in) bf16 weights with nn.Linear's scale."""
+    return [torch.randn(out, fan_in, device="cuda", dtype=torch.bfloat16) * fan_in**-0.5 for out, fan_in in shapes]
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_swiglu_mlp_headline(benchmark, provider, mode):
     rows, d_model, d_inter = HEADLINE
-    fn = _provider_fn(provider, "bf16", mlp=True)
+    fn = _provider_fn(provider, mlp=True)
     x = torch.randn(rows, d_model, device="cuda", dtype=torch.bfloat16)
-    weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)], torch.bfloat16)
+    weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)])
     _run(benchmark, f"swiglu MLP {mode} bf16", f"{rows}x{d_model}->{d_inter}->{d_model}", provider, fn,
          [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("kernel", [OURS, "pointer kernel"])
-def test_forward_kernel_tma_vs_pointer(benchmark, kernel):
-    """The fused gate/up/activation kernel alone, saving g and u as in training: the TMA variant
-    (OURS, when the launcher picks it) against the portable kernel on the same inputs."""
-    rows, d_model, d_inter = HEADLINE
-    x = torch.randn(rows, d_model, device="cuda", dtype=torch.bfloat16)
-    w_gate, w_up = (t.t().contiguous() for t in _linear_weights([(d_inter, d_model)] * 2, torch.bfloat16))
-    tma = use_tma_forward(x, w_gate, w_up)
-    if kernel == OURS and not tma:
-        pytest.skip("the TMA forward is not chosen here (it needs sm_90 and Triton >= 3.4)")
-    h, g, u = (torch.empty(rows, d_inter, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    measure(benchmark, group="swiglu forward kernel bf16 (TMA vs pointer)", shape=f"{rows}x{d_model}->{d_inter}",
-            provider=kernel, flops=4 * rows * d_model * d_inter,
-            fn=lambda: launch_forward(x, w_gate, w_up, None, None, h, g, u, True, False, kernel == OURS))  # fmt: skip
+def _config_label(kernel) -> str:
+    """The config the autotuner chose for `kernel`'s last launch, e.g. 128x128x64 w8 s3."""
+    config = kernel.best_config
+    blocks = [v for k, v in config.kwargs.items() if k.startswith("BLOCK_")]
+    extra = [f"{k}={v}" for k, v in config.kwargs.items() if k in ("EPILOGUE_M", "PROGRAMS_PER_SM")]
+    return " ".join(["x".join(map(str, blocks)), f"w{config.num_warps}", f"s{config.num_stages}", *extra])
+
+
+class _Headline:
+    """The headline MLP's gate/up/down operands and backward intermediates, in our layouts."""
+
+    def __init__(self):
+        rows, d_model, d_inter = self.rows, self.d_model, self.d_inter = HEADLINE
+        bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+        self.x = torch.randn(rows, d_model, **bf16)
+        self.w_gate, self.w_up = (w.t().contiguous() for w in _linear_weights([(d_inter, d_model)] * 2))
+        self.w_down = _linear_weights([(d_inter, d_model)])[0]  # (d_intermediate, d_model)
+        self.dy = torch.randn(rows, d_model, **bf16)
+        self.g, self.u, self.h = (torch.randn(rows, d_inter, **bf16) for _ in range(3))
+
+
+@pytest.fixture(scope="module")
+def headline():
+    return _Headline()
+
+
+@pytest.mark.parametrize("kernel", ["forward", "down-projection backward", "input gradient", "weight gradients"])
+def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
+    """Each of our kernels alone at the headline shape, then cuBLAS on the same matmul (concatenated
+    operands, no activation, no fusion). The down-projection backward overwrites its g and u on
+    every call (a kernel's time does not depend on the values)."""
+    t = headline
+    flops = 4 * t.rows * t.d_model * t.d_inter
+    group = "swiglu MLP kernels bf16 (16384x2048->5632->2048)"
+    if kernel == "forward":
+        tma = use_tma_forward(t.x, t.w_gate, t.w_up)
+
+        def ours():
+            launch_forward(t.x, t.w_gate, t.w_up, None, None, t.h, t.g, t.u, True, False, tma)
+
+        w_cat = torch.cat([t.w_gate, t.w_up], 1)
+        cublas = lambda: torch.mm(t.x, w_cat)  # noqa: E731
+        tuned = _swiglu_fwd_tma_kernel if tma else _swiglu_fwd_kernel
+    elif kernel == "down-projection backward":
+        flops //= 2
+
+        def ours():
+            mlp_down_grad_(t.dy, t.w_down, t.g, t.u)
+
+        cublas = lambda: torch.mm(t.dy, t.w_down.t())  # noqa: E731
+        tuned = _mlp_down_grad_kernel
+    elif kernel == "input gradient":
+        ours = lambda: swiglu_input_grad(t.g, t.u, t.w_gate, t.w_up, False)  # noqa: E731
+        d_cat, w_cat = torch.cat([t.g, t.u], 1), torch.cat([t.w_gate, t.w_up], 1)
+        cublas = lambda: torch.mm(d_cat, w_cat.t())  # noqa: E731
+        tuned = _swiglu_input_grad_kernel
+    else:
+        ours = lambda: swiglu_weight_grad(t.x, t.g, t.u)  # noqa: E731
+        d_cat = torch.cat([t.g, t.u], 1)
+        cublas = lambda: torch.mm(t.x.t(), d_cat)  # noqa: E731
+        tuned = _swiglu_weight_grad_kernel
+    ours()  # autotune first: the label names the chosen config
+    shape = f"{kernel} ({_config_label(tuned)})"
+    measure(benchmark, group=group, shape=shape, provider=OURS, fn=ours, flops=flops)
+    measure(None, group=group, shape=shape, provider=CUBLAS, fn=cublas, flops=flops)
+    if kernel == "forward" and tma:
+        # The portable kernel on its workhorse config only (autotuning it would compile the rest).
+        monkeypatch.setattr(_swiglu_fwd_kernel, "configs", _swiglu_fwd_kernel.configs[:1])
+
+        def pointer():
+            launch_forward(t.x, t.w_gate, t.w_up, None, None, t.h, t.g, t.u, True, False, False)
+
+        pointer()
+        provider = f"pointer kernel ({_config_label(_swiglu_fwd_kernel)})"
+        measure(None, group=group, shape=shape, provider=provider, fn=pointer, flops=flops)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", [OURS, "torch", "liger"])
+@pytest.mark.parametrize("d_model", SWEEP_D_MODEL)
+def test_swiglu_sweep(benchmark, d_model, provider, mode):
+    rows, d_inter = SWEEP_ROWS, 3 * d_model
+    fn = _provider_fn(provider, mlp=False)
+    x = torch.randn(4, rows // 4, d_model, device="cuda", dtype=torch.bfloat16)
+    w_gate, w_up = _linear_weights([(d_inter, d_model)] * 2)
+    _run(benchmark, f"swiglu {mode} bf16 (batch 4 x seq 2048)", f"{d_model}->{d_inter}", provider, fn,
+         [x, w_gate, w_up], mode, 4 * rows * d_model * d_inter)  # fmt: skip

@@ -1,20 +1,21 @@
 """Every Triton- and torch-version difference this package meets, in one place.
 
 Kernels: one code path for every Triton from 2.2 on. Its builtins (tl.dot with acc/out_dtype/
-allow_tf32, tl.static_range, tl.debug_barrier, autotune restore_value) exist in 2.2 and 3.x
-alike; on an H100, Triton 3.x pipelines its pointer loads with cp.async into wgmma (checked in
-the PTX of the AOT compiles: no spills at the chosen tiles but the forward's 36 bytes).
+allow_tf32, tl.static_range, tl.debug_barrier, tl.where, autotune restore_value and
+early_config_prune, jit do_not_specialize) exist in 2.2 and 3.x alike; on an H100, Triton 3.x
+pipelines its pointer loads with cp.async into wgmma (checked in the sm_90 PTX of compiles with
+aligned operands: one wgmma group in flight per main-loop step, no spills at the configs kept,
+except the pointer forward's 24 bytes at 128x128).
 
-Hopper fast path, chosen here: the forward kernel in a variant whose x and weight tiles come
-by TMA through host tensor descriptors (Triton >= 3.4; sm_90; 16-bit operands whose rows are
-unit-stride and 16-byte aligned, which the launcher checks per call; everything else takes
-the portable kernel). Why only there: the forward's two accumulators put the pointer kernel
-at ptxas' 255-register limit with spills at 128x128 (the addresses of three operand tiles);
-the TMA variant compiles to 183 registers and no spills (ptxas -v, sm_90a, Triton 3.9),
-while the backward kernels already compile at 102-237 registers without spills; and the epilogue
-overlap that a persistent kernel would buy is had portably from the two-CTAs-per-SM configs
-(kernels/configs.py). That it pays is a prediction until the H100 run compares the two
-(benchmarks/bench_swiglu.py times both forward kernels).
+Hopper fast path, chosen here: the forward kernel in a persistent variant whose x and weight
+tiles come by TMA through host tensor descriptors (Triton >= 3.4, for the descriptors and
+tl.range(flatten=True); sm_90; 16-bit operands whose rows are unit-stride with 16-byte aligned
+strides and base, which the launcher checks per call; everything else takes the portable
+kernel). Why the forward: its two accumulators put the pointer kernel at ptxas' 255-register
+limit with spills at 128x128 (the addresses of three operand tiles); the TMA variant compiles to
+186 registers and no spills (cuobjdump, sm_90, Triton 3.9), and its flattened tile loop keeps
+the next tile's loads in flight through the epilogue. The backward kernels compile at 102-228
+registers without spills on the pointer path.
 """
 
 from __future__ import annotations
