@@ -6,10 +6,11 @@ of rows; d_model 1024..8192). Autotuning compiles and times every config it keep
 (M, N, K), so `prune_*` keeps only what can win: configs whose operand stages fit in shared
 memory for the operand dtype (fp32 halves what fits), tiles no larger than the problem, and,
 for a problem whose output fills the GPU four times over with 128x128 tiles, only the large
-tiles (128 rows, or two programs per SM of 64; smaller ones only add operand traffic there). Shared memory per stage is (A tile + B
-tiles) x element size; registers, as compiled for sm_90 (ptxas, Triton 3.9, bf16, aligned
-operands), are noted per config: a config of <= 128 registers x 8 warps and <= ~113 KB leaves
-room for two programs on an SM, so that one's epilogue overlaps the other's main loop.
+tiles (128 rows, or two programs per SM of 64; smaller ones only add operand traffic there).
+Shared memory per stage is (A tile + B tiles) x element size; registers, as compiled for sm_90
+(cuobjdump, Triton 3.9, bf16, aligned operands), are noted per config: a config of <= 128
+registers x 8 warps and <= ~113 KB leaves room for two programs on an SM, so that one's
+epilogue overlaps the other's main loop.
 
 The interpreter (TRITON_INTERPRET=1) gets one small config instead, so that the tiny shapes of
 the CPU tests still span several tiles in every dimension (Triton's autotuner cannot time
@@ -134,6 +135,7 @@ def _prune(configs, size_p, size_q, p, q, r, b_tiles, element_size):
 
     smallest_p = min(c.kwargs[p] for c in configs)
     smallest_q = min(c.kwargs[q] for c in configs)
+
     def large_tile(config):
         """128-row tiles of at least 128 x 128 outputs, or two programs per SM of half that."""
         kw = config.kwargs
