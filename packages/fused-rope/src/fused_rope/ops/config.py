@@ -25,7 +25,9 @@ host pays for this once per shape.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
+from typing import Any, Dict, NamedTuple, Tuple
 
 import triton
 
@@ -64,3 +66,19 @@ def launch_config(
     if angle_lanes_per_pair:
         num_warps = max(1, min(num_warps, angle_lanes_per_pair * block_p // 32))
     return LaunchConfig(block_r, block_p, block_pass, num_warps)
+
+
+class LaunchPlan(NamedTuple):
+    """Everything about one launch that the shape decides (the launchers cache one per shape)."""
+
+    n_row_blocks: int  # the grid's second dim
+    meta: Dict[str, Any]  # the compile-time arguments and num_warps, by name
+    constexprs: Tuple[Any, ...]  # the compile-time arguments in the kernel's parameter order
+    num_warps: int
+
+
+def launch_plan_for(kernel, n_row_blocks: int, meta: Dict[str, Any]) -> LaunchPlan:
+    """The plan of `kernel` with these meta-parameters; the launch passes them positionally
+    (Triton binds positional arguments faster than keywords)."""
+    names = [name for name in inspect.signature(kernel.fn).parameters if name in meta]
+    return LaunchPlan(n_row_blocks, meta, tuple(meta[name] for name in names), meta["num_warps"])

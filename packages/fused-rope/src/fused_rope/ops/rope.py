@@ -8,7 +8,7 @@ through `RoPEFunction` without a graph break.
 """
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -27,7 +27,7 @@ from .._validation import (
 )
 from ..kernels.rope import _rope_kernel
 from ._layout import output_like, unit_last_stride
-from .config import launch_config
+from .config import LaunchPlan, launch_config, launch_plan_for
 
 TENSOR_FORMATS = ("sbhd", "bshd", "thd")
 # Dims of t holding (sequence, batch, heads) per format (thd: tokens, -, heads).
@@ -36,11 +36,6 @@ _SEQ_BATCH_HEAD_DIMS = {"sbhd": (0, 1, 2), "bshd": (1, 0, 2), "thd": (0, None, 1
 # Interleaved pairs are split in registers (one contiguous load) where Triton has tl.split;
 # the portable path loads the two members with stride-2 loads. Chosen once, at import.
 SPLIT_INTERLEAVED_PAIRS = _compat.HAS_SPLIT_JOIN
-
-
-class LaunchPlan(NamedTuple):
-    n_row_blocks: int  # the grid's second dim
-    meta: Dict[str, Any]  # compile-time arguments and num_warps
 
 
 @functools.cache
@@ -56,7 +51,7 @@ def launch_plan(
         SPLIT_PAIRS=split_pairs, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
         BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
     )  # fmt: skip
-    return LaunchPlan(-(-n_rows // cfg.block_r), meta)
+    return launch_plan_for(_rope_kernel, -(-n_rows // cfg.block_r), meta)
 
 
 def _launch(
@@ -101,7 +96,7 @@ def _launch(
         t_stride[seq_dim], stride_t_b, t_stride[head_dim_index],
         out_stride[seq_dim], stride_out_b, out_stride[head_dim_index], freqs.stride(0),
         n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0, transpose,
-        **plan.meta,
+        *plan.constexprs, num_warps=plan.num_warps,
     )  # fmt: skip
     return out
 

@@ -11,7 +11,7 @@ call, and eager calls reach the launchers without the operator dispatcher.
 """
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -28,12 +28,7 @@ from .._validation import (
 )
 from ..kernels.rope_qk import _rope_qk_kernel
 from ._layout import output_like, unit_last_stride
-from .config import launch_config
-
-
-class LaunchPlan(NamedTuple):
-    n_row_blocks: int  # q's row blocks then k's: the grid's second dim
-    meta: Dict[str, Any]  # compile-time arguments and num_warps
+from .config import LaunchPlan, launch_config, launch_plan_for
 
 
 @functools.cache
@@ -51,7 +46,7 @@ def launch_plan(
         HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, BLOCK_R=cfg.block_r,
         BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
     )  # fmt: skip
-    return LaunchPlan(n_row_blocks, meta)
+    return launch_plan_for(_rope_qk_kernel, n_row_blocks, meta)
 
 
 def table_strides(cos: torch.Tensor) -> Tuple[int, int]:
@@ -92,7 +87,7 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
         stride_q_out[0], stride_q_out[1], stride_q_out[2], stride_k_out[0], stride_k_out[1], stride_k_out[2],
         *table_strides(cos), stride_pos_b,
         seq_len, n_q_heads, n_k_heads, transpose,
-        **plan.meta,
+        *plan.constexprs, num_warps=plan.num_warps,
     )  # fmt: skip
 
 
