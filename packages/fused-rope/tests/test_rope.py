@@ -157,6 +157,9 @@ def test_empty_inputs(device):
     cu_seqlens = torch.zeros(1, dtype=torch.int32, device=device)
     assert apply_rotary_pos_emb(torch.randn(0, 2, 8, device=device), torch.randn(3, 8, device=device), "thd",
                                 cu_seqlens=cu_seqlens).shape == (0, 2, 8)  # fmt: skip
+    no_starts = torch.zeros(0, dtype=torch.int64, device=device)  # batch 0 with start positions
+    assert apply_rotary_pos_emb(torch.randn(3, 0, 2, 8, device=device), torch.randn(4, 8, device=device), "sbhd",
+                                start_positions=no_starts).shape == (3, 0, 2, 8)  # fmt: skip
 
 
 @pytest.mark.gpu(reason="a 2^31+ element tensor needs 8.6 GiB of GPU memory (input, output and gradients)")

@@ -106,7 +106,7 @@ def test_non_contiguous_tables_and_strided_head_dim(device, rope_checks):
 
 def test_empty_inputs(device):
     cos, sin = make_tables(1, 4, 8, device)
-    for shape in [(0, 2, 4, 8), (2, 2, 0, 8)]:
+    for shape in [(0, 2, 4, 8), (2, 2, 0, 8), (2, 0, 4, 8)]:
         q = torch.randn(shape, device=device)
         q_out, k_out = apply_rotary_qk(q, q.clone(), cos, sin)
         assert q_out.shape == k_out.shape == shape

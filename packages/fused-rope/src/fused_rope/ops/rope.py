@@ -69,6 +69,8 @@ def _launch(
     stride(0) from one position to the next).
     """
     out = output_like(t)
+    if out.numel() == 0:
+        return out
     t = unit_last_stride(t)
     t_shape, t_stride, out_stride = t.shape, t.stride(), out.stride()
     seq_dim, batch_dim, head_dim_index = _SEQ_BATCH_HEAD_DIMS[tensor_format]
@@ -83,8 +85,6 @@ def _launch(
         n_batch_groups = batch if start_positions is not None else 1
         n_groups, n_rows = t_shape[seq_dim] * n_batch_groups, n_heads * (batch // n_batch_groups)
         stride_t_b, stride_out_b = t_stride[batch_dim], out_stride[batch_dim]
-    if n_groups == 0 or n_rows == 0:
-        return out
     plan = launch_plan(
         batch_dim is None, n_rows, freqs.shape[-1], t_shape[-1], t.element_size(), interleaved,
         interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None,
@@ -134,6 +134,8 @@ def _check_positions(
             "a sequence's length plus its start position reaches" if start_positions is not None else "a sequence has"
         )
     else:
+        if start_positions.numel() == 0:  # batch 0: no positions to check
+            return
         seq_len = t.shape[0 if tensor_format == "sbhd" else 1]
         min_start, max_start = torch.stack([start_positions.min(), start_positions.max()]).tolist()
         max_end = seq_len + max_start

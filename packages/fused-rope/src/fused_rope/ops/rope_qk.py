@@ -71,11 +71,11 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
         n_k_heads = 0
     else:
         n_k_heads = k.shape[1]
+    if n_tokens == 0 or n_q_heads + n_k_heads == 0:
+        return
     plan = launch_plan(
         n_q_heads, n_k_heads, cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None
     )
-    if n_tokens == 0 or plan.n_row_blocks == 0:
-        return
     if position_ids is None:
         position_ids, stride_pos_b = q, 0
     else:
