@@ -102,6 +102,10 @@ def test_non_contiguous_tables_and_strided_head_dim(device, rope_checks):
     q = torch.randn(2, 3, 5, 16, 2, device=device)[..., 0]  # last dim stride 2: copied for the kernel
     k = torch.randn(2, 5, 2, 16, device=device).transpose(1, 2)
     rope_checks.check_rope_qk(q, k, cos[:, ::2], sin[:, ::2])
+    # cos and sin with different strides (the kernel indexes both with one set: copied)
+    sin_in_wider = torch.cat([sin, sin], dim=-1)[..., :16]
+    rope_checks.check_rope_qk(q, k, cos, sin_in_wider)
+    rope_checks.check_rope_qk(q, k, cos, sin_in_wider, inplace=True)
 
 
 def test_empty_inputs(device):

@@ -32,8 +32,8 @@ def custom_bwd(bwd: Callable) -> Callable:
     """torch's custom_bwd (the backward runs under the forward's autocast state), entered only
     when the forward ran under autocast.
 
-    torch's decorator enters an autocast context on every call, about as long as a kernel
-    launch on the host; with autocast off in the forward that context only disables autocast,
+    torch's decorator enters an autocast context on every call (about half a Function.apply
+    on the host); with autocast off in the forward that context only disables autocast,
     which these backwards (output allocations and Triton launches, nothing autocast changes)
     do not need. Under autocast, or while torch.compile traces, torch's decorator runs as is.
     """
@@ -41,7 +41,7 @@ def custom_bwd(bwd: Callable) -> Callable:
 
     @functools.wraps(bwd)
     def call(ctx, *grads):
-        if ctx._fwd_used_autocast or is_compiling():
+        if is_compiling() or ctx._fwd_used_autocast:
             return with_autocast(ctx, *grads)
         return bwd(ctx, *grads)
 

@@ -65,13 +65,13 @@ def _launch(
 ) -> torch.Tensor:
     """One launch of _rope_kernel over t (checked by the caller); returns a new tensor.
 
-    freqs: (s2, 1, 1, d2) or (s2, d2) with a contiguous last dim (the kernel steps by its
-    stride(0) from one position to the next).
+    freqs: (s2, 1, 1, d2) or (s2, d2) (the kernel steps by its stride(0) from one position to
+    the next; a strided last dim is copied).
     """
     out = output_like(t)
     if out.numel() == 0:
         return out
-    t = unit_last_stride(t)
+    t, freqs = unit_last_stride(t), unit_last_stride(freqs)
     t_shape, t_stride, out_stride = t.shape, t.stride(), out.stride()
     seq_dim, batch_dim, head_dim_index = _SEQ_BATCH_HEAD_DIMS[tensor_format]
     n_heads = t_shape[head_dim_index]
@@ -289,7 +289,6 @@ def apply_rotary_pos_emb(
     cu_seqlens or start_positions their values are checked too (one host sync).
     """
     _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
-    freqs = unit_last_stride(freqs)
     if torch.is_grad_enabled() and t.requires_grad:
         return RoPEFunction.apply(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
     # Nothing to differentiate (inference, no_grad): the operator alone, no autograd node.

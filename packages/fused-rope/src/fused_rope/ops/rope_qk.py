@@ -5,9 +5,8 @@ for k) from precomputed tables, q and k of one token in the same launch, optiona
 
 The eager path is kept short because a RoPE launch is a few hundred microseconds of GPU time
 at most and the host path of a forward plus backward was once longer than both kernels:
-the checks read each attribute once, the tables are normalized once per forward (their
-strides ride on the autograd context), each launch looks its whole plan up in one cached
-call, and eager calls reach the launchers without the operator dispatcher.
+the checks read each attribute once, each launch looks its whole plan up in one cached call,
+and eager calls reach the launchers without the operator dispatcher.
 """
 
 import functools
@@ -60,10 +59,14 @@ def table_strides(cos: torch.Tensor) -> Tuple[int, int]:
 def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
     """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k.
 
-    q, k: last dim contiguous; cos, sin: last dim contiguous, the same (batch, position)
-    strides; position_ids: None or contiguous. k and k_out may be None: q alone (the in-place
-    backward treats q and k one at a time).
+    q, k: last dim contiguous. k and k_out may be None: q alone (the in-place backward treats q
+    and k one at a time). The kernel indexes cos and sin with one set of strides and
+    position_ids as contiguous: unusual layouts of these small tensors are copied here, at run
+    time (under torch.compile only here are the strides the real ones).
     """
+    cos_stride = cos.stride()
+    if cos_stride[-1] != 1 or sin.stride() != cos_stride:
+        cos, sin = cos.contiguous(), sin.contiguous()
     batch, n_q_heads, seq_len, head_dim = q.shape
     n_tokens = batch * seq_len
     if k is None:
@@ -79,6 +82,7 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
     if position_ids is None:
         position_ids, stride_pos_b = q, 0
     else:
+        position_ids = position_ids.contiguous()
         stride_pos_b = 0 if position_ids.shape[0] == 1 else seq_len
     stride_q, stride_k, stride_q_out, stride_k_out = q.stride(), k.stride(), q_out.stride(), k_out.stride()
     _rope_qk_kernel[(n_tokens, plan.n_row_blocks)](
@@ -272,17 +276,6 @@ def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
         check_device(q=q, k=k, cos=cos, sin=sin, position_ids=position_ids)
 
 
-def _kernel_tables(cos, sin, position_ids):
-    """cos, sin with a contiguous last dim and the same strides (the kernel indexes both with
-    one set), position_ids contiguous: copies only for unusual layouts of these small tensors."""
-    cos_stride = cos.stride()
-    if cos_stride[-1] != 1 or sin.stride() != cos_stride:
-        cos, sin = cos.contiguous(), sin.contiguous()
-    if position_ids is not None:
-        position_ids = position_ids.contiguous()
-    return cos, sin, position_ids
-
-
 def apply_rotary_qk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -308,7 +301,6 @@ def apply_rotary_qk(
     (q and k themselves when inplace). Differentiable in q and k; cos, sin get no gradient.
     """
     _check_qk_args(q, k, cos, sin, position_ids, inplace)
-    cos, sin, position_ids = _kernel_tables(cos, sin, position_ids)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
         # Nothing to differentiate (inference, no_grad): the operators alone, no autograd node.
         if inplace:
