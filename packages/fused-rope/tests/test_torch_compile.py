@@ -15,6 +15,7 @@ from fused_rope.ops import rope_qk as rope_qk_ops
 
 pytestmark = [
     pytest.mark.kernels,
+    pytest.mark.torch_compile,
     pytest.mark.skipif(not _compat.HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4"),
 ]
 

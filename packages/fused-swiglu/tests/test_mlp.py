@@ -67,6 +67,7 @@ def test_second_backward_through_the_graph_raises(device, sw):
         y.sum().backward()
 
 
+@pytest.mark.torch_compile
 def test_torch_compile_fullgraph(device, sw):
     inputs = make_mlp_inputs(sw, (2, 11), 32, 40, torch.bfloat16, device, bias=True)
     compiled = torch.compile(swiglu_mlp, backend="eager", fullgraph=True)

@@ -5,7 +5,7 @@ import torch
 import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
-from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, swiglu
+from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, _compat, swiglu
 from fused_swiglu._compat import multiprocessor_count
 from fused_swiglu.kernels.backward import _swiglu_weight_grad_kernel
 from fused_swiglu.kernels.configs import weight_grad_split
@@ -170,6 +170,7 @@ def test_autocast_casts_like_linear(device, sw):
         assert_close_to_reference(g.to(torch.bfloat16), g_ref, g_low, name=name)
 
 
+@pytest.mark.torch_compile
 def test_torch_compile_fullgraph(device, sw):
     """The launchers are custom ops: torch.compile(fullgraph=True) traces forward and backward without a break."""
     inputs = sw.make_inputs((3, 13), 32, 40, torch.bfloat16, device)
@@ -179,6 +180,7 @@ def test_torch_compile_fullgraph(device, sw):
 
 @pytest.mark.parametrize("dtype", dtype_params((torch.bfloat16, torch.float16)))
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.skipif(_compat.TensorDescriptor is None, reason="TMA tensor descriptors need Triton >= 3.4")
 def test_tma_forward_kernel(bias, dtype, device, sw):
     """The Hopper TMA forward kernel (run here through the interpreter's descriptors): edges of
     every dim zero-padded by the descriptors (M=37, N=72, K=40 against 32 x 32 x 16 tiles)."""

@@ -17,12 +17,20 @@ import torch
 import triton
 
 from . import aot, bench
-from .runtime import aot_blocker, gpu_available, interpreting, kernel_device, kernel_execution_blocker
+from .runtime import (
+    aot_blocker,
+    gpu_available,
+    interpreting,
+    kernel_device,
+    kernel_execution_blocker,
+    torch_compile_blocker,
+)
 
 MARKERS = {
     "kernels": "launches Triton kernels: runs on a CUDA GPU, or on a CPU under Triton 3.x's interpreter",
     "gpu(reason)": "needs a CUDA GPU (large shapes, int64 offsets, timing); reason says why",
     "aot": "ahead-of-time compile check to cubins for sm_80 and sm_90; needs compiled (not interpreted) kernels",
+    "torch_compile": "runs torch.compile: skipped where the loaded Triton cannot serve this torch's compiler",
 }
 
 
@@ -57,6 +65,7 @@ def _gpu_skip_reason(item):
 def pytest_collection_modifyitems(config, items):
     kernel_reason = kernel_execution_blocker()
     compile_reason = aot_blocker()
+    torch_compile_reason = torch_compile_blocker()
     for item in items:
         reason = None
         if item.get_closest_marker("gpu"):
@@ -65,6 +74,8 @@ def pytest_collection_modifyitems(config, items):
             reason = kernel_reason
         if item.get_closest_marker("aot") and compile_reason:
             reason = compile_reason
+        if item.get_closest_marker("torch_compile") and torch_compile_reason and not reason:
+            reason = torch_compile_reason
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
 

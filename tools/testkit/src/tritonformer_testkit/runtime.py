@@ -57,6 +57,21 @@ def can_execute_kernels() -> bool:
     return kernel_execution_blocker() is None
 
 
+def torch_compile_blocker() -> Optional[str]:
+    """None when torch.compile (Dynamo, AOTAutograd, Inductor) can work with the loaded Triton.
+
+    torch >= 2.3 imports `triton.backends` as soon as it compiles; a Triton 2.x put first on the
+    path beside such a torch (the offline GPU box's Triton 2.2 run) breaks every torch.compile.
+    """
+    torch_version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if triton_version() < (3, 0) and torch_version >= (2, 3):
+        return (
+            f"torch {torch.__version__}'s torch.compile imports triton.backends, which Triton "
+            f"{triton.__version__} lacks (this torch pairs with Triton 3.x)"
+        )
+    return None
+
+
 def aot_blocker() -> Optional[str]:
     """None when kernels can be compiled ahead of time here, else why not."""
     if interpreting():
