@@ -13,6 +13,7 @@ from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK, HAS_TENSOR_DESCRIPTORS
 from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, tma_configs
+from fused_gemm.kernels.grad import _activation_grad_kernel
 from fused_gemm.kernels.matmul import _matmul_kernel
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
 
@@ -20,53 +21,48 @@ pytestmark = pytest.mark.aot
 
 SIZES = {"fp32": 4, "fp16": 2, "bf16": 2}
 RELU, GELU, GELU_TANH = 1, 2, 3
-MUL, RELU_MASK = 1, 2
 
 
-def _flags(prologue=0, row_sum=False, bias=False, activation=0, aux=False):
-    return dict(PROLOGUE=prologue, ROW_SUM=row_sum, HAS_BIAS=bias, ACTIVATION=activation, STORE_AUX=aux)
+def _flags(bias=False, activation=0, z=False):
+    return dict(HAS_BIAS=bias, ACTIVATION=activation, STORE_Z=z)
 
 
 # Portable kernel launch variants: flags and the strides that are 1. Forward: A = x (row-major),
-# B = weight.t() (unit stride along K) or a row-major w; dX: A = dY, B = w^T; dW^T: A = dY^T
+# B = weight.t() (unit stride along K) or a row-major w; dX: A = dZ, B = w^T; dW^T: A = dZ^T
 # (unit stride along M), B = x, C = dW^T (row-major, or transposed for a row-major w).
 PORTABLE_VARIANTS = {
     "fwd": (_flags(), ("stride_ak", "stride_bk", "stride_cn")),
     "fwd-bias-relu": (_flags(bias=True, activation=RELU), ("stride_ak", "stride_bn", "stride_cn")),
-    "fwd-bias-gelu-aux": (_flags(bias=True, activation=GELU, aux=True), ("stride_ak", "stride_bk", "stride_cn")),
-    "fwd-gelu-tanh-aux": (_flags(activation=GELU_TANH, aux=True), ("stride_ak", "stride_bk", "stride_cn")),
-    "dx-mul": (_flags(prologue=MUL), ("stride_ak", "stride_bn", "stride_cn", "stride_sk")),
-    "dx-relu-mask": (_flags(prologue=RELU_MASK), ("stride_ak", "stride_bn", "stride_cn", "stride_sk")),
-    "dw-mul-dbias": (_flags(prologue=MUL, row_sum=True), ("stride_am", "stride_bn", "stride_cn", "stride_sm")),
-    "dw-relu-mask-dbias": (
-        _flags(prologue=RELU_MASK, row_sum=True),
-        ("stride_am", "stride_bn", "stride_cm", "stride_sm"),
-    ),
-    "dw-dbias": (_flags(row_sum=True), ("stride_am", "stride_bn", "stride_cn")),
+    "fwd-bias-gelu-z": (_flags(bias=True, activation=GELU, z=True), ("stride_ak", "stride_bk", "stride_cn")),
+    "fwd-gelu-tanh-z": (_flags(activation=GELU_TANH, z=True), ("stride_ak", "stride_bk", "stride_cn")),
+    "fwd-bias-gelu": (_flags(bias=True, activation=GELU), ("stride_ak", "stride_bk", "stride_cn")),
+    "dx": (_flags(), ("stride_ak", "stride_bn", "stride_cn")),
+    "dw": (_flags(), ("stride_am", "stride_bn", "stride_cn")),
+    "dw-transposed-out": (_flags(), ("stride_am", "stride_bn", "stride_cm")),
 }
 # (config index, variant, dtype, EVEN_K, ALLOW_TF32) per arch; every config on both archs.
 PORTABLE_CASES = {
     80: [
-        (0, "fwd-bias-gelu-aux", "bf16", True, False),
-        (1, "dx-mul", "fp16", False, False),
-        (2, "dw-mul-dbias", "bf16", True, False),
-        (3, "fwd-gelu-tanh-aux", "fp16", False, False),
+        (0, "fwd-bias-gelu-z", "bf16", True, False),
+        (1, "dx", "fp16", False, False),
+        (2, "dw", "bf16", True, False),
+        (3, "fwd-gelu-tanh-z", "fp16", False, False),
         (4, "fwd", "fp32", True, True),
-        (5, "dx-relu-mask", "fp32", False, False),
-        (6, "dw-relu-mask-dbias", "bf16", True, False),
+        (5, "dw-transposed-out", "fp32", False, False),
+        (6, "fwd-bias-gelu", "bf16", True, False),
         (7, "fwd-bias-relu", "fp32", False, True),
-        (8, "dw-dbias", "fp16", True, False),
+        (8, "dx", "fp16", True, False),
     ],
     90: [
-        (0, "dw-mul-dbias", "bf16", False, False),
+        (0, "dw", "bf16", False, False),
         (1, "fwd-bias-relu", "bf16", True, False),
-        (2, "fwd-bias-gelu-aux", "fp16", False, False),
-        (3, "dx-mul", "bf16", True, False),
-        (4, "dx-relu-mask", "fp32", False, True),
-        (5, "fwd-gelu-tanh-aux", "fp32", True, False),
+        (2, "fwd-bias-gelu-z", "fp16", False, False),
+        (3, "dx", "bf16", True, False),
+        (4, "dw-transposed-out", "fp32", False, True),
+        (5, "fwd-gelu-tanh-z", "fp32", True, False),
         (6, "fwd", "bf16", False, False),
-        (7, "dw-relu-mask-dbias", "fp32", True, True),
-        (8, "dw-dbias", "fp32", False, False),
+        (7, "fwd-bias-gelu", "fp32", True, True),
+        (8, "dw", "fp32", False, False),
     ],
 }
 
@@ -100,10 +96,9 @@ def test_portable_kernel_compiles(config, variant, dtype, even_k, tf32, arch):
     ptr = f"*{dtype}"
     ints = [
         *("stride_a_batch", "stride_am", "stride_ak", "stride_b_batch", "stride_bk", "stride_bn"),
-        *("stride_c_batch", "stride_cm", "stride_cn", "stride_s_batch", "stride_sm", "stride_sk"),
-        *("stride_row_sum_batch", "M", "N", "K"),
+        *("stride_c_batch", "stride_cm", "stride_cn", "M", "N", "K"),
     ]
-    signature = {p: ptr for p in ("a_ptr", "b_ptr", "c_ptr", "s_ptr", "aux_ptr", "bias_ptr", "row_sum_ptr")}
+    signature = {p: ptr for p in ("a_ptr", "b_ptr", "c_ptr", "z_ptr", "bias_ptr")}
     signature.update({name: "i32" for name in ints if name not in unit_strides})
     compile_to_cubin(
         _matmul_kernel,
@@ -125,26 +120,28 @@ def test_portable_kernel_compiles(config, variant, dtype, even_k, tf32, arch):
 
 # TMA kernel launch variants: flags, A_TRANS, B_TRANS, C_TRANS, BATCHED.
 TMA_VARIANTS = {
-    "fwd-linear-weight-bias-gelu-aux": (_flags(bias=True, activation=GELU, aux=True), False, True, False, False),
-    "fwd-relu": (_flags(activation=RELU), False, True, False, False),
-    "dx-mul": (_flags(prologue=MUL), False, False, False, False),
-    "dw-mul-dbias": (_flags(prologue=MUL, row_sum=True), True, False, False, False),
-    "dw-relu-mask-dbias-transposed-out": (_flags(prologue=RELU_MASK, row_sum=True), True, False, True, False),
-    "bmm-fwd-gelu-tanh-aux": (_flags(bias=True, activation=GELU_TANH, aux=True), False, False, False, True),
-    "bmm-db-dbias": (_flags(row_sum=True), True, False, True, True),
+    "fwd-linear-weight": (_flags(), False, True, False, False),
+    "fwd-linear-weight-bias-gelu-z": (_flags(bias=True, activation=GELU, z=True), False, True, False, False),
+    "fwd-bias-relu": (_flags(bias=True, activation=RELU), False, True, False, False),
+    "dx": (_flags(), False, False, False, False),
+    "dw": (_flags(), True, False, False, False),
+    "dw-transposed-out": (_flags(), True, False, True, False),
+    "bmm-fwd": (_flags(), False, False, False, True),
+    "bmm-fwd-bias-gelu-tanh-z": (_flags(bias=True, activation=GELU_TANH, z=True), False, False, False, True),
+    "bmm-db": (_flags(), True, False, True, True),
 }
-# (config index, variant, dtype), sm_90; the headline weight gradient (128x256x32 with the prologue
-# and d(bias)) and the two-programs-per-SM (ping-pong) configs on forward and backward variants.
+# (config index, variant, dtype), sm_90: the headline configs on the forward and both backward
+# products, the two-programs-per-SM (ping-pong) configs on whole-tile and half-tile epilogues.
 TMA_CASES = [
-    (0, "fwd-linear-weight-bias-gelu-aux", "bf16"),
-    (1, "dw-mul-dbias", "bf16"),
-    (1, "dx-mul", "fp16"),
-    (2, "fwd-relu", "bf16"),
-    (3, "dw-relu-mask-dbias-transposed-out", "fp16"),
-    (4, "dw-mul-dbias", "fp16"),
-    (5, "fwd-linear-weight-bias-gelu-aux", "fp16"),
-    (6, "bmm-db-dbias", "bf16"),
-    (7, "bmm-fwd-gelu-tanh-aux", "fp16"),
+    (0, "fwd-linear-weight", "bf16"),
+    (0, "fwd-linear-weight-bias-gelu-z", "bf16"),
+    (1, "bmm-fwd", "bf16"),
+    (2, "dw", "bf16"),
+    (3, "dx", "fp16"),
+    (4, "bmm-fwd-bias-gelu-tanh-z", "fp16"),
+    (5, "fwd-bias-relu", "bf16"),
+    (6, "dw-transposed-out", "fp16"),
+    (7, "bmm-db", "bf16"),
 ]
 
 
@@ -168,22 +165,20 @@ def test_tma_kernel_compiles(config, variant, dtype):
     def desc(block):
         return f"tensordesc<{dtype}[{','.join(str(d) for d in lead + block)}]>"
 
-    a_block = [bk, bm] if a_trans else [bm, bk]
-    c_block = [bn, bm] if c_trans else [bm, bn]
+    c_cols = bn // 2 if flags["ACTIVATION"] or flags["STORE_Z"] else bn  # the split epilogue's halves
+    c_block = [c_cols, bm] if c_trans else [bm, c_cols]
     signature = {
-        "a_desc": desc(a_block),
+        "a_desc": desc([bk, bm] if a_trans else [bm, bk]),
         "b_desc": desc([bn, bk] if b_trans else [bk, bn]),
         "c_desc": desc(c_block),
         "bias_ptr": f"*{dtype}",
-        "row_sum_ptr": "*fp32" if batched else f"*{dtype}",  # per-batch fp32 sums for bmm
-        "stride_row_sum_batch": "i32", "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32",
+        "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32",
     }  # fmt: skip
     optional = {}
-    for name, used, block in (("s_desc", flags["PROLOGUE"] != 0, a_block), ("aux_desc", flags["STORE_AUX"], c_block)):
-        if used:
-            signature[name] = desc(block)
-        else:
-            optional[name] = None  # the launcher passes None: a constexpr
+    if flags["STORE_Z"]:
+        signature["z_desc"] = desc(c_block)
+    else:
+        optional["z_desc"] = None  # the launcher passes None: a constexpr
     compile_to_cubin(
         _matmul_tma_kernel,
         signature=signature,
@@ -205,6 +200,39 @@ def test_tma_kernel_compiles(config, variant, dtype):
     )
 
 
+# The elementwise backward pass: (ACTIVATION, WRITE_DZ, COLUMN_SUM, dtype, the dy stride that is 1).
+GRAD_CASES = [
+    (GELU, True, True, "bf16", "stride_dy_n"),
+    (GELU_TANH, True, False, "fp16", "stride_dy_n"),
+    (RELU, True, True, "fp32", "stride_dy_m"),
+    (0, False, True, "bf16", "stride_dy_n"),
+]
+GRAD_TILE = {"BLOCK_M": 32, "BLOCK_N": 256}  # configs.GRAD_TILE when compiled
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("activation, write_dz, column_sum, dtype, unit_stride", GRAD_CASES)
+def test_activation_grad_kernel_compiles(activation, write_dz, column_sum, dtype, unit_stride, arch):
+    ints = ("stride_dy_batch", "stride_dy_m", "stride_dy_n", "M", "N", "ROWS")
+    signature = {"dy_ptr": f"*{dtype}", "saved_ptr": f"*{dtype}", "dz_ptr": f"*{dtype}", "partial_ptr": "*fp32"}
+    signature.update({name: "i32" for name in ints if name != unit_stride})
+    compile_to_cubin(
+        _activation_grad_kernel,
+        signature=signature,
+        constexprs={
+            unit_stride: 1,
+            "ACTIVATION": activation,
+            "WRITE_DZ": write_dz,
+            "COLUMN_SUM": column_sum,
+            "UPCAST": False,
+            **GRAD_TILE,
+        },  # fmt: skip
+        arch=arch,
+        num_warps=8,
+        num_stages=3,
+    )
+
+
 def test_the_sets_cover_every_value():
     """Each config on each arch, each constexpr value and dtype at least once, every case fitting shared memory."""
     assert autotune_configs(_matmul_kernel) == PORTABLE_CONFIGS
@@ -213,21 +241,20 @@ def test_the_sets_cover_every_value():
     for arch, cases in PORTABLE_CASES.items():
         assert sorted(case[0] for case in cases) == list(range(len(configs))), arch
     portable = [case for cases in PORTABLE_CASES.values() for case in cases]
+    assert {case[1] for case in portable} == set(PORTABLE_VARIANTS)
     flags = [PORTABLE_VARIANTS[case[1]][0] for case in portable]
     for name, values in _flags_values().items():
         assert {f[name] for f in flags} == values, name
     assert {case[2] for case in portable} == set(SIZES)
     assert {case[3] for case in portable} == {True, False} and {case[4] for case in portable} == {True, False}
     assert all(case[2] == "fp32" for case in portable if case[4]), "ALLOW_TF32 only matters for fp32"
-    for index, variant, dtype, _, _ in portable:
-        config = configs[index]
-        smem = _portable_smem(
-            config, config["num_stages"], SIZES[dtype], PORTABLE_VARIANTS[variant][0]["PROLOGUE"] != 0
-        )
-        assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, variant, dtype)
+    for index, _, dtype, _, _ in portable:
+        smem = _portable_smem(configs[index], configs[index]["num_stages"], SIZES[dtype])
+        assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, dtype)
 
     configs = TMA_CONFIGS
     assert sorted({case[0] for case in TMA_CASES}) == list(range(len(configs)))
+    assert {case[1] for case in TMA_CASES} == set(TMA_VARIANTS)
     variants = [TMA_VARIANTS[case[1]] for case in TMA_CASES]
     for name, values in _flags_values().items():
         assert {v[0][name] for v in variants} == values, name
@@ -237,14 +264,23 @@ def test_the_sets_cover_every_value():
     assert {configs[case[0]]["PROGRAMS_PER_SM"] for case in TMA_CASES} == {1, 2}
     for index, variant, _ in TMA_CASES:
         config, flags = configs[index], TMA_VARIANTS[variant][0]
-        _, _, _, c_trans, batched = TMA_VARIANTS[variant]
-        smem = _tma_smem(
-            config, config["num_stages"], 2, flags["PROLOGUE"] != 0, flags["ROW_SUM"], batched and not c_trans
-        )
+        smem = _tma_smem(config, config["num_stages"], 2, bool(flags["ACTIVATION"] or flags["STORE_Z"]))
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 
+    assert {case[0] for case in GRAD_CASES} == {0, RELU, GELU, GELU_TANH}
+    assert {case[1] for case in GRAD_CASES} == {case[2] for case in GRAD_CASES} == {True, False}
+    assert {case[3] for case in GRAD_CASES} == set(SIZES)
+
+
+def test_grad_tile_is_the_launchers():
+    """GRAD_TILE above is the compiled launch's tile (configs.GRAD_TILE outside the interpreter)."""
+    from fused_gemm._compat import INTERPRETING
+    from fused_gemm.kernels import configs
+
+    if not INTERPRETING:
+        assert {k: configs.GRAD_TILE[k] for k in GRAD_TILE} == GRAD_TILE and configs.GRAD_TILE["num_warps"] == 8
+
 
 def _flags_values():
-    return {"PROLOGUE": {0, MUL, RELU_MASK}, "ROW_SUM": {True, False}, "HAS_BIAS": {True, False},
-            "ACTIVATION": {0, RELU, GELU, GELU_TANH}, "STORE_AUX": {True, False}}  # fmt: skip
+    return {"HAS_BIAS": {True, False}, "ACTIVATION": {0, RELU, GELU, GELU_TANH}, "STORE_Z": {True, False}}

@@ -2,11 +2,13 @@
 
 from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK
 from fused_gemm.kernels.configs import (
+    GRAD_TILE,
     _portable_large_candidate,
     _portable_smem,
     _prune,
     _tma_large_candidate,
     _tma_smem,
+    grad_rows,
     portable_configs,
     tma_configs,
 )
@@ -23,33 +25,40 @@ def _tiles(configs):
     }  # fmt: skip
 
 
-def _tma(m, n, batch=1, prologue=False, row_sum=False, c_trans=False):
+def _tma(m, n, batch=1, halves=False):
     configs = tma_configs(interpreting=False)
-    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, prologue, row_sum, batch > 1 and not c_trans)  # noqa: E731
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, halves)  # noqa: E731
     return _tiles(_prune(configs, m, n, batch, smem, H100, _tma_large_candidate))
 
 
-def _portable(m, n, element_size=2, prologue=False):
+def _portable(m, n, element_size=2):
     configs = portable_configs(interpreting=False)
-    smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size, prologue)  # noqa: E731
+    smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size)  # noqa: E731
     return _tiles(_prune(configs, m, n, 1, smem, H100, _portable_large_candidate))
 
 
+COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
+PING_PONG = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
+
+
 def test_issue_shapes_keep_the_large_hopper_tiles():
-    """As compiled by Triton 3.6 for sm_90 (configs module docstring): what fits each variant."""
-    forward = _tma(16384, 8192)
-    cooperative = {(128, 256, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
-    ping_pong = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
-    assert forward == cooperative | ping_pong
-    # dX: the prologue's S tile pushes 256x128x64 to 240 KB.
-    assert _tma(16384, 2048, prologue=True) == forward - {(256, 128, 64, 8, 3, 1)}
-    # dW with d(bias): the row sums push 128x256x64 to 228 KB and 64x256 past half an SM.
-    dw = _tma(2048, 8192, prologue=True, row_sum=True)
-    assert dw == {(128, 256, 32, 8, 4, 1), (128, 128, 64, 4, 2, 2)}
-    # bmm 64 x (2048 x 2048 outputs): large in total; its 3-D output store needs half a tile more.
-    assert _tma(2048, 2048, batch=64) == {(128, 256, 32, 8, 4, 1), (128, 128, 64, 4, 2, 2)}
-    # bmm's db^T (2048 x 128 per batch, transposed store, row sums): 128-wide tiles.
-    assert _tma(2048, 128, batch=64, row_sum=True, c_trans=True) == {(256, 128, 64, 8, 3, 1), (128, 128, 64, 4, 2, 2)}
+    """As compiled for sm_90 (configs module docstring): every variant of the issue's shapes fits the
+    cooperative and the ping-pong candidates (no prologue or row sums in the matmuls any more)."""
+    assert _tma(16384, 8192) == COOPERATIVE | PING_PONG  # forward, plain or biased: whole-tile staging
+    assert _tma(16384, 8192, halves=True) == COOPERATIVE | PING_PONG  # forward with GELU and z: half tiles
+    assert _tma(16384, 2048) == COOPERATIVE | PING_PONG  # dX
+    assert _tma(2048, 8192) == COOPERATIVE | PING_PONG  # dW^T
+    assert _tma(2048, 2048, batch=64) == COOPERATIVE | PING_PONG  # bmm 64 x (2048 x 2048 outputs)
+    # bmm's db^T (2048 x 128 per batch): 128-wide tiles.
+    assert _tma(2048, 128, batch=64) == {(256, 128, 64, 8, 3, 1), (128, 128, 64, 4, 2, 2)}
+
+
+def test_staging_buffer_sizes():
+    """Operand stages plus one staging buffer: the whole output tile, or half of it for a split epilogue."""
+    kw = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}
+    assert _tma_smem(kw, 3, 2, False) == 208 * 1024 and _tma_smem(kw, 3, 2, True) == 176 * 1024
+    pp = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
+    assert _tma_smem(pp, 2, 2, False) == 96 * 1024 and _tma_smem(pp, 2, 2, True) == 80 * 1024
 
 
 def test_large_problems_on_the_portable_kernel_keep_8_warp_tiles():
@@ -69,11 +78,23 @@ def test_fp32_drops_what_does_not_fit():
     assert (128, 256, 64, 8, 3) not in kept and kept
     for block_m, block_n, block_k, _, stages, _ in kept:
         kw = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
-        assert _portable_smem(kw, stages, 4, False) <= H100
+        assert _portable_smem(kw, stages, 4) <= H100
 
 
 def test_nothing_fits_falls_back_to_the_smallest():
     configs = tma_configs(interpreting=False)
-    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, True, True, False)  # noqa: E731
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, False)  # noqa: E731
     kept = _prune(configs, 4096, 4096, 1, smem, 1024, _tma_large_candidate)
     assert len(kept) == 1 and smem(kept[0]) == min(smem(c) for c in configs)
+
+
+def test_grad_pass_row_split():
+    """Rows per program of the elementwise pass: ~8 programs per SM, a multiple of the row tile, and
+    the headline shapes leave few partial column sums to add up."""
+    block_m = GRAD_TILE["BLOCK_M"]
+    for batch, m, n in [(1, 16384, 8192), (1, 16384, 2048), (64, 2048, 2048), (1, 7, 5), (3, 1000, 4097)]:
+        rows = grad_rows(batch, m, n, 132)
+        assert rows % block_m == 0 and rows >= block_m
+        programs = batch * -(-m // rows) * -(-n // GRAD_TILE["BLOCK_N"])
+        assert programs >= min(4 * 132, batch * -(-m // block_m) * -(-n // GRAD_TILE["BLOCK_N"]))
+        assert batch * -(-m // rows) <= max(256, batch)

@@ -1,23 +1,23 @@
-"""The launcher's two kernels, forced one at a time, on every operand layout and fused option.
+"""The launchers on their own: both matmul kernels forced one at a time on every operand layout and
+epilogue option, and the backward's elementwise pass on every activation and dy layout.
 
-matmul/bmm pick the kernel themselves (TMA where it can run, else portable); here each path runs
-the same cases, so the portable kernel is checked on aligned operands too, and the TMA kernel on
-each transpose and on 3-D (batched) descriptors. Reference: the kernel contract in float64,
-bound by the same computation in torch's low precision (the project's tolerance rule).
+matmul/bmm pick the kernel themselves (TMA on Hopper where it can run, the portable kernel
+elsewhere and under the interpreter); here each path runs the same cases, so the TMA kernel is
+checked on each transpose, on 3-D (batched) descriptors and on its split epilogue, also on a CPU
+(the interpreter emulates tensor descriptors). Reference: the contract in float64, bound by the
+same computation in torch's low precision (the project's tolerance rule).
 """
 
 import pytest
 import torch
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
-from fused_gemm._compat import HAS_TENSOR_DESCRIPTORS, supports_tma
-from fused_gemm.kernels.common import ACTIVATION_CODES, SAVED_GRAD_SCALE
-from fused_gemm.ops.launch import launch_matmul, tma_layouts
+from fused_gemm._compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING, supports_tma
+from fused_gemm.kernels.common import ACTIVATION_CODES
+from fused_gemm.ops.launch import launch_activation_grad, launch_matmul, tma_plan
 from fused_gemm.reference import activation_reference
 
 pytestmark = pytest.mark.kernels
-
-PROLOGUES = {"none": 0, "mul": 1, "relu_mask": 2}
 
 
 def _matrix(batch, rows, cols, transposed, device, dtype, scale=1.0):
@@ -33,38 +33,26 @@ def _empty_matrix(batch, rows, cols, transposed, device, dtype):
     return torch.empty(batch, rows, cols, device=device, dtype=dtype)
 
 
-def _contract(a, b, s, prologue, bias, activation):
-    """What the kernel computes, with torch ops in a's dtype: (c, aux, row sums of the scaled a).
-
-    The GELU derivative is stored (aux) and read back (prologue "mul") scaled by SAVED_GRAD_SCALE.
-    """
-    scale = SAVED_GRAD_SCALE.value
-    if prologue == "mul":
-        a = a * (s / scale)
-    elif prologue == "relu_mask":
-        a = a.masked_fill(s <= 0, 0)
+def _contract(a, b, bias, activation):
+    """What the matmul kernels compute, with torch ops in a's dtype: (c, z)."""
     z = torch.bmm(a, b)
     if bias is not None:
         z = z + bias
-    z = z.detach().requires_grad_()
-    with torch.enable_grad():
-        y = activation_reference(z, activation)
-        (grad,) = torch.autograd.grad(y.sum(), z)
-    return y.detach(), grad * (scale if activation in ("gelu", "gelu_tanh") else 1.0), a.float().sum(-1)
+    return activation_reference(z, activation), z
 
 
 CASES = [
-    # name: batch, a_t, b_t, c_t, prologue, row_sum, bias, activation, aux
-    ("fwd-linear-weight", 1, False, True, False, "none", False, True, "gelu", True),
-    ("fwd-row-major", 1, False, False, False, "none", False, True, "gelu_tanh", False),
-    ("fwd-relu", 1, False, True, False, "none", False, False, "relu", False),
-    ("dx-gelu", 1, False, False, False, "mul", False, False, None, False),
-    ("dx-relu", 1, False, True, False, "relu_mask", False, False, None, False),
-    ("dw-gelu-dbias", 1, True, False, False, "mul", True, False, None, False),
-    ("dw-transposed-out", 1, True, False, True, "mul", True, False, None, False),
-    ("dw-bias-only", 1, True, False, False, "none", True, False, None, False),
-    ("bmm-fwd", 3, False, True, False, "none", False, True, "gelu", True),
-    ("bmm-db", 3, True, False, True, "relu_mask", True, False, None, False),
+    # name: batch, m, a_t, b_t, c_t, bias, activation, z
+    ("fwd-linear-weight-gelu-z", 1, 40, False, True, False, True, "gelu", True),
+    ("fwd-row-major-gelu-tanh", 1, 40, False, False, False, True, "gelu_tanh", False),
+    ("fwd-relu", 1, 40, False, True, False, False, "relu", False),
+    ("fwd-bias", 1, 40, False, True, False, True, None, False),
+    ("dx", 1, 40, False, False, False, False, None, False),
+    ("dw", 1, 40, True, False, False, False, None, False),
+    ("dw-transposed-out", 1, 40, True, False, True, False, None, False),
+    ("bmm-fwd-gelu-z", 3, 40, False, True, False, True, "gelu", True),
+    ("bmm-odd-rows", 3, 37, False, False, False, False, None, False),
+    ("bmm-db-transposed-out", 3, 40, True, False, True, False, None, False),
 ]
 
 
@@ -73,32 +61,79 @@ CASES = [
 def test_both_kernels_on_every_layout_and_option(case, path, device):
     if path == "tma" and not supports_tma(torch.device(device)):
         pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
-    _, batch, a_t, b_t, c_t, prologue, row_sum, with_bias, activation, aux = case
-    m, k, n, dtype = 40, 48, 24, torch.bfloat16
+    _, batch, m, a_t, b_t, c_t, with_bias, activation, with_z = case
+    k, n, dtype = 48, 24, torch.bfloat16
     a = _matrix(batch, m, k, a_t, device, dtype)
-    s = _matrix(batch, m, k, a_t, device, dtype) if prologue != "none" else None
     b = _matrix(batch, k, n, b_t, device, dtype, scale=k**-0.5)
     bias = torch.randn(n, device=device, dtype=dtype) if with_bias else None
     with poisoned_allocations():
         c = _empty_matrix(batch, m, n, c_t, device, dtype)
-        aux_out = torch.empty_like(c) if aux else None
-        sums = torch.empty(batch, m, device=device, dtype=torch.float32) if row_sum else None
-    ran = launch_matmul(
-        a, b, c, s=s, prologue=PROLOGUES[prologue], row_sum=sums, bias=bias,
-        activation=ACTIVATION_CODES[activation], aux=aux_out, path=path,
-    )  # fmt: skip
+        z = torch.empty_like(c) if with_z else None
+    ran = launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES[activation], z=z, path=path)
     assert ran == path
 
     def operands(dtype):
-        return [t.to(dtype) if t is not None else None for t in (a, b, s, bias)]
+        return [t.to(dtype) if t is not None else None for t in (a, b, bias)]
 
-    ref = _contract(*operands(torch.float64)[:3], prologue, operands(torch.float64)[3], activation)
-    low = _contract(*operands(dtype)[:3], prologue, operands(dtype)[3], activation)
+    ref = _contract(*operands(torch.float64), activation)
+    low = _contract(*operands(dtype), activation)
     assert_close_to_reference(c, ref[0], low[0], name="c")
-    if aux:
-        assert_close_to_reference(aux_out, ref[1], low[1], name="aux")
-    if row_sum:
-        assert_close_to_reference(sums, ref[2], low[2], name="row_sum")
+    if with_z:
+        assert_close_to_reference(z, ref[1], low[1], name="z")
+
+
+def _grad_contract(dy, saved, activation, dtype):
+    """dz = dy * act'(z) and its column sums, with torch in `dtype` (gelu_backward / threshold_backward)."""
+    dy = dy.to(dtype)
+    if activation in ("gelu", "gelu_tanh"):
+        approximate = "tanh" if activation == "gelu_tanh" else "none"
+        dz = torch.ops.aten.gelu_backward(dy, saved.to(dtype), approximate=approximate)
+    elif activation == "relu":
+        dz = dy.masked_fill(saved.to(dtype) <= 0, 0)
+    else:
+        dz = dy
+    return dz, dz.sum((0, 1))
+
+
+DY_LAYOUTS = ["contiguous", "transposed", "expanded"]
+
+
+@pytest.mark.parametrize("dy_layout", DY_LAYOUTS)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
+def test_activation_grad_pass(activation, dy_layout, device):
+    """dz and d(bias) over batches and rows that span several programs (and row tiles within each),
+    columns that are not a multiple of the tile, any dy strides."""
+    batch, m, n, dtype = 2, 75, 37, torch.bfloat16
+    if dy_layout == "transposed":
+        dy = torch.randn(batch, n, m, device=device, dtype=dtype).transpose(1, 2)
+    elif dy_layout == "expanded":
+        dy = torch.randn(1, 1, n, device=device, dtype=dtype).expand(batch, m, n)
+    else:
+        dy = torch.randn(batch, m, n, device=device, dtype=dtype)
+    saved = 2 * torch.randn(batch, m, n, device=device, dtype=dtype) if activation else None
+    code = ACTIVATION_CODES[activation]
+    with poisoned_allocations():
+        dz, dbias = launch_activation_grad(dy, saved, code, write_dz=activation is not None, column_sum=True)
+    ref_dz, ref_dbias = _grad_contract(dy, saved, activation, torch.float64)
+    low_dz, low_dbias = _grad_contract(dy, saved, activation, dtype)
+    if activation is None:
+        assert dz is dy
+    else:
+        assert dz.is_contiguous() and dz.dtype == dtype
+        assert_close_to_reference(dz, ref_dz, low_dz, name="dz")
+    assert dbias.shape == (n,) and dbias.dtype == dtype
+    assert_close_to_reference(dbias, ref_dbias, low_dbias, name="dbias")
+
+
+def test_activation_grad_pass_without_column_sums_or_rows(device):
+    """dz alone (no bias): no sums; no rows at all: d(bias) is zeros."""
+    dy = torch.randn(1, 9, 16, device=device)
+    saved = torch.randn(1, 9, 16, device=device)
+    dz, dbias = launch_activation_grad(dy, saved, ACTIVATION_CODES["relu"], write_dz=True, column_sum=False)
+    assert dbias is None and torch.equal(dz, dy.masked_fill(saved <= 0, 0))
+    empty = torch.randn(2, 0, 16, device=device)
+    dz, dbias = launch_activation_grad(empty, None, 0, write_dz=False, column_sum=True)
+    assert torch.equal(dbias, torch.zeros(16, device=device))
 
 
 @pytest.mark.skipif(
@@ -111,11 +146,25 @@ def test_tma_layout_rules(device):
     x = torch.randn(1, 32, 48, device=device, dtype=torch.bfloat16)
     w = torch.randn(1, 24, 48, device=device, dtype=torch.bfloat16).transpose(1, 2)
     y = torch.empty(1, 32, 24, device=device, dtype=torch.bfloat16)
-    assert tma_layouts(x, w, y) == (False, True, False)
-    assert tma_layouts(x[:, :, 1:], w[:, 1:], y) is None  # base not 16-byte aligned
-    assert tma_layouts(x[:, :, ::2], w[:, ::2], y) is None  # no unit stride
-    assert tma_layouts(x.float(), w.float(), y.float()) is None  # fp32: the portable kernel
+    assert tma_plan(x, w, y)[3] == (False, True, False, False)
+    assert tma_plan(x[:, :, 1:], w[:, 1:], y) is None  # base not 16-byte aligned
+    assert tma_plan(x[:, :, ::2], w[:, ::2], y) is None  # no unit stride
+    assert tma_plan(x.float(), w.float(), y.float()) is None  # fp32: the portable kernel
     shared = torch.randn(1, 48, 24, device=device, dtype=torch.bfloat16).expand(3, 48, 24)  # batch stride 0
-    assert tma_layouts(x.expand(3, 32, 48).contiguous(), shared, y.expand(3, 32, 24).contiguous()) is None
+    assert tma_plan(x.expand(3, 32, 48).contiguous(), shared, y.expand(3, 32, 24).contiguous()) is None
     odd = torch.randn(1, 32, 47, device=device, dtype=torch.bfloat16)
-    assert tma_layouts(odd, torch.randn(1, 47, 24, device=device, dtype=torch.bfloat16), y) is None  # 94-byte rows
+    assert tma_plan(odd, torch.randn(1, 47, 24, device=device, dtype=torch.bfloat16), y) is None  # 94-byte rows
+    assert tma_plan(x, w, y, torch.empty(1, 24, 32, device=device, dtype=torch.bfloat16).transpose(1, 2)) is None
+
+
+def test_kernel_choice(device):
+    """The launcher's own choice: the portable kernel under the interpreter (the emulated TMA kernel
+    is several times slower there; tests force it with path="tma"), the TMA kernel on Hopper with
+    Triton >= 3.4 for aligned 16-bit operands, the portable one for misaligned or fp32 operands."""
+    a = torch.randn(1, 64, 48, device=device, dtype=torch.bfloat16)
+    b = torch.randn(1, 32, 48, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    c = torch.empty(1, 64, 32, device=device, dtype=torch.bfloat16)
+    tma = not INTERPRETING and supports_tma(torch.device(device))
+    assert launch_matmul(a, b, c) == ("tma" if tma else "portable")
+    assert launch_matmul(a[:, :, 1:], b[:, 1:], c) == "portable"  # 16-byte misaligned rows
+    assert launch_matmul(a.float(), b.float(), c.float()) == "portable"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -44,10 +44,34 @@ INTERPRETER_PROGRAMS = 3
 # torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
 if hasattr(torch.amp, "custom_fwd"):
     custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
-    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+    _torch_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
 else:  # pragma: no cover - torch < 2.4
     custom_fwd = torch.cuda.amp.custom_fwd
-    custom_bwd = torch.cuda.amp.custom_bwd
+    _torch_custom_bwd = torch.cuda.amp.custom_bwd
+
+# True while torch.compile traces (torch >= 2.3 spells it torch.compiler.is_compiling; older
+# torch cannot trace these Functions without a graph break, so it always runs them eagerly).
+is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
+def custom_bwd(bwd: Callable) -> Callable:
+    """torch's custom_bwd (the backward runs under the forward's autocast state), entered only
+    when the forward ran under autocast (or while torch.compile traces).
+
+    torch's decorator enters an autocast context on every call; with autocast off in the forward
+    that context only disables autocast, which this backward (allocations and Triton launches,
+    nothing autocast changes) does not need.
+    """
+    with_autocast = _torch_custom_bwd(bwd)
+
+    @functools.wraps(bwd)
+    def call(ctx, *grads):
+        if getattr(ctx, "_fwd_used_autocast", True) or is_compiling():
+            return with_autocast(ctx, *grads)
+        return bwd(ctx, *grads)
+
+    return call
+
 
 # torch.library.custom_op (torch >= 2.4): the launchers become opaque ops with fake
 # implementations, so torch.compile(fullgraph=True) traces through matmul/bmm without a break.

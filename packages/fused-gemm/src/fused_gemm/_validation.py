@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -12,21 +12,20 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh")
 
 
-def check_tensor(name: str, value, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> torch.Tensor:
+def check_tensor(name: str, value, dtypes: Tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
     """`value` must be a tensor of one of `dtypes` (its device is checked by check_device)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    dtypes = tuple(dtypes)
     if value.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} has dtype {value.dtype}; supported: {names}")
     return value
 
 
-def check_same_dtype(**tensors: Optional[torch.Tensor]) -> None:
-    """All given tensors (None skipped) share the first one's dtype."""
+def check_same_dtype(*named: Tuple[str, Optional[torch.Tensor]]) -> None:
+    """All given (name, tensor) pairs (None tensors skipped) share the first one's dtype."""
     first = None
-    for name, value in tensors.items():
+    for name, value in named:
         if value is None:
             continue
         if first is None:
@@ -38,13 +37,12 @@ def check_same_dtype(**tensors: Optional[torch.Tensor]) -> None:
             )
 
 
-def check_device(**tensors: Optional[torch.Tensor]) -> None:
-    """Each tensor (None skipped) must be on the device kernels run on, all on the same one.
-
-    Called after the dtype and shape checks, so those errors read the same on any machine.
+def check_device(*named: Tuple[str, Optional[torch.Tensor]]) -> None:
+    """Each (name, tensor) pair's tensor (None skipped) must be on the device kernels run on, all on
+    the same one. Called after the dtype and shape checks, so those errors read the same on any machine.
     """
     first = None
-    for name, value in tensors.items():
+    for name, value in named:
         if value is None:
             continue
         if value.device.type != KERNEL_DEVICE_TYPE:

@@ -1,19 +1,17 @@
-"""Autotune configs of the two matmul kernels, sized for the H100 (and fine on the A100).
+"""Autotune configs of the matmul kernels, sized for the H100 (and fine on the A100), and the
+launch constants of the backward's elementwise pass.
 
 H100 facts that shape them: 132 SMs, 227 KB of shared memory per block, wgmma works on 64-row
 warpgroup slices, so 8 warps cover a 128-row tile, and 128x256 is the largest tile whose fp32
 accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
 
-Shared memory, as compiled for sm_90 (`metadata.shared`, Triton 3.6 as on the GPU box; 3.9 within
-2 KB), is what the prune models, so that no candidate is compiled only to fail its launch: the TMA
-kernel's 128x256x64 three-stage config takes 208 KB (3 x 48 KB of operand stages + one 64 KB
-output staging buffer, which the saved derivative's store reuses), 224 KB with the backward
-prologue (its S tile adds stages - 2 A tiles) and 228 KB with the d(bias) row sums too: one KB
-over the H100's 227, so the weight gradient with bias and activation runs 128x256x32 (four
-stages, 180 KB) or the ping-pong 128x128 (98 KB each). A 3-D (bmm) output store takes half an
-output tile more (240 KB at 128x256x64: bmm runs the 32-deep or the ping-pong configs). The
-portable kernel stages only its operands (144-180 KB at most in bf16); fp32 operands double
-that.
+Shared memory, as compiled for sm_90 (`metadata.shared`; Triton 3.9 here, 3.6 on the GPU box
+within 2 KB before), is what the prune models, so that no candidate is compiled only to fail its
+launch: operand stages, plus for the TMA kernel one output staging buffer that every store of a
+tile reuses: a whole tile for a plain or biased epilogue (128x256x64, three stages: 3 x 48 +
+64 = 208 KB), half a tile when an activation or the saved z makes the epilogue work in two
+halves (176 KB). 3-D (bmm) stores stage like 2-D ones. The portable kernel stages only its
+operands (144-180 KB at most in bf16); fp32 operands double that.
 
 Under the interpreter the autotuner cannot time anything: it gets one config, small, so that
 CPU-sized test shapes still span several tiles in every dim and the tile edges are exercised.
@@ -28,16 +26,31 @@ import triton
 from .._compat import INTERPRETING, max_shared_memory
 
 # Autotune keys: the problem size and every constexpr that changes the work per tile.
-PORTABLE_KEY = ["M", "N", "K", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX", "ALLOW_TF32"]
-TMA_KEY = [
-    *("M", "N", "K", "BATCH", "PROLOGUE", "ROW_SUM", "HAS_BIAS", "ACTIVATION", "STORE_AUX"),
-    *("A_TRANS", "B_TRANS", "C_TRANS"),
-]
+PORTABLE_KEY = ["M", "N", "K", "HAS_BIAS", "ACTIVATION", "STORE_Z", "ALLOW_TF32"]
+TMA_KEY = ["M", "N", "K", "BATCH", "HAS_BIAS", "ACTIVATION", "STORE_Z", "A_TRANS", "B_TRANS", "C_TRANS"]
 
 # Output elements from which 128x128 tiles fill 132 SMs four times over: only large tiles compete.
 LARGE_PROBLEM = 4 * 132 * 128 * 128
 
 INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
+
+# The backward's elementwise pass (kernels.grad): 32 x 256 tiles over 8 warps (16-byte vectors,
+# four per thread and tensor); when interpreting, 8 x 16 tiles so that CPU shapes span several.
+GRAD_TILE = (
+    {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1} if INTERPRETING else {"BLOCK_M": 32, "BLOCK_N": 256, "num_warps": 8}
+)
+# Programs of the elementwise pass per SM: enough to keep ~4 x 32 KB of loads in flight on each.
+GRAD_PROGRAMS_PER_SM = 8
+
+
+def grad_rows(batch: int, m: int, n: int, sms: int) -> int:
+    """Rows per program of the elementwise pass: as many as keep GRAD_PROGRAMS_PER_SM programs per
+    SM busy (fewer partial column sums to add up afterwards), a multiple of BLOCK_M."""
+    block_m = GRAD_TILE["BLOCK_M"]
+    column_slices = -(-n // GRAD_TILE["BLOCK_N"])
+    row_programs = max(1, sms * GRAD_PROGRAMS_PER_SM // max(column_slices, 1))
+    rows = -(-batch * m // row_programs)
+    return max(block_m, -(-rows // block_m) * block_m)
 
 
 def EVEN_K_HEURISTIC(args: Dict) -> bool:
@@ -72,20 +85,23 @@ def set_tma_block_shapes(nargs: Dict) -> None:
     lead = [1] if nargs["BATCHED"] else []
     a_block = [block_k, block_m] if nargs["A_TRANS"] else [block_m, block_k]
     b_block = [block_n, block_k] if nargs["B_TRANS"] else [block_k, block_n]
-    c_block = [block_n, block_m] if nargs["C_TRANS"] else [block_m, block_n]
-    for name, block in (("a_desc", a_block), ("s_desc", a_block), ("b_desc", b_block), ("c_desc", c_block),
-                        ("aux_desc", c_block)):  # fmt: skip
-        if nargs[name] is not None:
-            nargs[name].block_shape = lead + block
+    # An activation or z epilogue stores halves of BLOCK_N columns (kernels.matmul_tma).
+    c_cols = block_n // 2 if nargs["ACTIVATION"] or nargs["STORE_Z"] else block_n
+    c_block = [c_cols, block_m] if nargs["C_TRANS"] else [block_m, c_cols]
+    nargs["a_desc"].block_shape = lead + a_block
+    nargs["b_desc"].block_shape = lead + b_block
+    nargs["c_desc"].block_shape = lead + c_block
+    if nargs["z_desc"] is not None:
+        nargs["z_desc"].block_shape = lead + c_block
 
 
 def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     """Persistent TMA kernel (Hopper): wgmma-sized tiles, 2-4 stages, one or two programs per SM.
 
-    One program per SM with 8 warps (two warpgroups on one tile) is the plain matmul's shape. The
-    epilogue (GELU and its derivative: ~20 instructions and two special-function ops per element)
-    leaves the tensor cores idle while it runs; with two 4-warp programs per SM (half the shared
-    memory each) one program's epilogue overlaps the other's main loop, as a ping-pong schedule.
+    One program per SM with 8 warps (two warpgroups on one tile) is the plain matmul's shape. A
+    GELU epilogue (~17 instructions and two special-function ops per element) leaves the tensor
+    cores idle while it runs; with two 4-warp programs per SM (half the shared memory each) one
+    program's epilogue overlaps the other's main loop, as a ping-pong schedule.
     """
     if interpreting:
         tile = dict(INTERPRETER_TILE, PROGRAMS_PER_SM=1)
@@ -102,19 +118,15 @@ def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     ]
 
 
-def _portable_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool) -> int:
-    """Operand stages; the prologue's S tile adds (stages - 2) A tiles (as compiled for sm_90)."""
-    a_tile = kw["BLOCK_M"] * kw["BLOCK_K"] * element_size
-    b_tile = kw["BLOCK_K"] * kw["BLOCK_N"] * element_size
-    return num_stages * (a_tile + b_tile) + (max(num_stages - 2, 0) * a_tile if prologue else 0)
+def _portable_smem(kw: Dict, num_stages: int, element_size: int) -> int:
+    """Operand stages (as compiled for sm_90)."""
+    return num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * element_size
 
 
-def _tma_smem(kw: Dict, num_stages: int, element_size: int, prologue: bool, row_sum: bool, batched_store: bool) -> int:
-    """Operand stages, one output staging tile (half another for a 3-D store), the prologue's
-    (stages - 2) A tiles, 4 KB for the row sums' reduction."""
-    out_tile = kw["BLOCK_M"] * kw["BLOCK_N"] * element_size
-    extra = (out_tile // 2 if batched_store else 0) + (4096 if row_sum else 0)
-    return _portable_smem(kw, num_stages, element_size, prologue) + out_tile + extra
+def _tma_smem(kw: Dict, num_stages: int, element_size: int, half_tile_epilogue: bool) -> int:
+    """Operand stages and the epilogue's staging buffer: the output tile, or half of it."""
+    staging = kw["BLOCK_M"] * kw["BLOCK_N"] * element_size // (2 if half_tile_epilogue else 1)
+    return _portable_smem(kw, num_stages, element_size) + staging
 
 
 def _portable_large_candidate(config: triton.Config) -> bool:
@@ -169,23 +181,23 @@ def prune_portable_configs(configs, named_args, **kwargs):
     """early_config_prune (Triton 2.2 passes only the positional arguments: everything but the tiles)."""
     args = {**named_args, **kwargs}
     a = args["a_ptr"]
-    size, prologue = a.element_size(), args["PROLOGUE"] != 0
+    size = a.element_size()
     # The batch count is not an argument of the portable kernel (it is in the grid): counted as 1.
     return _prune(
         configs, args["M"], args["N"], 1,
-        lambda c: _portable_smem(c.kwargs, c.num_stages, size, prologue), max_shared_memory(a.device),
+        lambda c: _portable_smem(c.kwargs, c.num_stages, size), max_shared_memory(a.device),
         _portable_large_candidate,
     )  # fmt: skip
 
 
 def prune_tma_configs(configs, named_args, **kwargs):
+    """early_config_prune of the TMA kernel."""
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
-    size, prologue, row_sum = a.element_size(), args["PROLOGUE"] != 0, bool(args["ROW_SUM"])
-    batched_store = bool(args["BATCHED"]) and not args["C_TRANS"]
+    size, halves = a.element_size(), bool(args["ACTIVATION"] or args["STORE_Z"])
     return _prune(
         configs, args["M"], args["N"], args["BATCH"],
-        lambda c: _tma_smem(c.kwargs, c.num_stages, size, prologue, row_sum, batched_store),
+        lambda c: _tma_smem(c.kwargs, c.num_stages, size, halves),
         max_shared_memory(a.device),
         _tma_large_candidate,
     )  # fmt: skip

@@ -1,6 +1,6 @@
-"""Portable tiled matmul with fused prologue and epilogue: every Triton from 2.2, any GPU, any strides.
+"""Portable tiled matmul with a fused epilogue: every Triton from 2.2, any GPU, any strides.
 
-    C[b] = act(prologue(A[b]) @ B[b] + bias),  A (batch, M, K), B (batch, K, N), C (batch, M, N)
+    C[b] = act(A[b] @ B[b] + bias),  A (batch, M, K), B (batch, K, N), C (batch, M, N)
 
 One program per BLOCK_M x BLOCK_N output tile, tiles in grouped order (common._grouped_tile),
 batches stacked along the one grid axis. The K loop streams BLOCK_K slices of A and B through
@@ -11,13 +11,10 @@ vectors) and at the K tail, which needs no mask when BLOCK_K divides K (EVEN_K).
 stride the loads vectorize when the size there is a multiple of 16, which Triton's argument
 specialization tells the compiler.
 
-Options (constexprs), all fused in registers:
-- PROLOGUE: scale each A tile as it is loaded by S (same shape and indexing as A), see common.
-- ROW_SUM: the programs of the first column tile also sum the (scaled) A tiles over K and
-  write the row sums to row_sum[b, :M]; the backward gets d(bias) = sum over tokens of dZ this
-  way, from the dZ tiles its weight-gradient launch reads anyway.
+Epilogue options (constexprs), fused in registers:
 - HAS_BIAS, ACTIVATION: C = act(acc + bias[None, :]).
-- STORE_AUX: also write act'(acc + bias) to aux (laid out like C) for the backward.
+- STORE_Z: also write the pre-activation z = acc + bias to z_ptr (laid out like C), which the
+  backward of a GELU reads (kernels.grad).
 - ALLOW_TF32: fp32 operands through TF32 tensor cores; otherwise full-precision fp32 ("ieee").
 - UPCAST: under the interpreter, bf16/fp16 dot operands are upcast to fp32 (its bf16 dot
   computes on raw bits) and bf16 casts round explicitly (common._cast).
@@ -29,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .._compat import AUTOTUNE_TIMING
-from .common import PRO_NONE, _bias_activation, _cast, _grouped_tile, _scale_operand
+from .common import _activation, _add_bias, _cast, _grouped_tile
 from .configs import EVEN_K_HEURISTIC, PORTABLE_KEY, portable_configs, prune_portable_configs
 
 
@@ -45,10 +42,8 @@ def _matmul_kernel(
     a_ptr,
     b_ptr,
     c_ptr,
-    s_ptr,
-    aux_ptr,
+    z_ptr,
     bias_ptr,
-    row_sum_ptr,
     stride_a_batch,
     stride_am,
     stride_ak,
@@ -58,19 +53,13 @@ def _matmul_kernel(
     stride_c_batch,
     stride_cm,
     stride_cn,
-    stride_s_batch,
-    stride_sm,
-    stride_sk,
     stride_bias,
-    stride_row_sum_batch,
     M,
     N,
     K,
-    PROLOGUE: tl.constexpr,
-    ROW_SUM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
-    STORE_AUX: tl.constexpr,
+    STORE_Z: tl.constexpr,
     ALLOW_TF32: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -95,34 +84,18 @@ def _matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + batch * stride_a_batch + rows64[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + batch * stride_b_batch + offs_k[:, None] * stride_bk + cols64[None, :] * stride_bn
-    if PROLOGUE != PRO_NONE:
-        s_ptrs = s_ptr + batch * stride_s_batch + rows64[:, None] * stride_sm + offs_k[None, :] * stride_sk
 
     # Pointer steps along K in int64: BLOCK_K * stride can pass 2^31 for a transposed operand.
     step_k = tl.full((), BLOCK_K, tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
-            a_mask = row_in[:, None]
-            b_mask = col_in[None, :]
+            a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=col_in[None, :], other=0.0)
         else:
             k_in = offs_k < K - k * BLOCK_K
-            a_mask = row_in[:, None] & k_in[None, :]
-            b_mask = k_in[:, None] & col_in[None, :]
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        if PROLOGUE != PRO_NONE:
-            s = tl.load(s_ptrs, mask=a_mask, other=0.0)
-            a_scaled = _scale_operand(a, s, PROLOGUE)
-            if ROW_SUM:
-                if pid_n == 0:
-                    row_sum += tl.sum(a_scaled, axis=1)
-            a = _cast(a_scaled, b.dtype, UPCAST)
-            s_ptrs += step_k * stride_sk
-        elif ROW_SUM:
-            if pid_n == 0:
-                row_sum += tl.sum(a.to(tl.float32), axis=1)
+            a = tl.load(a_ptrs, mask=row_in[:, None] & k_in[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_in[:, None] & col_in[None, :], other=0.0)
         if UPCAST:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, allow_tf32=ALLOW_TF32)
         else:
@@ -130,13 +103,10 @@ def _matmul_kernel(
         a_ptrs += step_k * stride_ak
         b_ptrs += step_k * stride_bk
 
-    y, grad = _bias_activation(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS, ACTIVATION)
+    z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
+    y = _activation(z, ACTIVATION)
     mask = row_in[:, None] & col_in[None, :]
     c_offs = batch * stride_c_batch + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn
     tl.store(c_ptr + c_offs, _cast(y, c_ptr.dtype.element_ty, UPCAST), mask=mask)
-    if STORE_AUX:
-        tl.store(aux_ptr + c_offs, _cast(grad, aux_ptr.dtype.element_ty, UPCAST), mask=mask)
-    if ROW_SUM:
-        row_sum_ptrs = row_sum_ptr + batch * stride_row_sum_batch + rows64
-        rows_written = tl.where(pid_n == 0, M, 0)
-        tl.store(row_sum_ptrs, _cast(row_sum, row_sum_ptr.dtype.element_ty, UPCAST), mask=rows < rows_written)
+    if STORE_Z:
+        tl.store(z_ptr + c_offs, _cast(z, z_ptr.dtype.element_ty, UPCAST), mask=mask)

@@ -1,30 +1,38 @@
 """Persistent TMA matmul for Hopper (Triton >= 3.4): same contract as kernels.matmul, 16-bit operands.
 
-    C[b] = act(prologue(A[b]) @ B[b] + bias)
+    C[b] = act(A[b] @ B[b] + bias)
 
 NUM_SMS * PROGRAMS_PER_SM programs each walk output tiles tile_id = pid, pid + programs, ... in
 grouped order (common._grouped_tile); with two programs per SM, one's epilogue overlaps the
-other's main loop (configs.tma_configs). Operands arrive through tensor descriptors: the TMA engine copies each
-BLOCK tile into swizzled shared memory and wgmma reads it from there, so no thread computes an
-address in the main loop; the loop over (tile, k) is flattened, so the next tile's loads are in
-flight while this tile's epilogue runs, and the epilogue's TMA stores drain behind the next
-tile's math. Out-of-bounds TMA reads return zeros (the K tail needs no mask), and stores clip.
+other's main loop (configs.tma_configs). Operands arrive through tensor descriptors: the TMA
+engine copies each BLOCK tile into swizzled shared memory and wgmma reads it from there, so no
+thread computes an address in the main loop; the loop over (tile, k) is flattened, so the next
+tile's loads are in flight while this tile's epilogue runs, and the epilogue's TMA stores drain
+behind the next tile's math. Out-of-bounds TMA reads return zeros (the K tail needs no mask),
+and stores clip.
+
+Epilogue in two halves of BLOCK_N / 2 columns (the accumulator split in registers, no data
+movement): each half's bias, activation, casts and stores hold half the live registers of a
+whole-tile epilogue (a 128x256 GELU epilogue with z saved spilled at 255 registers when done
+at once), and the c and z descriptors' blocks are (BLOCK_M, BLOCK_N / 2).
 
 Layouts: a descriptor needs a unit stride in its last dim. A logical operand whose memory is
-the transpose (e.g. B = W^T when W is an nn.Linear weight, or A = dY^T in dW = dY^T X) is read
+the transpose (e.g. B = W^T when W is an nn.Linear weight, or A = dZ^T in dW = dZ^T X) is read
 through a descriptor of the transpose and transposed in the kernel (*_TRANS), which wgmma
 consumes directly from shared memory. BATCHED uses 3-D descriptors (batch, rows, cols) so that
-a tile never crosses into the next batch.
+a tile never crosses into the next batch; the output tile gets its unit batch dim by a reshape,
+which keeps the accumulator's register layout (an expand_dims there cost a layout conversion
+through shared memory before every batched store).
 
-The prologue (PROLOGUE, ROW_SUM) and epilogue (HAS_BIAS, ACTIVATION, STORE_AUX) are those of
-kernels.matmul, from the same helpers. UPCAST: interpreter only (fp32 dot operands, rounded bf16 casts).
+HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers. UPCAST: interpreter
+only (fp32 dot operands, rounded bf16 casts).
 """
 
 import triton
 import triton.language as tl
 
 from .._compat import AUTOTUNE_TIMING
-from .common import PRO_NONE, _bias_activation, _cast, _grouped_tile, _scale_operand
+from .common import ACT_NONE, _activation, _add_bias, _cast, _grouped_tile
 from .configs import TMA_KEY, prune_tma_configs, tma_configs
 
 
@@ -51,40 +59,48 @@ def _store_tile(desc, batch, off_0, off_1, tile, TRANS: tl.constexpr, BATCHED: t
     """Store `tile` at (off_0, off_1) of a matrix stored row-major, or transposed (TRANS)."""
     if TRANS:
         tile = tl.trans(tile)
-        if BATCHED:
-            desc.store([batch, off_1, off_0], tl.expand_dims(tile, 0))
-        else:
-            desc.store([off_1, off_0], tile)
+        off_0, off_1 = off_1, off_0
+    if BATCHED:
+        desc.store([batch, off_0, off_1], tl.reshape(tile, [1, tile.shape[0], tile.shape[1]]))
     else:
-        if BATCHED:
-            desc.store([batch, off_0, off_1], tl.expand_dims(tile, 0))
-        else:
-            desc.store([off_0, off_1], tile)
+        desc.store([off_0, off_1], tile)
+
+
+@triton.jit
+def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N, HAS_BIAS: tl.constexpr,
+              ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr,
+              UPCAST: tl.constexpr):  # fmt: skip
+    """Bias, activation, casts and stores of the (BLOCK_M, acc.shape[1]) output tile at (off_m, off_n).
+
+    z is stored before the activation is computed, so that the activation's math overlaps the
+    TMA engine's read of the staging buffer (which the next store reuses).
+    """
+    cols = off_n + tl.arange(0, acc.shape[1])
+    z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
+    if STORE_Z:
+        _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
+    y = _activation(z, ACTIVATION)
+    _store_tile(c_desc, batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, BATCHED)
 
 
 @triton.autotune(
     configs=tma_configs(), key=TMA_KEY, prune_configs_by={"early_config_prune": prune_tma_configs}, **AUTOTUNE_TIMING
 )
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N", "K", "BATCH"])
 def _matmul_tma_kernel(
     a_desc,
     b_desc,
     c_desc,
-    s_desc,
-    aux_desc,
+    z_desc,
     bias_ptr,
-    row_sum_ptr,
     stride_bias,
-    stride_row_sum_batch,
     M,
     N,
     K,
     BATCH,
-    PROLOGUE: tl.constexpr,
-    ROW_SUM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
-    STORE_AUX: tl.constexpr,
+    STORE_Z: tl.constexpr,
     A_TRANS: tl.constexpr,
     B_TRANS: tl.constexpr,
     C_TRANS: tl.constexpr,
@@ -109,33 +125,22 @@ def _matmul_tma_kernel(
         off_n = pid_n * BLOCK_N
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
             a = _load_tile(a_desc, batch, off_m, off_k, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
             b = _load_tile(b_desc, batch, off_k, off_n, BLOCK_K, BLOCK_N, B_TRANS, BATCHED)
-            if PROLOGUE != PRO_NONE:
-                s = _load_tile(s_desc, batch, off_m, off_k, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
-                a_scaled = _scale_operand(a, s, PROLOGUE)
-                if ROW_SUM:
-                    if pid_n == 0:
-                        row_sum += tl.sum(a_scaled, axis=1)
-                a = _cast(a_scaled, b.dtype, UPCAST)
-            elif ROW_SUM:
-                if pid_n == 0:
-                    row_sum += tl.sum(a.to(tl.float32), axis=1)
             if UPCAST:
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
             else:
                 acc = tl.dot(a, b, acc)
 
-        cols = off_n + tl.arange(0, BLOCK_N)
-        y, grad = _bias_activation(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS, ACTIVATION)
-        _store_tile(c_desc, batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, BATCHED)
-        if STORE_AUX:
-            _store_tile(aux_desc, batch, off_m, off_n, _cast(grad, aux_desc.dtype, UPCAST), C_TRANS, BATCHED)
-        if ROW_SUM:
-            rows = off_m + tl.arange(0, BLOCK_M)
-            row_sum_ptrs = row_sum_ptr + batch.to(tl.int64) * stride_row_sum_batch + rows
-            rows_written = tl.where(pid_n == 0, M, 0)
-            tl.store(row_sum_ptrs, _cast(row_sum, row_sum_ptr.dtype.element_ty, UPCAST), mask=rows < rows_written)
+        if ACTIVATION != ACT_NONE or STORE_Z:
+            # Two halves of BLOCK_N / 2 columns: half the live registers (see the module docstring).
+            acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, UPCAST)  # fmt: skip
+            _epilogue(acc_1, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n + BLOCK_N // 2, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, UPCAST)  # fmt: skip
+        else:
+            _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, UPCAST)  # fmt: skip

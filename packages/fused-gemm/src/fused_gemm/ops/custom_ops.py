@@ -8,7 +8,7 @@ op costs several microseconds per call, which small matmuls would feel.
 
 import torch
 
-from .._compat import HAS_CUSTOM_OP
+from .._compat import HAS_CUSTOM_OP, is_compiling
 from .gemm import gemm_bwd, gemm_bwd_fake, gemm_fwd, gemm_fwd_fake
 
 if HAS_CUSTOM_OP:
@@ -20,16 +20,11 @@ else:  # pragma: no cover - torch < 2.4
     _gemm_fwd_custom, _gemm_bwd_custom = gemm_fwd, gemm_bwd
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
-
-
 def gemm_fwd_op(*args):
     """ops.gemm.gemm_fwd, as a custom op while torch.compile traces."""
-    return (_gemm_fwd_custom if _compiling() else gemm_fwd)(*args)
+    return _gemm_fwd_custom(*args) if is_compiling() else gemm_fwd(*args)
 
 
 def gemm_bwd_op(*args):
     """ops.gemm.gemm_bwd, as a custom op while torch.compile traces."""
-    return (_gemm_bwd_custom if _compiling() else gemm_bwd)(*args)
+    return _gemm_bwd_custom(*args) if is_compiling() else gemm_bwd(*args)
