@@ -15,7 +15,7 @@ from fused_norm_xent._compat import PREFETCH_CHUNKS
 from fused_norm_xent.kernels import cross_entropy as ce_kernels
 from fused_norm_xent.kernels import norm as norm_kernels
 from fused_norm_xent.kernels import softmax as softmax_kernels
-from fused_norm_xent.ops.cross_entropy import SCALE_TILE, cross_entropy_config
+from fused_norm_xent.ops.cross_entropy import FINALIZE_BLOCK, SCALE_TILE, STATS_BLOCK, cross_entropy_config
 from fused_norm_xent.ops.norm import MAX_SINGLE_BLOCK_COLS, PARAM_GRAD_BLOCK, norm_config
 from fused_norm_xent.ops.softmax import launch_config
 
@@ -71,10 +71,10 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
     _spec(
         kernel, arch, cfg.num_warps, dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
         x_ptr=dtype, residual_ptr=residual, weight_ptr=res_dtype if has_w else None, bias_ptr=dtype if has_b else None,
-        y_ptr=dtype, residual_out_ptr=res_dtype if store else None, mean_ptr=None if rms else "fp32", rstd_ptr="fp32",
+        y_ptr=dtype, residual_out_ptr=res_dtype if store else None, stats_ptr="fp32",
         stride_x_row=width * (3 if strided else 1), stride_x_col=3 if strided else 1, stride_res_row=width,
-        stride_res_col=1 if residual else 0, stride_y_row=width, stride_res_out_row=width if store else 0,
-        n_rows=64, n_cols=width, eps=1e-5, weight_offset=0.0, dropout_scale=1.25, **rng,
+        stride_res_col=1 if residual else 0, n_rows=64, n_cols=width, eps=1e-5, weight_offset=0.0, dropout_scale=1.25,
+        **rng,
     )  # fmt: skip
     cfg = norm_config(width, True)
     kernel = norm_kernels._norm_bwd_chunked_kernel if cfg.chunked else norm_kernels._norm_bwd_kernel
@@ -85,12 +85,12 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
     _spec(
         kernel, arch, cfg.num_warps, dict(bwd_flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
         s_ptr=res_dtype if store else dtype, dy_ptr=dtype, dres_out_ptr=res_dtype if store else None,
-        weight_ptr=res_dtype if has_w else None, mean_ptr=None if rms else "fp32", rstd_ptr="fp32", dx_ptr=dtype,
+        weight_ptr=res_dtype if has_w else None, stats_ptr="fp32", dx_ptr=dtype,
         dres_ptr=res_dtype if bwd_flags["STORE_DRES"] else None, partial_dw_ptr="fp32" if has_w else None,
         partial_db_ptr="fp32" if has_b else None, stride_s_row=width * (2 if strided else 1),
         stride_s_col=2 if strided else 1, stride_dy_row=width, stride_dy_col=1, stride_dres_out_row=width,
-        stride_dres_out_col=1 if store else 0, stride_dx_row=width, stride_dres_row=width, n_rows=64, n_cols=width,
-        weight_offset=1.0 if rms else 0.0, dropout_scale=1.25, **rng,
+        stride_dres_out_col=1 if store else 0, n_rows=64, n_cols=width, weight_offset=1.0 if rms else 0.0,
+        dropout_scale=1.25, **rng,
     )  # fmt: skip
 
 
@@ -109,38 +109,64 @@ def test_norm_param_grad_kernel_compiles(has_weight, has_bias, dtype, arch):
 
 
 def _cross_entropy_cases():
-    modes = [(True, True, False), (True, False, False), (False, True, True)]  # forward+grad, loss only, from lse
+    # forward + grad (mean or sum, reduced), loss only per row (none, z-loss rows), grad from saved lse
+    modes = [(True, True, True), (True, False, False), (False, True, False)]  # (compute loss, grad, reduce)
     for i, width in enumerate(CE_WIDTHS):
-        compute_loss, compute_grad, row_scale = _cycle(modes, i)
+        compute_loss, compute_grad, reduce = _cycle(modes, i)
         # The launcher prefetches where this Triton allows it; the portable loops compile everywhere.
         prefetch = PREFETCH_CHUNKS and i % 5 != 4
         yield pytest.param(
-            width, _cycle(DTYPES, i), _cycle(["i64", "i32"], i // 3), compute_loss, compute_grad, row_scale,
+            width, _cycle(DTYPES, i), _cycle(["i64", "i32"], i // 3), compute_loss, compute_grad, reduce,
             i % 2 == 0, i % 4 < 2, prefetch, id=f"cols{width}-{_cycle(DTYPES, i)}{'' if prefetch else '-noprefetch'}",
         )  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    "width, dtype, target_dtype, compute_loss, compute_grad, row_scale, smoothing, z_loss, prefetch",
+    "width, dtype, target_dtype, compute_loss, compute_grad, reduce, smoothing, z_loss, prefetch",
     list(_cross_entropy_cases()),
 )
-def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss, compute_grad, row_scale, smoothing,
+def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss, compute_grad, reduce, smoothing,
                                        z_loss, prefetch, arch):  # fmt: skip
     cfg = cross_entropy_config(width)
+    per_row = compute_loss and not reduce
+    row_scale = not compute_loss  # the backward of reduction="none"
+    mean = reduce and width % 3 == 0
     flags = {
-        "COMPUTE_LOSS": compute_loss, "COMPUTE_GRAD": compute_grad, "HAS_SMOOTHING": smoothing,
-        "HAS_Z_LOSS": z_loss, "HAS_ROW_SCALE": row_scale, "PREFETCH": prefetch, "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
+        "COMPUTE_LOSS": compute_loss, "REDUCE": reduce, "STORE_Z_LOSS": per_row and z_loss,
+        "COMPUTE_GRAD": compute_grad, "MEAN_SCALE": mean, "HAS_SMOOTHING": smoothing, "HAS_Z_LOSS": z_loss,
+        "HAS_ROW_SCALE": row_scale, "PREFETCH": prefetch, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
     }  # fmt: skip
     _spec(
         ce_kernels._cross_entropy_kernel, arch, cfg.num_warps, flags,
         logits_ptr=dtype, target_ptr=target_dtype, grad_ptr=dtype if compute_grad else None,
-        loss_ptr=("fp32" if width % 2 else dtype) if compute_loss else None, lse_ptr="fp32",
-        z_loss_ptr="fp32" if z_loss and compute_loss else None, row_scale_ptr=dtype if row_scale else None,
-        stride_logits_row=width, stride_logits_col=1 if width != 2 else 8, stride_grad_row=width,
-        stride_grad_col=1 if compute_grad else 0, stride_target=1, stride_row_scale=1 if width % 3 else 0,
-        n_rows=4096, n_cols=width, ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, grad_scale=0.5,
+        loss_ptr=("fp32" if width % 2 else dtype) if per_row else None,
+        z_loss_ptr=("fp32" if width % 2 else dtype) if per_row and z_loss else None,
+        partial_ptr="fp64" if reduce else None, lse_ptr="fp32", row_scale_ptr=dtype if row_scale else None,
+        stats_ptr="i64" if mean else None, stride_logits_row=width, stride_logits_col=1 if width != 2 else 8,
+        stride_grad_row=width, stride_grad_col=1 if compute_grad else 0, stride_target=1,
+        stride_row_scale=1 if width % 3 else 0, n_rows=4096, n_cols=width, n_stat_blocks=4 if mean else 0,
+        ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, grad_scale=0.5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("target_dtype", ["i64", "i32"])
+def test_target_stats_kernel_compiles(target_dtype, arch):
+    _spec(
+        ce_kernels._target_stats_kernel, arch, 4, {"BLOCK": STATS_BLOCK},
+        target_ptr=target_dtype, stats_ptr="i64", stride_target=2, n_rows=16384, ignore_index=-100,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype, mean, z_loss", [("fp32", True, True), ("bf16", False, False), ("fp16", True, False)])
+def test_loss_finalize_kernel_compiles(dtype, mean, z_loss, arch):
+    _spec(
+        ce_kernels._loss_finalize_kernel, arch, 4,
+        {"MEAN": mean, "STORE_Z_LOSS": z_loss, "BLOCK_P": FINALIZE_BLOCK},
+        partial_ptr="fp64", stats_ptr="i64" if mean else None, loss_ptr=dtype, z_loss_ptr=dtype if z_loss else None,
+        n_partials=264, n_stat_blocks=4 if mean else 0,
     )  # fmt: skip
 
 

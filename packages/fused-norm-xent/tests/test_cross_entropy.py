@@ -230,10 +230,13 @@ def test_large_vocabularies(helpers, shape, reduction):
           lse_square_scale=1e-4)  # fmt: skip
 
 
-@pytest.mark.gpu(reason="autocast runs on CUDA")
-def test_autocast_keeps_input_dtype():
-    logits = torch.randn(8, 300, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = cross_entropy(logits, torch.randint(0, 300, (8,), device="cuda"))
+def test_autocast_gives_an_fp32_loss(device):
+    """As F.cross_entropy under autocast: the loss is fp32, the logits keep their dtype and
+    gradient dtype (torch.autocast("cpu") takes the same path when interpreting)."""
+    logits = torch.randn(8, 300, device=device, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 300, (8,), device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = cross_entropy(logits, target)
+        expected = F.cross_entropy(logits, target)
     loss.backward()
-    assert loss.dtype == torch.bfloat16 and logits.grad.dtype == torch.bfloat16
+    assert loss.dtype == expected.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16

@@ -181,6 +181,7 @@ def test_gpt2_vocabulary(helpers, fp32_accumulation):
           fp32_accumulation=fp32_accumulation, label_smoothing=0.1)  # fmt: skip
 
 
+@pytest.mark.parametrize("hidden_in_autocast_dtype", [False, True], ids=["fp32-hidden", "lowp-hidden"])
 @pytest.mark.parametrize(
     "dtype",
     [
@@ -190,20 +191,24 @@ def test_gpt2_vocabulary(helpers, fp32_accumulation):
             "summed into the fp32 bias gradient are then biased, which the GPU's rounding does not do")),
     ],
 )  # fmt: skip
-def test_autocast_fp32_weights(dtype, device):
-    """Under autocast the matmuls run in the autocast dtype and the fp32 parameters get fp32
-    gradients (on the CPU when interpreting: torch.autocast("cpu") takes the same path)."""
+def test_autocast_fp32_weights(dtype, hidden_in_autocast_dtype, device):
+    """Under autocast (AMP: fp32 parameters, activations possibly already in the autocast dtype)
+    the matmuls run in the autocast dtype, the loss is fp32 as F.cross_entropy's there, and every
+    input gets its gradient in its own dtype (on the CPU when interpreting: torch.autocast("cpu")
+    takes the same path)."""
     hidden, weight, target, bias = _inputs(64, 32, 100, torch.float32, device)
+    if hidden_in_autocast_dtype:
+        hidden = hidden.to(dtype)
     hidden, weight, bias = (t.requires_grad_(True) for t in (hidden, weight, bias))
     with torch.autocast(device, dtype=dtype):
         loss = linear_cross_entropy(hidden, weight, target, bias, chunk_size=16)
     grads = torch.autograd.grad(loss, (hidden, weight, bias))
-    assert loss.dtype == dtype and [g.dtype for g in grads] == [torch.float32] * 3
+    assert loss.dtype == torch.float32 and [g.dtype for g in grads] == [hidden.dtype] + [torch.float32] * 2
     ref_inputs = [t.detach().double().requires_grad_(True) for t in (hidden, weight, bias)]
     ref_loss = linear_cross_entropy_reference(*ref_inputs[:2], target, ref_inputs[2])[0]
     ref_grads = torch.autograd.grad(ref_loss, ref_inputs)
     with torch.autocast(device, dtype=dtype):
-        low_loss = _ce_twin(F.linear(hidden, weight, bias), target)[0]
+        low_loss = F.cross_entropy(F.linear(hidden, weight, bias).float(), target)  # autocast's fp32 loss
     low_grads = torch.autograd.grad(low_loss, (hidden, weight, bias))
     assert_close_to_reference(loss, ref_loss, low_loss, name="loss")
     for name, g, r, lo in zip(["dhidden", "dweight", "dbias"], grads, ref_grads, low_grads):

@@ -1,10 +1,12 @@
 """One differentiable op, two ways to reach it.
 
 Eager mode calls an autograd.Function whose forward and backward call the launchers directly:
-the least host time per call. While torch.compile traces (torch >= 2.4), the same launchers are
-reached through torch.library custom ops with fake implementations and registered autograd, so
-`torch.compile(fullgraph=True)` sees no graph break. Both paths share the same launchers, the
-same `setup_context` and the same backward rule; only the callables differ.
+the least host time per call (no dispatcher, no autocast context in the backward unless the
+forward ran under autocast, no grad-mode context unless the backward itself is being recorded,
+and no autograd node at all when no input requires grad). While torch.compile traces (torch >=
+2.4), the same launchers are reached through torch.library custom ops with fake implementations
+and registered autograd, so `torch.compile(fullgraph=True)` sees no graph break. Both paths share
+the same launchers, the same `setup_context` and the same backward rule; only the callables differ.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def differentiable_op(
     setup_context: Callable,
     backward_rule: Callable,
     n_differentiable_outputs: int,
+    differentiable_args: Sequence[int],
     backward_mutates: Sequence[str] = (),
     forward_tags: Sequence[torch.Tag] = (),
 ) -> Tuple[type, Callable]:
@@ -38,6 +41,7 @@ def differentiable_op(
         receive gradients, the rest (statistics, saved buffers, placeholders) do not.
     backward(*args): the backward launcher; it returns new tensors, or writes into the arguments
         named in backward_mutates and returns None.
+    differentiable_args: positions of the forward arguments that may require grad (tensors or None).
     forward_tags: torch.Tag values of the forward custom op (where this torch supports tags).
     setup_context(ctx, inputs, output): saves what the backward rule needs (torch.library names the
         third argument `output`).
@@ -47,20 +51,26 @@ def differentiable_op(
         eager launcher would write into a saved tensor (Inductor reuses dead buffers by itself).
     """
 
+    @once_differentiable
+    def recorded_backward(ctx, *grads):
+        return backward_rule(ctx, grads, backward, True)
+
     class Function(torch.autograd.Function):
         @staticmethod
         @custom_fwd
         def forward(ctx, *args):
             outputs = forward(*args)
             ctx.set_materialize_grads(False)
-            ctx.mark_non_differentiable(*outputs[n_differentiable_outputs:])
+            if len(outputs) > n_differentiable_outputs:
+                ctx.mark_non_differentiable(*outputs[n_differentiable_outputs:])
             setup_context(ctx, args, outputs)
             return outputs
 
         @staticmethod
         @custom_bwd
-        @once_differentiable
         def backward(ctx, *grads):
+            if torch.is_grad_enabled():  # create_graph=True: a second backward through this one must raise
+                return recorded_backward(ctx, *grads)
             return backward_rule(ctx, grads, backward, True)
 
     Function.__name__ = Function.__qualname__ = "".join(part.title() for part in name.split("_")) + "Function"
@@ -80,7 +90,7 @@ def differentiable_op(
     def apply(*args):
         if is_compiling():
             return forward_op(*args)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if torch.is_grad_enabled() and any(args[i] is not None and args[i].requires_grad for i in differentiable_args):
             return Function.apply(*args)
         return forward(*args)  # nothing to differentiate: skip autograd's bookkeeping
 

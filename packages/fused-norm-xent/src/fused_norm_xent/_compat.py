@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from typing import Callable
 
 import torch
 import triton
@@ -21,10 +22,30 @@ KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
 # torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
 if hasattr(torch.amp, "custom_fwd"):
     custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
-    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+    _torch_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
 else:  # pragma: no cover - torch < 2.4
     custom_fwd = torch.cuda.amp.custom_fwd
-    custom_bwd = torch.cuda.amp.custom_bwd
+    _torch_custom_bwd = torch.cuda.amp.custom_bwd
+
+
+def custom_bwd(bwd: Callable) -> Callable:
+    """torch's custom_bwd (the backward runs under the forward's autocast state), entered only when
+    the forward ran under autocast.
+
+    torch's decorator enters an autocast context on every call (a few microseconds of host time,
+    as much as a small kernel's launch); with autocast off in the forward that context only keeps
+    autocast off, which these backwards (allocations and Triton launches) do not need.
+    """
+    with_autocast = _torch_custom_bwd(bwd)
+
+    @functools.wraps(bwd)
+    def call(ctx, *grads):
+        if ctx._fwd_used_autocast:
+            return with_autocast(ctx, *grads)
+        return bwd(ctx, *grads)
+
+    return call
+
 
 # Loops that load the next chunk while reducing the current one: Triton 2.2's TTGIR optimizer
 # crashes (segfault) on a reduction of a loaded tensor carried across loop iterations, so there

@@ -6,29 +6,70 @@ and z = lse_square_scale:
     dloss/dx_j = (1 + 2 z lse) * softmax(x)_j - (1 - eps) * [j == target] - eps / V
 Ignored rows have loss 0 and gradient 0.
 
-One persistent kernel (each program walks a strided set of row tiles, so the rows in flight,
-and with them the L2 footprint, stay bounded), two passes over a row in BLOCK_N chunks (rows of
-any width; BLOCK_M rows per tile when rows are narrow). Each pass loads the next chunk before it
-reduces the current one (PREFETCH), keeping a load in flight through the block reductions.
-- pass 1 (COMPUTE_LOSS): online max and sum of exponentials, reduced per chunk so that each
-  element costs one exp; the sum of the row for label smoothing; the target logit by one load.
-  Writes the loss, lse and z-loss of each row.
-- pass 2 (COMPUTE_GRAD): re-reads the row (from L2: it was just read) and writes the gradient
-  times grad_scale (and times a per-row scale, e.g. the upstream gradient of reduction="none"),
-  possibly into the logits buffer itself: each element is read before it is overwritten by the
-  same thread. Without COMPUTE_LOSS, lse is read from lse_ptr (a backward from saved statistics).
+Three kernels:
+- _target_stats_kernel: per block of targets, the number of rows not ignored and the lowest and
+  highest class index among them. The host reads these to reject out-of-range labels; the
+  kernels below read the count from the device to scale a mean (no host value needed).
+- _cross_entropy_kernel: persistent (each program walks a strided set of row tiles, so the rows in
+  flight, and with them the L2 footprint, stay bounded), two passes over a row in BLOCK_N chunks
+  (rows of any width; BLOCK_M rows per tile when rows are narrow). Each pass loads the next chunk
+  before it reduces the current one (PREFETCH), keeping a load in flight through the reductions.
+  - pass 1 (COMPUTE_LOSS): online max and sum of exponentials, reduced per chunk so that each
+    element costs one exp; the sum of the row for label smoothing; the target logit by one load.
+    Writes lse per row and either the loss (and z-loss) per row or, with REDUCE, this program's
+    fp64 sums of them (one (loss, z-loss) pair per program: an accurate, deterministic reduction).
+  - pass 2 (COMPUTE_GRAD): re-reads the row, last chunk first: the chunks pass 1 read last are
+    the likeliest to still be in L2. Writes the gradient times grad_scale (divided by the number
+    of valid rows with MEAN_SCALE, times a per-row scale with HAS_ROW_SCALE), possibly into the
+    logits buffer itself: each element is read before the same thread overwrites it. Without
+    COMPUTE_LOSS, lse is read from lse_ptr (a backward from saved statistics).
+- _loss_finalize_kernel: one program sums the fp64 partials and divides a mean by the count.
 NaN/inf follow torch: a NaN or +inf logit makes the row NaN, an all -inf row gives NaN, a -inf
 target logit gives +inf. Offsets are int64, so logits past 2^31 elements are addressed correctly.
-A target outside [0, V) that is not ignored (the launcher rejects those first) loads nothing.
+A target outside [0, V) that is not ignored loads nothing (its loss is NaN); the launcher
+rejects those.
 """
 
 import triton
 import triton.language as tl
 
+# Entries per block in the target statistics: (rows not ignored, lowest class, highest class).
+STATS_PER_BLOCK = tl.constexpr(3)
+
+
+@triton.jit
+def _target_stats_kernel(
+    target_ptr, stats_ptr,
+    stride_target,
+    n_rows, ignore_index,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """stats[pid] = (count of targets != ignore_index, their min, their max) over one block of
+    targets (0 for min and max when there are none: 0 is always a valid class)."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_rows
+    target = tl.load(target_ptr + offs * stride_target, mask=mask, other=0).to(tl.int64)
+    valid = mask & (target != ignore_index)
+    labels = tl.where(valid, target, 0)
+    out = stats_ptr + pid * STATS_PER_BLOCK
+    tl.store(out, tl.sum(valid.to(tl.int64), axis=0))
+    tl.store(out + 1, tl.min(labels, axis=0))
+    tl.store(out + 2, tl.max(labels, axis=0))
+
+
+@triton.jit
+def _valid_count(stats_ptr, n_stat_blocks):
+    """Rows not ignored, summed over the blocks of _target_stats_kernel."""
+    count = tl.load(stats_ptr)
+    for block in range(1, n_stat_blocks):
+        count += tl.load(stats_ptr + block * STATS_PER_BLOCK)
+    return count
+
 
 @triton.jit
 def _chunk_mask(mask_m, cols, n_cols):
-    return mask_m[:, None] & (cols < n_cols)[None, :]
+    return mask_m[:, None] & ((cols >= 0) & (cols < n_cols))[None, :]
 
 
 @triton.jit
@@ -40,18 +81,28 @@ def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr)
 
 @triton.jit(do_not_specialize=["ignore_index"])
 def _cross_entropy_kernel(
-    logits_ptr, target_ptr, grad_ptr, loss_ptr, lse_ptr, z_loss_ptr, row_scale_ptr,
+    logits_ptr, target_ptr, grad_ptr, loss_ptr, z_loss_ptr, partial_ptr, lse_ptr, row_scale_ptr, stats_ptr,
     stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
-    n_rows, n_cols, ignore_index, label_smoothing, lse_square_scale, grad_scale,
-    COMPUTE_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
-    HAS_ROW_SCALE: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    n_rows, n_cols, n_stat_blocks, ignore_index, label_smoothing, lse_square_scale, grad_scale,
+    COMPUTE_LOSS: tl.constexpr, REDUCE: tl.constexpr, STORE_Z_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    MEAN_SCALE: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
+    PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    pid = tl.program_id(0)
     n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+    n_chunks = (n_cols + BLOCK_N - 1) // BLOCK_N
+    if COMPUTE_GRAD and MEAN_SCALE:
+        # A mean over the valid rows: 1 / their count (no division by 0: without valid rows no
+        # row uses the scale).
+        grad_scale = grad_scale / tl.maximum(_valid_count(stats_ptr, n_stat_blocks), 1).to(tl.float32)
+    if REDUCE:
+        loss_sum = tl.zeros([BLOCK_M], dtype=tl.float64)
+        z_loss_sum = tl.zeros([BLOCK_M], dtype=tl.float64)
+    for tile in range(pid, n_tiles, tl.num_programs(0)):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         offs_n = tl.arange(0, BLOCK_N)
         mask_m = offs_m < n_rows
-        target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=ignore_index).to(tl.int64)
+        target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=0).to(tl.int64)
         valid = mask_m & (target != ignore_index)
         row_ptrs = logits_ptr + offs_m * stride_logits_row
         if COMPUTE_LOSS:
@@ -86,11 +137,19 @@ def _cross_entropy_kernel(
             loss = lse - target_logit
             if HAS_SMOOTHING:
                 loss = lse - (1.0 - label_smoothing) * target_logit - label_smoothing * row_sum / n_cols
+            z_loss = tl.zeros([BLOCK_M], dtype=tl.float32)
             if HAS_Z_LOSS:
                 z_loss = lse_square_scale * lse * lse
                 loss += z_loss
-                tl.store(z_loss_ptr + offs_m, tl.where(valid, z_loss, 0.0), mask=mask_m)
-            tl.store(loss_ptr + offs_m, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=mask_m)
+            loss = tl.where(valid, loss, 0.0)
+            z_loss = tl.where(valid, z_loss, 0.0)
+            if REDUCE:
+                loss_sum += loss.to(tl.float64)
+                z_loss_sum += z_loss.to(tl.float64)
+            else:
+                tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
+                if STORE_Z_LOSS:
+                    tl.store(z_loss_ptr + offs_m, z_loss.to(z_loss_ptr.dtype.element_ty), mask=mask_m)
             tl.store(lse_ptr + offs_m, lse, mask=mask_m)
         else:
             lse = tl.load(lse_ptr + offs_m, mask=mask_m, other=0.0)
@@ -106,12 +165,15 @@ def _cross_entropy_kernel(
                 target_grad = scale * (1.0 - label_smoothing)
             uniform_grad = scale * label_smoothing / n_cols
             grad_row_ptrs = grad_ptr + offs_m * stride_grad_row
+            # Last chunk first (see the module docstring); `start` walks down to the first chunk,
+            # the prefetch past it is fully masked.
+            last = (n_chunks - 1) * BLOCK_N
             if PREFETCH:
-                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, offs_n, n_cols, 0.0)
-            for start in range(BLOCK_N, n_cols + BLOCK_N, BLOCK_N):
-                cols = start - BLOCK_N + offs_n
+                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, last + offs_n, n_cols, 0.0)
+            for chunk in range(0, n_chunks):
+                cols = last - chunk * BLOCK_N + offs_n
                 if PREFETCH:
-                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, start + offs_n, n_cols, 0.0)
+                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols - BLOCK_N, n_cols, 0.0)
                 else:
                     x = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols, n_cols, 0.0)
                 grad = tl.exp(x - lse[:, None]) * softmax_scale[:, None]
@@ -122,6 +184,35 @@ def _cross_entropy_kernel(
                 tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=_chunk_mask(mask_m, cols, n_cols))
                 if PREFETCH:
                     x = x_next
+    if REDUCE:
+        tl.store(partial_ptr + 2 * pid, tl.sum(loss_sum, axis=0))
+        tl.store(partial_ptr + 2 * pid + 1, tl.sum(z_loss_sum, axis=0))
+
+
+@triton.jit
+def _loss_finalize_kernel(
+    partial_ptr, stats_ptr, loss_ptr, z_loss_ptr,
+    n_partials, n_stat_blocks,
+    MEAN: tl.constexpr, STORE_Z_LOSS: tl.constexpr, BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """loss (and z_loss) = the sum of the (n_partials, 2) fp64 partials, divided by the number of
+    valid rows for a mean (0 / 0 = NaN when there are none, as torch), in their own dtypes."""
+    offs = tl.arange(0, BLOCK_P)
+    loss_sum = tl.zeros([BLOCK_P], dtype=tl.float64)
+    z_loss_sum = tl.zeros([BLOCK_P], dtype=tl.float64)
+    for start in range(0, n_partials, BLOCK_P):
+        mask = start + offs < n_partials
+        loss_sum += tl.load(partial_ptr + 2 * (start + offs), mask=mask, other=0.0)
+        z_loss_sum += tl.load(partial_ptr + 2 * (start + offs) + 1, mask=mask, other=0.0)
+    loss = tl.sum(loss_sum, axis=0)
+    z_loss = tl.sum(z_loss_sum, axis=0)
+    if MEAN:
+        count = _valid_count(stats_ptr, n_stat_blocks).to(tl.float64)
+        loss = loss / count
+        z_loss = z_loss / count
+    tl.store(loss_ptr, loss.to(tl.float32).to(loss_ptr.dtype.element_ty))
+    if STORE_Z_LOSS:
+        tl.store(z_loss_ptr, z_loss.to(tl.float32).to(z_loss_ptr.dtype.element_ty))
 
 
 @triton.jit

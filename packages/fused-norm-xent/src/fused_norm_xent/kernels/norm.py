@@ -12,6 +12,12 @@ Two shapes of kernel, chosen by the launcher from the row width:
   and M2, merged once at the end: no cancellation), a second pass re-reads s (from L2, and from
   the stored residual when there is one) and writes y.
 Statistics are fp32 whatever the dtypes; mean and rstd are saved per row for the backward.
+Means divide with IEEE rounding and the launcher compiles these kernels without FMA contraction
+(enable_fp_fusion=False), so a quantity and the mean it is compared with are rounded alike: a
+width-1 row, or a constant one, normalizes to exactly 0 and gets exactly 0 gradient, as in the
+interpreter (no cost: the kernels are memory-bound). A row whose statistics are not finite (an
+inf or NaN in it, or a sum of squares that overflows) normalizes to NaN throughout, as torch's
+CUDA kernels do.
 
 Backward, persistent: each program walks a strided set of row tiles, writes dx (and the residual
 gradient) per row, and accumulates the weight and bias gradients of its rows in registers
@@ -89,6 +95,19 @@ def _affine(
 
 
 @triton.jit
+def _row_mean(total, n_cols):
+    """total / n_cols, correctly rounded (the default fp32 division is approximate). n_cols may be
+    the constexpr 1 the JIT makes of a width-1 argument."""
+    return tl.fdiv(total, n_cols * 1.0, ieee_rounding=True)
+
+
+@triton.jit
+def _rstd(var, eps):
+    """1 / sqrt(var + eps); NaN where var is inf (a row holding an inf, or overflowing squares)."""
+    return tl.where(var == float("inf"), float("nan"), 1.0 / tl.sqrt(var + eps))
+
+
+@triton.jit
 def _xhat(s, mean, rstd, IS_RMS_NORM: tl.constexpr):
     if IS_RMS_NORM:
         return s * rstd[:, None]
@@ -96,16 +115,29 @@ def _xhat(s, mean, rstd, IS_RMS_NORM: tl.constexpr):
 
 
 @triton.jit
-def _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM: tl.constexpr):
-    if not IS_RMS_NORM:
-        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
-    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+def _store_stats(stats_ptr, offs_m, mask_m, n_rows, mean, rstd, IS_RMS_NORM: tl.constexpr):
+    """stats: fp32 (2, rows) = (mean, rstd) for LayerNorm, (1, rows) = rstd for RMSNorm."""
+    if IS_RMS_NORM:
+        tl.store(stats_ptr + offs_m, rstd, mask=mask_m)
+    else:
+        tl.store(stats_ptr + offs_m, mean, mask=mask_m)
+        tl.store(stats_ptr + n_rows + offs_m, rstd, mask=mask_m)
+
+
+@triton.jit
+def _load_stats(stats_ptr, offs_m, mask_m, n_rows, IS_RMS_NORM: tl.constexpr):
+    """(mean, rstd) of the rows offs_m (mean is rstd, unused, for RMSNorm)."""
+    if IS_RMS_NORM:
+        rstd = tl.load(stats_ptr + offs_m, mask=mask_m, other=0.0)
+        return rstd, rstd
+    mean = tl.load(stats_ptr + offs_m, mask=mask_m, other=0.0)
+    return mean, tl.load(stats_ptr + n_rows + offs_m, mask=mask_m, other=0.0)
 
 
 @triton.jit(do_not_specialize=_RNG_ARGS)
 def _norm_fwd_kernel(
-    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, mean_ptr, rstd_ptr,
-    stride_x_row, stride_x_col, stride_res_row, stride_res_col, stride_y_row, stride_res_out_row,
+    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, stats_ptr,
+    stride_x_row, stride_x_col, stride_res_row, stride_res_col,
     n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -122,29 +154,29 @@ def _norm_fwd_kernel(
         dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset, HAS_RESIDUAL, HAS_DROPOUT,
     )  # fmt: skip
     if STORE_RESIDUAL:
-        s = _store_rounded(residual_out_ptr + offs_m[:, None] * stride_res_out_row + offs_n[None, :], s, mask)
+        s = _store_rounded(residual_out_ptr + offs_m[:, None] * n_cols + offs_n[None, :], s, mask)
     if IS_RMS_NORM:
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-        var = tl.sum(s * s, axis=1) / n_cols
+        var = _row_mean(tl.sum(s * s, axis=1), n_cols)
     else:
         # The first mean is off by the rounding of a sum of large values; one correction with the
         # (small, exactly computed) deviations from it makes it accurate even when |mean| >> std.
-        mean = tl.sum(s, axis=1) / n_cols
-        mean += tl.sum(tl.where(mask, s - mean[:, None], 0.0), axis=1) / n_cols
+        mean = _row_mean(tl.sum(s, axis=1), n_cols)
+        mean += _row_mean(tl.sum(tl.where(mask, s - mean[:, None], 0.0), axis=1), n_cols)
         centered = tl.where(mask, s - mean[:, None], 0.0)
-        var = tl.sum(centered * centered, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(var + eps)
-    _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM)
+        var = _row_mean(tl.sum(centered * centered, axis=1), n_cols)
+    rstd = _rstd(var, eps)
+    _store_stats(stats_ptr, offs_m, mask_m, n_rows, mean, rstd, IS_RMS_NORM)
     y = _affine(
         _xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS
     )
-    tl.store(y_ptr + offs_m[:, None] * stride_y_row + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs_m[:, None] * n_cols + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=_RNG_ARGS)
 def _norm_fwd_chunked_kernel(
-    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, mean_ptr, rstd_ptr,
-    stride_x_row, stride_x_col, stride_res_row, stride_res_col, stride_y_row, stride_res_out_row,
+    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, stats_ptr,
+    stride_x_row, stride_x_col, stride_res_row, stride_res_col,
     n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -166,7 +198,7 @@ def _norm_fwd_chunked_kernel(
             dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset, HAS_RESIDUAL, HAS_DROPOUT,
         )  # fmt: skip
         if STORE_RESIDUAL:
-            s = _store_rounded(residual_out_ptr + offs_m[:, None] * stride_res_out_row + cols[None, :], s, mask)
+            s = _store_rounded(residual_out_ptr + offs_m[:, None] * n_cols + cols[None, :], s, mask)
         if IS_RMS_NORM:
             lane_m2 += s * s
         else:
@@ -176,21 +208,21 @@ def _norm_fwd_chunked_kernel(
             lane_m2 += tl.where(mask, delta * (s - lane_mean), 0.0)
     if IS_RMS_NORM:
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-        var = tl.sum(lane_m2, axis=1) / n_cols
+        var = _row_mean(tl.sum(lane_m2, axis=1), n_cols)
     else:
         # Merge the lanes (Chan et al.): lane j holds ceil((n_cols - j) / BLOCK_N) values. The means
         # are summed as deviations from lane 0's, so a large common offset costs no precision.
         lane_count = ((n_cols - offs_n + BLOCK_N - 1) // BLOCK_N).to(tl.float32)[None, :]
         shift = tl.sum(tl.where(offs_n[None, :] == 0, lane_mean, 0.0), axis=1)
-        mean = shift + tl.sum(lane_count * (lane_mean - shift[:, None]), axis=1) / n_cols
+        mean = shift + _row_mean(tl.sum(lane_count * (lane_mean - shift[:, None]), axis=1), n_cols)
         spread = lane_mean - mean[:, None]
-        var = tl.sum(lane_m2 + lane_count * spread * spread, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(var + eps)
-    _store_stats(mean_ptr, rstd_ptr, offs_m, mask_m, mean, rstd, IS_RMS_NORM)
+        var = _row_mean(tl.sum(lane_m2 + lane_count * spread * spread, axis=1), n_cols)
+    rstd = _rstd(var, eps)
+    _store_stats(stats_ptr, offs_m, mask_m, n_rows, mean, rstd, IS_RMS_NORM)
     # Pass 2: normalize. Without a stored residual the norm input is x itself.
     if STORE_RESIDUAL:
         s_ptr = residual_out_ptr
-        stride_s_row = stride_res_out_row
+        stride_s_row = n_cols
         stride_s_col = 1
     else:
         s_ptr = x_ptr
@@ -205,25 +237,21 @@ def _norm_fwd_chunked_kernel(
         y = _affine(
             _xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, cols, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS
         )
-        tl.store(y_ptr + offs_m[:, None] * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + offs_m[:, None] * n_cols + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _load_bwd_tile(
-    s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, offs_n, mask_m, mask_n,
-    stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset,
+    s_ptr, dy_ptr, weight_ptr, stats_ptr, offs_m, offs_n, mask_m, mask_n,
+    stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, n_rows, weight_offset,
     IS_RMS_NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):  # fmt: skip
-    """(xhat, dy, w * dy) of a tile in fp32, zero outside the mask."""
+    """(xhat, dy, w * dy, rstd) of a tile in fp32, zero outside the mask."""
     mask = mask_m[:, None] & mask_n[None, :]
     s = tl.load(s_ptr + offs_m[:, None] * stride_s_row + offs_n[None, :] * stride_s_col, mask=mask, other=0.0)
     dy = tl.load(dy_ptr + offs_m[:, None] * stride_dy_row + offs_n[None, :] * stride_dy_col, mask=mask, other=0.0)
     dy = dy.to(tl.float32)
-    rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
-    if IS_RMS_NORM:
-        mean = rstd
-    else:
-        mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
+    mean, rstd = _load_stats(stats_ptr, offs_m, mask_m, n_rows, IS_RMS_NORM)
     xhat = tl.where(mask, _xhat(s.to(tl.float32), mean, rstd, IS_RMS_NORM), 0.0)
     wdy = dy
     if HAS_WEIGHT:
@@ -234,12 +262,12 @@ def _load_bwd_tile(
 @triton.jit
 def _input_grad(
     xhat, wdy, rstd, mean_xhat_wdy, mean_wdy, dres_out_ptr, dx_ptr, dres_ptr, offs_m, offs_n, mask,
-    stride_dres_out_row, stride_dres_out_col, stride_dx_row, stride_dres_row,
+    stride_dres_out_row, stride_dres_out_col, n_cols,
     dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
     IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
 ):  # fmt: skip
     """ds = rstd * (w*dy - xhat * mean(xhat*w*dy) - mean(w*dy)) (+ the residual-out gradient),
-    stored as the residual's gradient; dx = ds through the dropout mask."""
+    stored as the residual's gradient; dx = ds through the dropout mask (dx, dres contiguous)."""
     if IS_RMS_NORM:
         ds = (wdy - xhat * mean_xhat_wdy[:, None]) * rstd[:, None]
     else:
@@ -248,19 +276,18 @@ def _input_grad(
         dres_out_ptrs = dres_out_ptr + offs_m[:, None] * stride_dres_out_row + offs_n[None, :] * stride_dres_out_col
         ds += tl.load(dres_out_ptrs, mask=mask, other=0.0).to(tl.float32)
     if STORE_DRES:
-        dres_ptrs = dres_ptr + offs_m[:, None] * stride_dres_row + offs_n[None, :]
+        dres_ptrs = dres_ptr + offs_m[:, None] * n_cols + offs_n[None, :]
         tl.store(dres_ptrs, ds.to(dres_ptr.dtype.element_ty), mask=mask)
     if HAS_DROPOUT:
         keep = _dropout_keep(offs_m, offs_n, dropout_threshold, seed_lo, seed_hi, rng_offset)
         ds = tl.where(keep, ds * dropout_scale, 0.0)
-    tl.store(dx_ptr + offs_m[:, None] * stride_dx_row + offs_n[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + offs_m[:, None] * n_cols + offs_n[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=_RNG_ARGS)
 def _norm_bwd_kernel(
-    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
+    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, stats_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
-    stride_dx_row, stride_dres_row,
     n_rows, n_cols, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
     IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -277,14 +304,14 @@ def _norm_bwd_kernel(
         mask_m = offs_m < n_rows
         mask = mask_m[:, None] & mask_n[None, :]
         xhat, dy, wdy, rstd = _load_bwd_tile(
-            s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, offs_n, mask_m, mask_n,
-            stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
+            s_ptr, dy_ptr, weight_ptr, stats_ptr, offs_m, offs_n, mask_m, mask_n,
+            stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, n_rows, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
         )  # fmt: skip
-        mean_xhat_wdy = tl.sum(xhat * wdy, axis=1) / n_cols
-        mean_wdy = tl.sum(wdy, axis=1) / n_cols
+        mean_xhat_wdy = _row_mean(tl.sum(xhat * wdy, axis=1), n_cols)
+        mean_wdy = _row_mean(tl.sum(wdy, axis=1), n_cols)
         _input_grad(
             xhat, wdy, rstd, mean_xhat_wdy, mean_wdy, dres_out_ptr, dx_ptr, dres_ptr, offs_m, offs_n, mask,
-            stride_dres_out_row, stride_dres_out_col, stride_dx_row, stride_dres_row,
+            stride_dres_out_row, stride_dres_out_col, n_cols,
             dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
             IS_RMS_NORM, HAS_DRES_OUT, STORE_DRES, HAS_DROPOUT,
         )  # fmt: skip
@@ -305,9 +332,8 @@ def _accumulate_partial(partial_ptr, cols, mask_n, value):
 
 @triton.jit(do_not_specialize=_RNG_ARGS)
 def _norm_bwd_chunked_kernel(
-    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, mean_ptr, rstd_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
+    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, stats_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
-    stride_dx_row, stride_dres_row,
     n_rows, n_cols, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
     IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -327,25 +353,27 @@ def _norm_bwd_chunked_kernel(
         for start in range(0, n_cols, BLOCK_N):
             cols = start + offs_n
             xhat, dy, wdy, rstd = _load_bwd_tile(
-                s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, cols, mask_m, cols < n_cols,
-                stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
+                s_ptr, dy_ptr, weight_ptr, stats_ptr, offs_m, cols, mask_m, cols < n_cols,
+                stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, n_rows, weight_offset,
+                IS_RMS_NORM, HAS_WEIGHT,
             )  # fmt: skip
             sum_xhat_wdy += tl.sum(xhat * wdy, axis=1)
             sum_wdy += tl.sum(wdy, axis=1)
-        mean_xhat_wdy = sum_xhat_wdy / n_cols
-        mean_wdy = sum_wdy / n_cols
+        mean_xhat_wdy = _row_mean(sum_xhat_wdy, n_cols)
+        mean_wdy = _row_mean(sum_wdy, n_cols)
         # Pass 2: the input gradient, and this tile's share of the parameter gradients.
         for start in range(0, n_cols, BLOCK_N):
             cols = start + offs_n
             mask_n = cols < n_cols
             xhat, dy, wdy, rstd = _load_bwd_tile(
-                s_ptr, dy_ptr, weight_ptr, mean_ptr, rstd_ptr, offs_m, cols, mask_m, mask_n,
-                stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, weight_offset, IS_RMS_NORM, HAS_WEIGHT,
+                s_ptr, dy_ptr, weight_ptr, stats_ptr, offs_m, cols, mask_m, mask_n,
+                stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, n_rows, weight_offset,
+                IS_RMS_NORM, HAS_WEIGHT,
             )  # fmt: skip
             _input_grad(
                 xhat, wdy, rstd, mean_xhat_wdy, mean_wdy, dres_out_ptr, dx_ptr, dres_ptr, offs_m, cols,
-                mask_m[:, None] & mask_n[None, :], stride_dres_out_row, stride_dres_out_col, stride_dx_row,
-                stride_dres_row, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+                mask_m[:, None] & mask_n[None, :], stride_dres_out_row, stride_dres_out_col, n_cols,
+                dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
                 IS_RMS_NORM, HAS_DRES_OUT, STORE_DRES, HAS_DROPOUT,
             )  # fmt: skip
             if HAS_WEIGHT:

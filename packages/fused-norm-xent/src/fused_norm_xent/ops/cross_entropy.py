@@ -9,6 +9,11 @@ How the gradient is produced depends on the reduction:
 - "none": the upstream gradient differs per row, so the forward saves the logits and the fp32
   log-sum-exp of each row and the backward computes the gradient (into the logits buffer with
   inplace_backward).
+
+Targets are checked by a small kernel (rows not ignored, lowest and highest label) whose result
+the host reads to raise on a label outside [0, V). The host read waits for the GPU, but it is
+issued after the cross-entropy kernels are queued (before them only when the forward writes into
+the logits), so the GPU is never left idle by it; the mean's divisor is read from the device.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from torch import Tensor
 
 from .. import _compat
 from .._autograd import differentiable_op
-from .._compat import is_compiling, mark_modified, sm_count
+from .._compat import INTERPRETING, autocast_dtype, is_compiling, mark_modified, sm_count
 from .._validation import (
     check_choice,
     check_device,
@@ -31,7 +36,7 @@ from .._validation import (
     check_target,
     check_tensor,
 )
-from ..kernels.cross_entropy import _cross_entropy_kernel, _scale_kernel
+from ..kernels.cross_entropy import _cross_entropy_kernel, _loss_finalize_kernel, _scale_kernel, _target_stats_kernel
 
 REDUCTIONS = ("mean", "sum", "none")
 # Widest chunk of a row one program reads per step (16 KB of bf16); narrower rows share programs.
@@ -41,6 +46,9 @@ CE_PROGRAMS_PER_SM = 2
 # The in-place scaling kernel: tile shape and warps, and programs per SM.
 SCALE_TILE = (4, 1024)
 SCALE_PROGRAMS_PER_SM = 8
+# Targets per program of the statistics kernel, and the partial sums per step of the finalizing one.
+STATS_BLOCK = 4096
+FINALIZE_BLOCK = 256
 
 
 class CrossEntropyConfig(NamedTuple):
@@ -58,61 +66,103 @@ def cross_entropy_config(n_cols: int) -> CrossEntropyConfig:
 
 
 @functools.lru_cache(maxsize=1024)
-def _programs(n_rows: int, block_m: int, device_index: int) -> int:
+def cross_entropy_programs(n_rows: int, n_cols: int, device_index: int) -> int:
     """Persistent grid: CE_PROGRAMS_PER_SM row tiles in flight per SM (for 50k-wide bf16 rows,
-    26 MB of rows being read twice: the second read stays in the 50 MB L2)."""
-    return max(1, min(-(-n_rows // block_m), sm_count(device_index) * CE_PROGRAMS_PER_SM))
+    26 MB of rows being read twice), fewer when there are fewer tiles."""
+    tiles = -(-n_rows // cross_entropy_config(n_cols).block_m)
+    return max(1, min(tiles, sm_count(device_index) * CE_PROGRAMS_PER_SM))
 
 
-def count_valid_targets(target: Tensor, n_classes: int, ignore_index: int) -> int:
-    """Number of targets other than ignore_index; raises ValueError if any of those is outside
-    [0, n_classes). One host synchronization, before any launch."""
-    if target.numel() == 0:
-        return 0
-    ignored = target == ignore_index
-    low, high = torch.aminmax(target.masked_fill(ignored, 0))
-    low, high, n_ignored = torch.stack((low.long(), high.long(), ignored.sum())).tolist()
+class TargetStats(NamedTuple):
+    """Per block of targets: (rows not ignored, lowest label, highest label), on the device, and
+    the same on the host once `ready` has completed (a pinned copy in flight on CUDA)."""
+
+    device: Tensor
+    host: Tensor
+    ready: Optional[torch.cuda.Event]
+
+
+def target_stats(target: Tensor, ignore_index: int) -> TargetStats:
+    """Launch the statistics kernel over the (N,) targets and start copying its result to the host."""
+    n_blocks = max(1, -(-target.shape[0] // STATS_BLOCK))
+    stats = torch.empty((n_blocks, 3), dtype=torch.int64, device=target.device)
+    _target_stats_kernel[(n_blocks,)](target, stats, target.stride(0), target.shape[0], ignore_index, BLOCK=STATS_BLOCK)
+    if INTERPRETING:
+        return TargetStats(stats, stats, None)
+    host = torch.empty((n_blocks, 3), dtype=torch.int64, pin_memory=True)
+    host.copy_(stats, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return TargetStats(stats, host, ready)
+
+
+def check_target_range(stats: TargetStats, n_classes: int, ignore_index: int) -> int:
+    """Wait for the statistics (a host synchronization) and return the number of rows not
+    ignored; raise ValueError if a label that is not ignore_index is outside [0, n_classes)."""
+    if stats.ready is not None:
+        stats.ready.synchronize()
+    blocks = stats.host.tolist()
+    low, high = min(block[1] for block in blocks), max(block[2] for block in blocks)
     if low < 0 or high >= n_classes:
         raise ValueError(
             f"target holds class index {low if low < 0 else high}, outside [0, {n_classes}) "
             f"and not ignore_index={ignore_index}"
         )
-    return target.numel() - n_ignored
+    return sum(block[0] for block in blocks)
 
 
 def launch_cross_entropy(
     logits: Tensor,
     target: Tensor,
-    grad: Optional[Tensor],
-    loss_rows: Optional[Tensor],
+    stats: Optional[Tensor],
+    *,
+    grad: Optional[Tensor] = None,
+    loss_rows: Optional[Tensor] = None,
+    z_loss_rows: Optional[Tensor] = None,
+    partial: Optional[Tensor] = None,
     lse: Tensor,
-    z_loss_rows: Optional[Tensor],
-    row_scale: Optional[Tensor],
+    row_scale: Optional[Tensor] = None,
+    mean: bool = False,
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
-    grad_scale: float,
+    programs: Optional[int] = None,
 ) -> None:
-    """One launch of the kernel on (rows, classes) logits (any strides).
+    """One launch of the cross-entropy kernel on (rows, classes) logits (any strides).
 
-    loss_rows given: pass 1 writes loss_rows, lse (and z_loss_rows); else lse is read.
-    grad given: pass 2 writes the gradient times grad_scale (times row_scale[row] if given);
+    loss_rows or partial given: pass 1 computes the losses and lse, into loss_rows (and
+    z_loss_rows) per row, or summed into partial ((programs, 2) fp64, one (loss, z-loss) pair per
+    program); else lse is read. grad given: pass 2 writes the gradient (times 1 / the number of
+    valid rows in `stats`, target_stats' device tensor, if mean; times row_scale[row] if given);
     grad may be logits itself.
+    programs: the persistent grid (default: by size); with partial, every program writes its pair.
     """
     n_rows, n_cols = logits.shape
-    if n_rows == 0:
-        return
+    if programs is None:
+        if n_rows == 0:
+            return
+        programs = cross_entropy_programs(n_rows, n_cols, logits.device.index or 0)
     cfg = cross_entropy_config(n_cols)
-    compute_loss = loss_rows is not None
-    _cross_entropy_kernel[(_programs(n_rows, cfg.block_m, logits.device.index or 0),)](
-        logits, target, grad, loss_rows, lse, z_loss_rows, row_scale,
-        logits.stride(0), logits.stride(1),
-        0 if grad is None else grad.stride(0), 0 if grad is None else grad.stride(1),
+    compute_loss = loss_rows is not None or partial is not None
+    mean_scale = mean and grad is not None
+    stats = stats if mean_scale else None
+    _cross_entropy_kernel[(programs,)](
+        logits, target, grad, loss_rows, z_loss_rows, partial, lse, row_scale, stats,
+        *logits.stride(), *((0, 0) if grad is None else grad.stride()),
         target.stride(0), 0 if row_scale is None else row_scale.stride(0),
-        n_rows, n_cols, ignore_index, label_smoothing, lse_square_scale, grad_scale,
-        COMPUTE_LOSS=compute_loss, COMPUTE_GRAD=grad is not None, HAS_SMOOTHING=label_smoothing != 0.0,
-        HAS_Z_LOSS=lse_square_scale != 0.0 and (compute_loss or grad is not None), HAS_ROW_SCALE=row_scale is not None,
-        PREFETCH=_compat.PREFETCH_CHUNKS, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        n_rows, n_cols, 0 if stats is None else stats.shape[0], ignore_index, label_smoothing, lse_square_scale, 1.0,
+        COMPUTE_LOSS=compute_loss, REDUCE=partial is not None, STORE_Z_LOSS=z_loss_rows is not None,
+        COMPUTE_GRAD=grad is not None, MEAN_SCALE=mean_scale, HAS_SMOOTHING=label_smoothing != 0.0,
+        HAS_Z_LOSS=lse_square_scale != 0.0, HAS_ROW_SCALE=row_scale is not None, PREFETCH=_compat.PREFETCH_CHUNKS,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def finalize_loss(partial: Tensor, stats: Tensor, loss: Tensor, z_loss: Optional[Tensor], mean: bool) -> None:
+    """loss (and z_loss) = the sum of the fp64 partial pairs, over the valid rows if mean."""
+    _loss_finalize_kernel[(1,)](
+        partial, stats if mean else None, loss, z_loss, partial.shape[0], stats.shape[0] if mean else 0,
+        MEAN=mean, STORE_Z_LOSS=z_loss is not None, BLOCK_P=FINALIZE_BLOCK, num_warps=4,
     )  # fmt: skip
 
 
@@ -125,21 +175,28 @@ def scale_(x: Tensor, scale: Tensor) -> None:
     tiles = -(-n_rows // block_m) * -(-n_cols // block_n)
     programs = min(tiles, sm_count(x.device.index or 0) * SCALE_PROGRAMS_PER_SM)
     _scale_kernel[(programs,)](
-        x, scale, x.stride(0), x.stride(1), n_rows, n_cols, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8
-    )
+        x, scale, *x.stride(), n_rows, n_cols, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8
+    )  # fmt: skip
 
 
-def _empty(like: Tensor) -> Tensor:
-    return torch.empty(0, dtype=like.dtype, device=like.device)
+def loss_dtype_for(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The loss's dtype: fp32 under autocast (as F.cross_entropy, which autocast runs in fp32),
+    else the dtype of the logits (or of the linear layer's compute)."""
+    return torch.float32 if autocast_dtype(device_type) is not None else dtype
 
 
-def _alloc_forward(logits, reduction, return_z_loss, grad_in_forward):
+def _empty(like: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=like.device)
+
+
+def _alloc_forward(logits, reduction, return_z_loss, grad_in_forward, loss_dtype):
     n_rows = logits.shape[0]
     loss_shape = (n_rows,) if reduction == "none" else ()
-    loss = torch.empty(loss_shape, dtype=logits.dtype, device=logits.device)
-    z_loss = torch.empty(loss_shape, dtype=logits.dtype, device=logits.device) if return_z_loss else _empty(logits)
+    loss = torch.empty(loss_shape, dtype=loss_dtype, device=logits.device)
+    z_loss = torch.empty(loss_shape, dtype=loss_dtype, device=logits.device) if return_z_loss else None
+    z_loss = _empty(logits, loss_dtype) if z_loss is None else z_loss
     lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-    grad = torch.empty_like(logits) if grad_in_forward else _empty(logits)
+    grad = torch.empty_like(logits) if grad_in_forward else _empty(logits, logits.dtype)
     return loss, z_loss, lse, grad
 
 
@@ -153,44 +210,50 @@ def cross_entropy_forward(
     return_z_loss: bool,
     compute_grad: bool,
     inplace: bool,
+    loss_dtype: torch.dtype,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, lse, grad) of (rows, classes) logits.
 
     grad: the logits gradient for an upstream gradient of 1 when compute_grad and the reduction is
     "mean" or "sum" (empty when inplace: it is in the logits buffer then), else empty. z_loss is
-    empty unless return_z_loss. lse: fp32 per row.
+    empty unless return_z_loss. lse: fp32 per row. loss and z_loss in loss_dtype.
     """
     n_rows, n_cols = logits.shape
-    n_valid = count_valid_targets(target, n_cols, ignore_index)
+    stats = target_stats(target, ignore_index)
     grad_in_forward = compute_grad and reduction != "none"
-    loss, z_loss, lse, grad = _alloc_forward(logits, reduction, return_z_loss, grad_in_forward and not inplace)
-    if reduction == "none":
-        loss_rows, z_rows = loss, (z_loss if return_z_loss else None)
-    else:
-        loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-        z_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device) if return_z_loss else None
-    if return_z_loss and lse_square_scale == 0.0:
-        z_rows.zero_()
-    divisor = n_valid if reduction == "mean" else 1
-    launch_cross_entropy(
-        logits, target, (logits if inplace else grad) if grad_in_forward else None, loss_rows, lse, z_rows, None,
-        ignore_index, label_smoothing, lse_square_scale, 1.0 / divisor if divisor else float("inf"),
-    )  # fmt: skip
-    if grad_in_forward and inplace:
+    writes_logits = grad_in_forward and inplace
+    if writes_logits:  # nothing may touch the caller's logits before the labels are known to be good
+        check_target_range(stats, n_cols, ignore_index)
+    loss, z_loss, lse, grad = _alloc_forward(
+        logits, reduction, return_z_loss, grad_in_forward and not inplace, loss_dtype
+    )
+    reduce = reduction != "none"
+    programs = cross_entropy_programs(n_rows, n_cols, logits.device.index or 0)
+    partial = torch.empty((programs, 2), dtype=torch.float64, device=logits.device) if reduce else None
+    if n_rows:
+        launch_cross_entropy(
+            logits, target, stats.device, grad=(logits if inplace else grad) if grad_in_forward else None,
+            loss_rows=None if reduce else loss, z_loss_rows=z_loss if return_z_loss and not reduce else None,
+            partial=partial, lse=lse, mean=reduction == "mean", ignore_index=ignore_index,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, programs=programs,
+        )  # fmt: skip
+    elif reduce:
+        partial.zero_()
+    if reduce:
+        finalize_loss(partial, stats.device, loss, z_loss if return_z_loss else None, reduction == "mean")
+    if writes_logits:
         mark_modified(logits)
-    if reduction != "none":
-        # A mean over no valid row is 0 / 0 = NaN, as in torch.
-        loss.copy_(loss_rows.sum() / divisor)
-        if return_z_loss:
-            z_loss.copy_(z_rows.sum() / divisor)
+    else:
+        check_target_range(stats, n_cols, ignore_index)
     return loss, z_loss, lse, grad
 
 
 def _cross_entropy_forward_fake(
-    logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace
-):
+    logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace,
+    loss_dtype,
+):  # fmt: skip
     grad_in_forward = compute_grad and reduction != "none" and not inplace
-    return _alloc_forward(logits, reduction, return_z_loss, grad_in_forward)
+    return _alloc_forward(logits, reduction, return_z_loss, grad_in_forward, loss_dtype)
 
 
 def cross_entropy_backward(
@@ -213,8 +276,9 @@ def cross_entropy_backward(
         scale_(grad, grad_loss.reshape(1))
         return
     launch_cross_entropy(
-        logits, target, grad, None, lse, None, grad_loss, ignore_index, label_smoothing, lse_square_scale, 1.0
-    )
+        logits, target, None, grad=grad, lse=lse, row_scale=grad_loss, ignore_index=ignore_index,
+        label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+    )  # fmt: skip
 
 
 def _cross_entropy_backward_fake(grad_loss, grad, logits, target, lse, ignore_index, label_smoothing, lse_square_scale):
@@ -222,7 +286,7 @@ def _cross_entropy_backward_fake(grad_loss, grad, logits, target, lse, ignore_in
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction, _, _, inplace = inputs
+    logits, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction, _, _, inplace, _ = inputs
     _, _, lse, grad = output
     ctx.per_row = reduction == "none"
     ctx.inplace = inplace
@@ -247,7 +311,11 @@ def _backward_rule(ctx, grads, backward, eager):
         backward(grad_loss, grad, None, None, None, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
     else:
         grad = ctx.saved_tensors[0] * grad_loss
-    return (grad, *([None] * 8))
+    if ctx.inplace:
+        # A new alias of the logits buffer: nothing else holds it, so autograd hands it on (or makes
+        # it a leaf's .grad) as it is instead of copying the (N, V) buffer.
+        grad = grad.detach()
+    return (grad, *([None] * 9))
 
 
 CrossEntropyFunction, _cross_entropy_apply = differentiable_op(
@@ -259,6 +327,7 @@ CrossEntropyFunction, _cross_entropy_apply = differentiable_op(
     setup_context=_setup_context,
     backward_rule=_backward_rule,
     n_differentiable_outputs=1,
+    differentiable_args=(0,),
     backward_mutates=("grad",),
 )
 
@@ -298,8 +367,11 @@ def cross_entropy(
     this call on (the gradient is computed in the forward), with "none" after the backward. Use
     it only when nothing else reads the logits (their autograd version is bumped, so a backward
     that saved them raises). Ignored while torch.compile traces.
-    Returns the loss in the logits' dtype (and the z-loss), computed in fp32.
-    A non-ignored target outside [0, V) raises ValueError before any launch (one host sync).
+    Returns the loss (and the z-loss) computed in fp32 (sums in fp64), in the logits' dtype, or in
+    fp32 under torch.autocast as F.cross_entropy.
+    A non-ignored target outside [0, V) raises ValueError (one host synchronization, which waits
+    for a small kernel queued before the cross-entropy: the GPU is not left idle by it), before
+    the logits are written when inplace_backward.
     """
     check_tensor("logits", logits)
     check_target("target", target)
@@ -319,7 +391,7 @@ def cross_entropy(
     compute_grad = logits.requires_grad and torch.is_grad_enabled()
     loss, z_loss, _, _ = _cross_entropy_apply(
         logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad,
-        inplace_backward and not is_compiling(),
+        inplace_backward and not is_compiling(), loss_dtype_for(logits.dtype, logits.device.type),
     )  # fmt: skip
     if unbatched and reduction == "none":
         loss, z_loss = loss.squeeze(0), (z_loss.squeeze(0) if return_z_loss else z_loss)

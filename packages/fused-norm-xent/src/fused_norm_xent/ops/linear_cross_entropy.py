@@ -36,7 +36,16 @@ from .._validation import (
     check_target,
     check_tensor,
 )
-from .cross_entropy import check_loss_options, count_valid_targets, launch_cross_entropy, scale_
+from .cross_entropy import (
+    check_loss_options,
+    check_target_range,
+    cross_entropy_programs,
+    finalize_loss,
+    launch_cross_entropy,
+    loss_dtype_for,
+    scale_,
+    target_stats,
+)
 
 # Chunk bounds (tokens); the default chunk is the largest power of two <= hidden size in them,
 # so the chunk logits buffer is no larger than the weight.
@@ -59,22 +68,26 @@ def _chunks(
     weight: Tensor,
     bias: Optional[Tensor],
     target: Tensor,
+    stats: Optional[Tensor],
     lse: Tensor,
     loss_rows: Optional[Tensor],
     z_rows: Optional[Tensor],
+    partial: Optional[Tensor],
     row_scale: Optional[Tensor],
     grads: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]],
+    mean: bool,
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
-    grad_scale: float,
     chunk_size: int,
 ) -> None:
     """The chunk loop (hidden, weight, bias already in the compute dtype).
 
-    loss_rows given: computes loss, lse (and z-loss) per row; else reads lse.
-    grads = (grad_hidden, grad_weight_acc, grad_bias_acc) given: writes grad_hidden and
-    accumulates the weight and bias gradients, times grad_scale (and row_scale[row]).
+    loss_rows given: computes loss, lse (and z-loss) per row; partial given ((chunks * P, 2) fp64,
+    P = the kernel's programs for one full chunk): sums them per program instead; neither: reads
+    lse. grads = (grad_hidden, grad_weight_acc, grad_bias_acc) given: writes grad_hidden and
+    accumulates the weight and bias gradients, over the valid rows' count if mean, times
+    row_scale[row] if given.
     """
     n_tokens = hidden.shape[0]
     if n_tokens == 0 and grads is not None:
@@ -82,12 +95,15 @@ def _chunks(
     # Rows padded to a multiple of 64 elements: aligned vector loads in the kernel and aligned
     # leading dimensions for cuBLAS whatever V is (50257, GPT-2's, is odd).
     vocab = weight.shape[0]
-    padded = torch.empty((min(chunk_size, n_tokens), -(-vocab // 64) * 64), dtype=hidden.dtype, device=hidden.device)
+    rows = min(chunk_size, n_tokens)
+    padded = torch.empty((rows, -(-vocab // 64) * 64), dtype=hidden.dtype, device=hidden.device)
     logits = padded[:, :vocab]
     weight_t = weight.t()
+    # Every chunk launches the programs of a full chunk, so that each writes its partial pair.
+    programs = cross_entropy_programs(rows, vocab, hidden.device.index or 0) if rows else 1
     # The operands are already in the compute dtype: autocast must not recast them.
     with torch.autocast(hidden.device.type, enabled=False):
-        for start in range(0, n_tokens, chunk_size):
+        for index, start in enumerate(range(0, n_tokens, chunk_size)):
             end = min(start + chunk_size, n_tokens)
             hidden_c, logits_c = hidden[start:end], logits[: end - start]
             if bias is None:
@@ -95,10 +111,13 @@ def _chunks(
             else:
                 torch.addmm(bias, hidden_c, weight_t, out=logits_c)
             launch_cross_entropy(
-                logits_c, target[start:end], logits_c if grads is not None else None,
-                None if loss_rows is None else loss_rows[start:end], lse[start:end],
-                None if z_rows is None else z_rows[start:end], None if row_scale is None else row_scale[start:end],
-                ignore_index, label_smoothing, lse_square_scale, grad_scale,
+                logits_c, target[start:end], stats, grad=logits_c if grads is not None else None,
+                loss_rows=None if loss_rows is None else loss_rows[start:end],
+                z_loss_rows=None if z_rows is None else z_rows[start:end],
+                partial=None if partial is None else partial[index * programs : (index + 1) * programs],
+                lse=lse[start:end], row_scale=None if row_scale is None else row_scale[start:end], mean=mean,
+                ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+                programs=programs,
             )  # fmt: skip
             if grads is None:
                 continue
@@ -107,6 +126,16 @@ def _chunks(
             addmm_into(grad_weight, logits_c.t(), hidden_c, accumulate=start > 0)
             if grad_bias is not None:
                 grad_bias += logits_c.sum(0, dtype=torch.float32)
+
+
+def _partial_sums(n_tokens: int, chunk_size: int, vocab: int, device: torch.device) -> Tensor:
+    """The (chunks * P, 2) fp64 buffer of per-program loss sums that _chunks fills."""
+    rows = min(chunk_size, n_tokens)
+    programs = cross_entropy_programs(rows, vocab, device.index or 0) if rows else 1
+    n_chunks = -(-n_tokens // chunk_size)
+    if n_chunks == 0:
+        return torch.zeros((1, 2), dtype=torch.float64, device=device)
+    return torch.empty((n_chunks * programs, 2), dtype=torch.float64, device=device)
 
 
 def _alloc_grads(hidden, weight, bias, compute_dtype, fp32_accumulation):
@@ -122,11 +151,11 @@ def _empty(like: Tensor) -> Tensor:
     return torch.empty(0, dtype=like.dtype, device=like.device)
 
 
-def _alloc_forward(hidden, weight, bias, reduction, return_z_loss, grads_in_forward, compute_dtype):
+def _alloc_forward(hidden, weight, bias, reduction, return_z_loss, grads_in_forward, loss_dtype):
     n_tokens = hidden.shape[0]
     loss_shape = (n_tokens,) if reduction == "none" else ()
-    loss = torch.empty(loss_shape, dtype=compute_dtype, device=hidden.device)
-    z_loss = torch.empty(loss_shape, dtype=compute_dtype, device=hidden.device) if return_z_loss else _empty(hidden)
+    loss = torch.empty(loss_shape, dtype=loss_dtype, device=hidden.device)
+    z_loss = torch.empty(loss_shape, dtype=loss_dtype, device=hidden.device) if return_z_loss else _empty(hidden)
     lse = torch.empty(n_tokens, dtype=torch.float32, device=hidden.device)
     if grads_in_forward:
         grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
@@ -161,48 +190,44 @@ def linear_cross_entropy_forward(
     chunk_size: int,
     fp32_accumulation: bool,
     compute_dtype: torch.dtype,
+    loss_dtype: torch.dtype,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, lse, grad_hidden, grad_weight, grad_bias) for hidden (N, H), weight (V, H).
 
     The gradients (for an upstream gradient of 1) are computed when compute_grad and the
     reduction is "mean" or "sum", else they are empty; grad_bias is empty without a bias.
+    The target check's host read comes after the chunks are queued (nothing the caller holds is
+    written before it).
     """
     n_tokens = hidden.shape[0]
-    n_valid = count_valid_targets(target, weight.shape[0], ignore_index)
+    stats = target_stats(target, ignore_index)
     grads_in_forward = compute_grad and reduction != "none"
     h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
     loss, z_loss, lse, grad_hidden, grad_weight, grad_bias = _alloc_forward(
-        hidden, weight, bias, reduction, return_z_loss, False, compute_dtype
+        hidden, weight, bias, reduction, return_z_loss, False, loss_dtype
     )
-    if reduction == "none":
-        loss_rows, z_rows = loss, (z_loss if return_z_loss else None)
-    else:
-        loss_rows = torch.empty(n_tokens, dtype=torch.float32, device=hidden.device)
-        z_rows = torch.empty(n_tokens, dtype=torch.float32, device=hidden.device) if return_z_loss else None
-    if return_z_loss and lse_square_scale == 0.0:
-        z_rows.zero_()
+    reduce = reduction != "none"
+    partial = _partial_sums(n_tokens, chunk_size, weight.shape[0], hidden.device) if reduce else None
     grads = _alloc_grads(h, weight, bias, compute_dtype, fp32_accumulation) if grads_in_forward else None
-    divisor = n_valid if reduction == "mean" else 1
     _chunks(
-        h, w, b, target, lse, loss_rows, z_rows, None, grads, ignore_index, label_smoothing, lse_square_scale,
-        1.0 / divisor if divisor else float("inf"), chunk_size,
+        h, w, b, target, stats.device, lse, None if reduce else loss, z_loss if return_z_loss and not reduce else None,
+        partial, None, grads, reduction == "mean", ignore_index, label_smoothing, lse_square_scale, chunk_size,
     )  # fmt: skip
     if grads is not None:
         grad_hidden, grad_weight, grad_bias = _finish_grads(grads, hidden, weight, bias)
-    if reduction != "none":
-        loss.copy_(loss_rows.sum() / divisor)
-        if return_z_loss:
-            z_loss.copy_(z_rows.sum() / divisor)
+    if reduce:
+        finalize_loss(partial, stats.device, loss, z_loss if return_z_loss else None, reduction == "mean")
+    check_target_range(stats, weight.shape[0], ignore_index)
     return loss, z_loss, lse, grad_hidden, grad_weight, grad_bias
 
 
 def _linear_cross_entropy_forward_fake(
     hidden, weight, bias, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss,
-    compute_grad, chunk_size, fp32_accumulation, compute_dtype,
+    compute_grad, chunk_size, fp32_accumulation, compute_dtype, loss_dtype,
 ):  # fmt: skip
     grads_in_forward = compute_grad and reduction != "none"
-    return _alloc_forward(hidden, weight, bias, reduction, return_z_loss, grads_in_forward, compute_dtype)
+    return _alloc_forward(hidden, weight, bias, reduction, return_z_loss, grads_in_forward, loss_dtype)
 
 
 def linear_cross_entropy_backward(
@@ -245,8 +270,8 @@ def linear_cross_entropy_backward(
     acc_weight = grad_weight if grad_weight.dtype == acc_dtype else torch.empty_like(grad_weight, dtype=acc_dtype)
     acc_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     _chunks(
-        h, w, b, target, lse, None, None, grad_loss, (acc_hidden, acc_weight, acc_bias), ignore_index,
-        label_smoothing, lse_square_scale, 1.0, chunk_size,
+        h, w, b, target, None, lse, None, None, None, grad_loss, (acc_hidden, acc_weight, acc_bias), False,
+        ignore_index, label_smoothing, lse_square_scale, chunk_size,
     )  # fmt: skip
     for out, acc in ((grad_hidden, acc_hidden), (grad_weight, acc_weight), (grad_bias, acc_bias)):
         if out is not None and out is not acc:
@@ -262,7 +287,7 @@ def _linear_cross_entropy_backward_fake(
 
 def _setup_context(ctx, inputs, output):
     hidden, weight, bias, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction = inputs[:8]
-    ctx.chunk_size, ctx.fp32_accumulation, ctx.compute_dtype = inputs[10:]
+    ctx.chunk_size, ctx.fp32_accumulation, ctx.compute_dtype = inputs[10:13]
     _, _, lse, grad_hidden, grad_weight, grad_bias = output
     ctx.per_row = reduction == "none"
     ctx.has_bias = bias is not None
@@ -286,7 +311,7 @@ def _backward_rule(ctx, grads, backward, eager):
         backward(grad_loss, grad_hidden, grad_weight, grad_bias, None, None, None, None, None, *options, *settings)
     else:
         grad_hidden, grad_weight, grad_bias = (None if t is None else t * grad_loss for t in ctx.saved_tensors)
-    return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 10))
+    return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 11))
 
 
 LinearCrossEntropyFunction, _linear_cross_entropy_apply = differentiable_op(
@@ -298,6 +323,7 @@ LinearCrossEntropyFunction, _linear_cross_entropy_apply = differentiable_op(
     setup_context=_setup_context,
     backward_rule=_backward_rule,
     n_differentiable_outputs=1,
+    differentiable_args=(0, 1, 2),
     backward_mutates=("grad_hidden", "grad_weight", "grad_bias"),
 )
 
@@ -327,8 +353,9 @@ def linear_cross_entropy(
     fp32_accumulation: accumulate grad_weight across chunks in fp32 (accurate; an fp32 (V, H)
     buffer when the weight is bf16/fp16) or in the weight's dtype (less memory, one rounding per
     chunk, as Liger-Kernel).
-    Returns the loss in the compute dtype (and the z-loss). A non-ignored target outside [0, V)
-    raises ValueError before any launch (one host sync).
+    Returns the loss (and the z-loss) in hidden's dtype, or in fp32 under torch.autocast (as
+    F.cross_entropy there). A non-ignored target outside [0, V) raises ValueError (one host
+    synchronization, after the chunks are queued: the GPU is not left idle by it).
     """
     check_tensor("hidden", hidden)
     check_tensor("weight", weight)
@@ -345,9 +372,12 @@ def linear_cross_entropy(
     if bias is not None:
         check_shape("bias", bias, weight.shape[:1], "(V,) with V = weight.shape[0]")
     check_shape("target", target, hidden.shape[:-1], "hidden's shape without the last dim")
-    compute_dtype = autocast_dtype(hidden.device.type) or hidden.dtype
-    if compute_dtype == hidden.dtype and weight.dtype != hidden.dtype:
-        raise TypeError(f"weight has dtype {weight.dtype} but hidden has {hidden.dtype}; they must match")
+    compute_dtype = autocast_dtype(hidden.device.type)
+    if compute_dtype is None:  # under autocast all three are cast to the autocast dtype, as F.linear does
+        compute_dtype = hidden.dtype
+        for name, value in (("weight", weight), ("bias", bias)):
+            if value is not None and value.dtype != hidden.dtype:
+                raise TypeError(f"{name} has dtype {value.dtype} but hidden has {hidden.dtype}; they must match")
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, 1)
     check_device(hidden=hidden, weight=weight, bias=bias, target=target)
@@ -359,6 +389,7 @@ def linear_cross_entropy(
     loss, z_loss, *_ = _linear_cross_entropy_apply(
         hidden_2d, weight, bias, target.reshape(-1), ignore_index, label_smoothing, lse_square_scale, reduction,
         return_z_loss, compute_grad, chunk, fp32_accumulation, compute_dtype,
+        loss_dtype_for(compute_dtype, hidden.device.type),
     )  # fmt: skip
     if reduction == "none":
         loss = loss.view(target.shape)

@@ -75,9 +75,15 @@ def _as_int32(value: int) -> int:
     return value - (value >> 31 << 32)
 
 
+# The kernels' dropout arguments when there is no dropout (never read: HAS_DROPOUT is off).
+NO_DROPOUT = (1.0, 0, 0, 0, 0)
+
+
 def dropout_rng_args(p: float, seed: int, seed_offset: int) -> Tuple[float, int, int, int, int]:
     """(scale, threshold, seed_lo, seed_hi, offset) of the kernels' Philox dropout: an element is
     kept where the top 31 bits of its draw are >= threshold, then scaled by 1 / (1 - p)."""
+    if p == 0.0:
+        return NO_DROPOUT
     threshold = min(int(round(p * 2**31)), 2**31 - 1)
     scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
     lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
@@ -101,7 +107,7 @@ def _stores_residual(x: Tensor, residual: Optional[Tensor], dropout_p: float, re
 
 
 def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
-    return (0, 0) if t is None else (t.stride(0), t.stride(1))
+    return (0, 0) if t is None else t.stride()
 
 
 def _empty(device) -> Tensor:
@@ -109,6 +115,8 @@ def _empty(device) -> Tensor:
 
 
 def _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm):
+    """y, residual_out (empty when the norm input is x itself) and the fp32 statistics
+    ((2, rows): mean and rstd for LayerNorm; (1, rows): rstd for RMSNorm)."""
     n_rows, n_cols = x.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if _stores_residual(x, residual, dropout_p, residual_in_fp32):
@@ -117,9 +125,8 @@ def _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm):
         )
     else:
         residual_out = _empty(x.device)
-    mean = _empty(x.device) if is_rms_norm else torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    return y, residual_out, mean, rstd
+    stats = torch.empty((1 if is_rms_norm else 2, n_rows), dtype=torch.float32, device=x.device)
+    return y, residual_out, stats
 
 
 def norm_forward(
@@ -134,32 +141,30 @@ def norm_forward(
     seed: int,
     seed_offset: int,
     residual_in_fp32: bool,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(y, residual_out, mean, rstd, seed) of the (rows, cols) views x and residual.
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(y, residual_out, stats, seed) of the (rows, cols) views x and residual.
 
-    residual_out is empty when the norm input is x itself; mean is empty for RMSNorm; seed (a
-    CPU int64 scalar) is the dropout seed used, drawn from torch's generator when seed < 0.
+    residual_out is empty when the norm input is x itself; stats holds (mean, rstd) per row
+    (rstd only for RMSNorm); seed (a CPU int64 scalar) is the dropout seed used, drawn from
+    torch's generator when seed < 0 and there is dropout.
     """
-    y, residual_out, mean, rstd = _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm)
+    y, residual_out, stats = _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm)
     if seed < 0 and dropout_p > 0.0:
         seed = _draw_seed()
     n_rows, n_cols = x.shape
-    if y.numel():
+    if n_rows:
         store_residual = residual_out.numel() > 0
         cfg = norm_config(n_cols, False)
-        scale, threshold, seed_lo, seed_hi, offset = dropout_rng_args(dropout_p, max(seed, 0), seed_offset)
         kernel = _norm_fwd_chunked_kernel if cfg.chunked else _norm_fwd_kernel
         kernel[((n_rows + cfg.block_m - 1) // cfg.block_m,)](
-            x, residual, weight, bias, y, residual_out if store_residual else None, None if is_rms_norm else mean, rstd,
-            x.stride(0), x.stride(1),
-            *_strides(residual),
-            y.stride(0), residual_out.stride(0) if store_residual else 0,
-            n_rows, n_cols, eps, weight_offset, scale, threshold, seed_lo, seed_hi, offset,
+            x, residual, weight, bias, y, residual_out if store_residual else None, stats,
+            *x.stride(), *_strides(residual),
+            n_rows, n_cols, eps, weight_offset, *dropout_rng_args(dropout_p, seed, seed_offset),
             IS_RMS_NORM=is_rms_norm, HAS_RESIDUAL=residual is not None, HAS_DROPOUT=dropout_p > 0.0,
             STORE_RESIDUAL=store_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, enable_fp_fusion=False,
         )  # fmt: skip
-    return y, residual_out, mean, rstd, torch.tensor(seed, dtype=torch.int64)
+    return y, residual_out, stats, torch.tensor(seed, dtype=torch.int64)
 
 
 def _norm_forward_fake(
@@ -185,8 +190,7 @@ def norm_backward(
     s: Tensor,
     weight: Optional[Tensor],
     bias: Optional[Tensor],
-    mean: Tensor,
-    rstd: Tensor,
+    stats: Tensor,
     weight_offset: float,
     is_rms_norm: bool,
     dropout_p: float,
@@ -203,10 +207,10 @@ def norm_backward(
     """
     dx, dresidual, dw, db = _alloc_backward(s, weight, bias, x_dtype, residual_dtype, store_dresidual)
     n_rows, n_cols = s.shape
-    if dx.numel() == 0:
-        if dw.numel():
+    if n_rows == 0:
+        if weight is not None:
             dw.zero_()
-        if db.numel():
+        if bias is not None:
             db.zero_()
         return dx, dresidual, dw, db
     cfg = norm_config(n_cols, True)
@@ -215,18 +219,15 @@ def norm_backward(
     partial = torch.zeros if cfg.chunked else torch.empty
     partial_dw = None if weight is None else partial((programs, n_cols), dtype=torch.float32, device=s.device)
     partial_db = None if bias is None else partial((programs, n_cols), dtype=torch.float32, device=s.device)
-    scale, threshold, seed_lo, seed_hi, offset = dropout_rng_args(dropout_p, int(seed), seed_offset)
+    rng = dropout_rng_args(dropout_p, int(seed), seed_offset) if dropout_p > 0.0 else NO_DROPOUT
     kernel = _norm_bwd_chunked_kernel if cfg.chunked else _norm_bwd_kernel
     kernel[(programs,)](
-        s, dy, dresidual_out, weight, None if is_rms_norm else mean, rstd, dx,
-        dresidual if store_dresidual else None, partial_dw, partial_db,
-        s.stride(0), s.stride(1), dy.stride(0), dy.stride(1),
-        *_strides(dresidual_out),
-        dx.stride(0), dresidual.stride(0) if store_dresidual else 0,
-        n_rows, n_cols, weight_offset, scale, threshold, seed_lo, seed_hi, offset,
+        s, dy, dresidual_out, weight, stats, dx, dresidual if store_dresidual else None, partial_dw, partial_db,
+        *s.stride(), *dy.stride(), *_strides(dresidual_out),
+        n_rows, n_cols, weight_offset, *rng,
         IS_RMS_NORM=is_rms_norm, HAS_DRES_OUT=dresidual_out is not None, STORE_DRES=store_dresidual,
         HAS_DROPOUT=dropout_p > 0.0, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     if weight is not None or bias is not None:
         block_p, block_n = PARAM_GRAD_BLOCK
@@ -239,7 +240,7 @@ def norm_backward(
 
 
 def _norm_backward_fake(
-    dy, dresidual_out, s, weight, bias, mean, rstd, weight_offset, is_rms_norm, dropout_p, seed, seed_offset,
+    dy, dresidual_out, s, weight, bias, stats, weight_offset, is_rms_norm, dropout_p, seed, seed_offset,
     x_dtype, residual_dtype, store_dresidual,
 ):  # fmt: skip
     return _alloc_backward(s, weight, bias, x_dtype, residual_dtype, store_dresidual)
@@ -247,9 +248,9 @@ def _norm_backward_fake(
 
 def _setup_context(ctx, inputs, output):
     x, weight, bias, residual, _, ctx.weight_offset, ctx.is_rms_norm, ctx.dropout_p, _, ctx.seed_offset, _ = inputs
-    _, residual_out, mean, rstd, seed = output
+    _, residual_out, stats, seed = output
     # The norm input: the stored residual, or x itself.
-    ctx.save_for_backward(residual_out if residual_out.numel() else x, weight, bias, mean, rstd, seed)
+    ctx.save_for_backward(residual_out if residual_out.numel() else x, weight, bias, stats, seed)
     ctx.x_dtype = x.dtype
     ctx.has_residual = residual is not None
     ctx.residual_dtype = residual.dtype if residual is not None else residual_out.dtype
@@ -258,7 +259,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_rule(ctx, grads, backward, eager):
     dy, dresidual_out = grads[0], grads[1]
-    s, weight, bias, mean, rstd, seed = ctx.saved_tensors
+    s, weight, bias, stats, seed = ctx.saved_tensors
     if dy is None:  # only the new residual was used: a zero gradient that occupies no memory
         dy = s.new_zeros((), dtype=ctx.x_dtype).expand(s.shape)
     if not ctx.has_residual_out:
@@ -266,7 +267,7 @@ def _backward_rule(ctx, grads, backward, eager):
     # The residual gets its own gradient tensor when it differs from dx (dropout or dtype).
     store_dresidual = ctx.has_residual and (ctx.dropout_p > 0.0 or ctx.residual_dtype != ctx.x_dtype)
     dx, dresidual, dw, db = backward(
-        dy, dresidual_out, s, weight, bias, mean, rstd, ctx.weight_offset, ctx.is_rms_norm, ctx.dropout_p, seed,
+        dy, dresidual_out, s, weight, bias, stats, ctx.weight_offset, ctx.is_rms_norm, ctx.dropout_p, seed,
         ctx.seed_offset, ctx.x_dtype, ctx.residual_dtype, store_dresidual,
     )  # fmt: skip
     if ctx.has_residual and not store_dresidual:
@@ -289,6 +290,7 @@ NormFunction, _norm_apply = differentiable_op(
     setup_context=_setup_context,
     backward_rule=_backward_rule,
     n_differentiable_outputs=2,
+    differentiable_args=(0, 1, 2, 3),
     # It may draw its dropout seed: two calls with equal arguments are not the same computation.
     forward_tags=(torch.Tag.nondeterministic_seeded,),
 )
@@ -343,12 +345,16 @@ def _run(
     if seed >= 2**63:
         raise ValueError(f"seed={seed} must be < 2**63")
     check_device(x=x, weight=weight, bias=bias, residual=residual)
-    y, residual_out, _, _, _ = _norm_apply(
+    y, residual_out, _, _ = _norm_apply(
         _rows(x, n_cols), _flat(weight, n_cols), _flat(bias, n_cols), _rows(residual, n_cols),
         float(eps), float(weight_offset), is_rms_norm, float(dropout_p), seed, seed_offset, residual_in_fp32,
     )  # fmt: skip
-    y = y.view(x.shape)
-    return y, (residual_out.view(x.shape) if residual_out.numel() or x.numel() == 0 else x)
+    if x.dim() != 2:
+        y = y.view(x.shape)
+        residual_out = residual_out.view(x.shape) if residual_out.numel() or x.numel() == 0 else x
+    elif not residual_out.numel() and x.numel():
+        residual_out = x
+    return y, residual_out
 
 
 def layer_norm(

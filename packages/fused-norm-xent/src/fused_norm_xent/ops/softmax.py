@@ -138,6 +138,7 @@ SoftmaxFunction, _softmax_apply = differentiable_op(
     setup_context=_setup_context,
     backward_rule=_backward_rule,
     n_differentiable_outputs=1,
+    differentiable_args=(0,),
 )
 
 
