@@ -1,4 +1,12 @@
-"""Helpers for the fused-gemm suites (fixtures: importlib mode gives test files no sibling imports)."""
+"""Helpers for the fused-gemm suites (fixtures: importlib mode gives test files no sibling imports).
+
+Pinned configs: compiled on a GPU, every autotuned kernel of the correctness tests runs with ONE
+config, its last (the smallest; it fits every dtype and variant), instead of autotuning each
+test's shape: compiling and timing every candidate for every new (M, N, K) was most of the GPU
+test time (~10 s a test). Every other config still runs: test_gemm_gpu.py::test_every_config
+pins each in turn, the AOT pass compiles them all, and the benchmarks autotune over them. Under
+the interpreter the kernels carry one config anyway. (The shared test kit has no such fixture.)
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,28 @@ from typing import Callable, Optional, Sequence
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
+from tritonformer_testkit import assert_close_to_reference, interpreting, poisoned_allocations
+
+from fused_gemm.kernels.matmul import _matmul_kernel
+from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
+
+AUTOTUNED_KERNELS = (_matmul_kernel, _matmul_tma_kernel)
+# Each kernel's own list, before any test pins one.
+ALL_CONFIGS = {kernel: list(kernel.configs) for kernel in AUTOTUNED_KERNELS}
+
+
+def pin_config(monkeypatch, kernel, index: int) -> None:
+    """`kernel` runs with its `index`-th config only (a one-config autotuner neither prunes nor times)."""
+    monkeypatch.setattr(kernel, "configs", [ALL_CONFIGS[kernel][index]])
+
+
+@pytest.fixture(autouse=True)
+def _pinned_configs(request, monkeypatch):
+    """Compiled kernel tests run each autotuned kernel with its last config (see the module docstring)."""
+    marked = request.node.get_closest_marker("kernels") or request.node.get_closest_marker("gpu")
+    if marked and not interpreting() and not request.node.get_closest_marker("aot"):
+        for kernel in AUTOTUNED_KERNELS:
+            pin_config(monkeypatch, kernel, -1)
 
 
 def _leaves(tensors, dtype=None):
@@ -68,3 +97,9 @@ def check_against_reference(
 def check():
     """check(ours, reference, tensors, names, dy=None): see check_against_reference."""
     return check_against_reference
+
+
+@pytest.fixture
+def pin():
+    """pin(monkeypatch, kernel, index): run `kernel` with its index-th config only (see pin_config)."""
+    return pin_config

@@ -9,6 +9,8 @@ from fused_gemm.kernels.configs import (
     _tma_large_candidate,
     _tma_smem,
     grad_rows,
+    grad_tile,
+    interpreter_config,
     portable_configs,
     tma_configs,
 )
@@ -91,10 +93,22 @@ def test_nothing_fits_falls_back_to_the_smallest():
 def test_grad_pass_row_split():
     """Rows per program of the elementwise pass: ~8 programs per SM, a multiple of the row tile, and
     the headline shapes leave few partial column sums to add up."""
-    block_m = GRAD_TILE["BLOCK_M"]
+    block_m, block_n = GRAD_TILE["BLOCK_M"], GRAD_TILE["BLOCK_N"]
     for batch, m, n in [(1, 16384, 8192), (1, 16384, 2048), (64, 2048, 2048), (1, 7, 5), (3, 1000, 4097)]:
-        rows = grad_rows(batch, m, n, 132)
+        rows = grad_rows(batch, m, n, 132, GRAD_TILE)
         assert rows % block_m == 0 and rows >= block_m
-        programs = batch * -(-m // rows) * -(-n // GRAD_TILE["BLOCK_N"])
-        assert programs >= min(4 * 132, batch * -(-m // block_m) * -(-n // GRAD_TILE["BLOCK_N"]))
+        programs = batch * -(-m // rows) * -(-n // block_n)
+        assert programs >= min(4 * 132, batch * -(-m // block_m) * -(-n // block_n))
         assert batch * -(-m // rows) <= max(256, batch)
+
+
+def test_interpreter_tiles_follow_the_problem():
+    """Under the interpreter: 16-wide tiles for the test suites' shapes, 64-wide beyond."""
+    small, large = portable_configs(interpreting=True)
+    assert interpreter_config([small, large], 65, 80) is small
+    assert interpreter_config([small, large], 128, 40) is large
+    assert (
+        grad_tile(75, 37, interpreting=True)["BLOCK_N"] == 16
+        and grad_tile(128, 512, interpreting=True)["BLOCK_N"] == 64
+    )
+    assert grad_tile(128, 512, interpreting=False) == GRAD_TILE

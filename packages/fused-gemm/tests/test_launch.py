@@ -19,6 +19,9 @@ from fused_gemm.reference import activation_reference
 
 pytestmark = pytest.mark.kernels
 
+# A_TRANS, B_TRANS, C_TRANS, BATCHED in a TMA plan's kernel arguments (ops.launch._tma_plan).
+LAYOUT = slice(7, 11)
+
 
 def _matrix(batch, rows, cols, transposed, device, dtype, scale=1.0):
     """(batch, rows, cols) with row-major matrices, or the transpose of row-major ones."""
@@ -146,7 +149,7 @@ def test_tma_layout_rules(device):
     x = torch.randn(1, 32, 48, device=device, dtype=torch.bfloat16)
     w = torch.randn(1, 24, 48, device=device, dtype=torch.bfloat16).transpose(1, 2)
     y = torch.empty(1, 32, 24, device=device, dtype=torch.bfloat16)
-    assert tma_plan(x, w, y)[3] == (False, True, False, False)
+    assert tma_plan(x, w, y).args[LAYOUT] == (False, True, False, False)
     assert tma_plan(x[:, :, 1:], w[:, 1:], y) is None  # base not 16-byte aligned
     assert tma_plan(x[:, :, ::2], w[:, ::2], y) is None  # no unit stride
     assert tma_plan(x.float(), w.float(), y.float()) is None  # fp32: the portable kernel
@@ -155,6 +158,10 @@ def test_tma_layout_rules(device):
     odd = torch.randn(1, 32, 47, device=device, dtype=torch.bfloat16)
     assert tma_plan(odd, torch.randn(1, 47, 24, device=device, dtype=torch.bfloat16), y) is None  # 94-byte rows
     assert tma_plan(x, w, y, torch.empty(1, 24, 32, device=device, dtype=torch.bfloat16).transpose(1, 2)) is None
+    batched = tma_plan(
+        x.expand(3, 32, 48).contiguous(), w.expand(3, 48, 24).contiguous(), y.expand(3, 32, 24).contiguous()
+    )
+    assert batched.args[LAYOUT] == (False, False, False, True)
 
 
 def test_kernel_choice(device):

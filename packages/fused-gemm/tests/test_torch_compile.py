@@ -13,6 +13,7 @@ from fused_gemm._compat import HAS_CUSTOM_OP
 
 pytestmark = [
     pytest.mark.kernels,
+    pytest.mark.torch_compile,
     pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op: no fullgraph tracing"),
 ]
 

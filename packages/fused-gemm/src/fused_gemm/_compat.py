@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Callable, Optional
@@ -25,6 +26,22 @@ try:  # pragma: no cover - depends on the installed Triton
 except ImportError:  # pragma: no cover - Triton < 3.4
     TensorDescriptor = None
 HAS_TENSOR_DESCRIPTORS = TensorDescriptor is not None and TRITON_VERSION >= (3, 4)
+# The descriptor's optional fields and their defaults in this Triton (3.4: padding; later also
+# round_f32_to_tf32), for tensor_descriptor below.
+_DESCRIPTOR_DEFAULTS = (
+    {f.name: f.default for f in dataclasses.fields(TensorDescriptor) if f.default is not dataclasses.MISSING}
+    if TensorDescriptor is not None
+    else {}
+)
+
+
+def tensor_descriptor(base: torch.Tensor, shape, strides, block_shape):
+    """triton.tools.tensor_descriptor.TensorDescriptor(base, shape, strides, block_shape), built
+    without its __post_init__ (assertions only, in every version that has it: about a microsecond
+    a descriptor, four per launch): the launcher checked alignment and strides once per problem."""
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(_DESCRIPTOR_DEFAULTS, base=base, shape=shape, strides=strides, block_shape=block_shape)
+    return desc
 
 
 # Autotuning times each candidate config over ~40 ms of repetitions after ~10 ms of warm-up
@@ -36,6 +53,16 @@ def _autotune_bench(kernel_call, quantiles):
 
 
 AUTOTUNE_TIMING = {"do_bench": _autotune_bench} if TRITON_VERSION >= (3, 1) else {"warmup": 10, "rep": 40}
+
+
+def config_launch_kwargs(config: triton.Config) -> dict:
+    """The keywords the autotuner launches `config` with (meta-parameters and compile options), so
+    that a direct launch with them finds the kernel it compiled: Config.all_kwargs (Triton >= 3.0)
+    or, on Triton 2.2, the meta-parameters with num_warps and num_stages."""
+    if hasattr(config, "all_kwargs"):
+        return config.all_kwargs()
+    return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)  # pragma: no cover
+
 
 # Programs of the persistent kernel when interpreting: a few, so that each runs several tiles.
 INTERPRETER_PROGRAMS = 3

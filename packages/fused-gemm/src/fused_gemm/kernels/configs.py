@@ -13,8 +13,9 @@ tile reuses: a whole tile for a plain or biased epilogue (128x256x64, three stag
 halves (176 KB). 3-D (bmm) stores stage like 2-D ones. The portable kernel stages only its
 operands (144-180 KB at most in bf16); fp32 operands double that.
 
-Under the interpreter the autotuner cannot time anything: it gets one config, small, so that
-CPU-sized test shapes still span several tiles in every dim and the tile edges are exercised.
+Under the interpreter the autotuner cannot time anything: the TMA kernel gets one small config;
+the portable kernel two, of which the launcher picks one by the problem's size
+(interpreter_config), launching without the autotuner.
 """
 
 from __future__ import annotations
@@ -32,25 +33,43 @@ TMA_KEY = ["M", "N", "K", "BATCH", "HAS_BIAS", "ACTIVATION", "STORE_Z", "A_TRANS
 # Output elements from which 128x128 tiles fill 132 SMs four times over: only large tiles compete.
 LARGE_PROBLEM = 4 * 132 * 128 * 128
 
+# Under the interpreter every tile step is tens of numpy calls whatever the tile's size, so the
+# tile follows the problem: 16-wide (the test suites' shapes, up to INTERPRETER_SMALL_DIM in M and
+# N, span several tiles in every dim, so the edges are exercised), 64-wide beyond (a model run in
+# the interpreter: ~50x fewer tile steps than at 16).
 INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
+INTERPRETER_LARGE_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2}
+INTERPRETER_SMALL_DIM = 96
 
 # The backward's elementwise pass (kernels.grad): 32 x 256 tiles over 8 warps (16-byte vectors,
-# four per thread and tensor); when interpreting, 8 x 16 tiles so that CPU shapes span several.
-GRAD_TILE = (
-    {"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1} if INTERPRETING else {"BLOCK_M": 32, "BLOCK_N": 256, "num_warps": 8}
-)
+# four per thread and tensor); when interpreting, 8 x 16 tiles for the test suites' shapes (several
+# per dim), 32 x 64 beyond.
+GRAD_TILE = {"BLOCK_M": 32, "BLOCK_N": 256, "num_warps": 8}
+INTERPRETER_GRAD_TILES = ({"BLOCK_M": 8, "BLOCK_N": 16, "num_warps": 1}, {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 1})
 # Programs of the elementwise pass per SM: enough to keep ~4 x 32 KB of loads in flight on each.
 GRAD_PROGRAMS_PER_SM = 8
 
 
-def grad_rows(batch: int, m: int, n: int, sms: int) -> int:
+def grad_tile(m: int, n: int, interpreting: bool = INTERPRETING) -> Dict:
+    """The elementwise pass's tile (BLOCK_M, BLOCK_N, num_warps) for an (m, n) problem."""
+    if interpreting:
+        return INTERPRETER_GRAD_TILES[max(m, n) > INTERPRETER_SMALL_DIM]
+    return GRAD_TILE
+
+
+def grad_rows(batch: int, m: int, n: int, sms: int, tile: Dict) -> int:
     """Rows per program of the elementwise pass: as many as keep GRAD_PROGRAMS_PER_SM programs per
     SM busy (fewer partial column sums to add up afterwards), a multiple of BLOCK_M."""
-    block_m = GRAD_TILE["BLOCK_M"]
-    column_slices = -(-n // GRAD_TILE["BLOCK_N"])
+    block_m = tile["BLOCK_M"]
+    column_slices = -(-n // tile["BLOCK_N"])
     row_programs = max(1, sms * GRAD_PROGRAMS_PER_SM // max(column_slices, 1))
     rows = -(-batch * m // row_programs)
     return max(block_m, -(-rows // block_m) * block_m)
+
+
+def interpreter_config(configs: List[triton.Config], m: int, n: int) -> triton.Config:
+    """The portable kernel's config under the interpreter (its list there: the small and the large tile)."""
+    return configs[max(m, n) > INTERPRETER_SMALL_DIM]
 
 
 def EVEN_K_HEURISTIC(args: Dict) -> bool:
@@ -65,7 +84,9 @@ def _config(block_m, block_n, block_k, num_warps, num_stages, pre_hook=None, **e
 def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     """Pointer-based kernel: large tiles for large problems, smaller ones for thin or fp32 problems."""
     if interpreting:
-        return [triton.Config(dict(INTERPRETER_TILE), num_warps=1, num_stages=1)]
+        return [
+            triton.Config(dict(tile), num_warps=1, num_stages=1) for tile in (INTERPRETER_TILE, INTERPRETER_LARGE_TILE)
+        ]
     return [
         _config(128, 256, 64, 8, 3),
         _config(256, 128, 64, 8, 3),
@@ -79,20 +100,30 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     ]
 
 
+def tma_block_shapes(block_m: int, block_n: int, block_k: int, a_trans, b_trans, c_trans, batched, halves):
+    """Block shapes of the a, b and c (and z) descriptors for a config's tile: transposed operands
+    are described in memory order; 3-D (batched) ones lead with a unit batch dim; an activation or
+    z epilogue (`halves`) stores halves of BLOCK_N columns (kernels.matmul_tma)."""
+    lead = [1] if batched else []
+    c_cols = block_n // 2 if halves else block_n
+    return (
+        lead + ([block_k, block_m] if a_trans else [block_m, block_k]),
+        lead + ([block_n, block_k] if b_trans else [block_k, block_n]),
+        lead + ([c_cols, block_m] if c_trans else [block_m, c_cols]),
+    )
+
+
 def set_tma_block_shapes(nargs: Dict) -> None:
     """Autotune pre-hook: give each tensor descriptor the block shape of the config being run."""
-    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    lead = [1] if nargs["BATCHED"] else []
-    a_block = [block_k, block_m] if nargs["A_TRANS"] else [block_m, block_k]
-    b_block = [block_n, block_k] if nargs["B_TRANS"] else [block_k, block_n]
-    # An activation or z epilogue stores halves of BLOCK_N columns (kernels.matmul_tma).
-    c_cols = block_n // 2 if nargs["ACTIVATION"] or nargs["STORE_Z"] else block_n
-    c_block = [c_cols, block_m] if nargs["C_TRANS"] else [block_m, c_cols]
-    nargs["a_desc"].block_shape = lead + a_block
-    nargs["b_desc"].block_shape = lead + b_block
-    nargs["c_desc"].block_shape = lead + c_block
+    a_block, b_block, c_block = tma_block_shapes(
+        nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"], nargs["A_TRANS"], nargs["B_TRANS"], nargs["C_TRANS"],
+        nargs["BATCHED"], bool(nargs["ACTIVATION"] or nargs["STORE_Z"]),
+    )  # fmt: skip
+    nargs["a_desc"].block_shape = a_block
+    nargs["b_desc"].block_shape = b_block
+    nargs["c_desc"].block_shape = c_block
     if nargs["z_desc"] is not None:
-        nargs["z_desc"].block_shape = lead + c_block
+        nargs["z_desc"].block_shape = c_block
 
 
 def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:

@@ -24,7 +24,8 @@ import triton.language as tl
 from .common import _activation_grad, _cast
 
 
-@triton.jit
+# M and ROWS only bound loops and masks across rows: unspecialized, one compile serves every row count.
+@triton.jit(do_not_specialize=["M", "ROWS"])
 def _activation_grad_kernel(
     dy_ptr,
     saved_ptr,

@@ -9,12 +9,15 @@ launcher picks the kernel:
   operand is fp16/bf16, 16-byte aligned, and has a unit stride in one of its two matrix dims
   (row-major, or the transpose of row-major);
 - the portable kernel (kernels.matmul) otherwise: any GPU, any Triton, any strides, fp32; and
-  under the interpreter, where it runs with small tiles (the emulated TMA kernel is several
-  times slower there; tests force it with path="tma").
+  under the interpreter (tests force the emulated TMA kernel with path="tma"), with a tile that
+  follows the problem's size (configs.interpreter_config).
 
-Host path: what depends only on shapes, strides and dtypes (kernel choice, layouts, descriptor
-shapes, grids, the elementwise pass's row split) is computed once per distinct problem
-(functools.lru_cache); a call then checks alignment, builds the tensor descriptors and launches.
+Host path: what depends only on shapes, strides, dtypes and options (kernel choice, layouts,
+descriptor geometry) is computed once per distinct problem, a plan (functools.lru_cache). The
+first launch of a plan goes through Triton's autotuner; the plan then keeps the config it chose
+(with its grid and descriptor block shapes), and later launches call the kernel with it
+directly: no autotuner key, pre-hook or grid callback per call. A plan re-tunes when the
+kernel's config list is replaced (tests pin configs that way).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._compat import INTERPRETING, TensorDescriptor, multiprocessor_count, supports_tma
-from ..kernels.configs import GRAD_TILE, grad_rows
+from .._compat import INTERPRETING, config_launch_kwargs, multiprocessor_count, supports_tma, tensor_descriptor
+from ..kernels.configs import grad_rows, grad_tile, interpreter_config, tma_block_shapes
 from ..kernels.grad import _activation_grad_kernel
 from ..kernels.matmul import _matmul_kernel
 from ..kernels.matmul_tma import _matmul_tma_kernel
@@ -60,47 +63,135 @@ def _descriptor_geometry(shape, stride, transposed: bool, batched: bool):
     return [rows, cols], [stride_rows, stride_cols]
 
 
-@functools.lru_cache(maxsize=1024)
-def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z_stride, element_size: int):
-    """Descriptor geometries and kernel flags for the TMA kernel, or None where it cannot run.
+class _Plan:
+    """What one distinct problem launches: `args` (the kernel's arguments after the tensors), and,
+    once tuned, the config's launch keywords with the config list they came from, the grid and
+    (TMA) the descriptors' block shapes."""
 
-    c (and z, laid out like it) has the shape (batch, M, N) of a @ b. A tensor with a zero-sized
-    dim has no descriptor (callers skip empty outputs; K = 0 goes to the portable kernel).
-    """
+    __slots__ = ("geometry", "args", "configs", "meta", "grid", "blocks")
+
+    def __init__(self, geometry, args):
+        self.geometry = geometry
+        self.args = args
+        self.configs = None
+
+    def tune(self, kernel, grid, blocks=None, config=None) -> None:
+        """Keep `config` (by default the one the autotuner just launched) for the next launches."""
+        config = config or kernel.best_config
+        self.configs = kernel.configs
+        self.meta = config_launch_kwargs(config)
+        self.grid = grid(config.kwargs)
+        self.blocks = blocks(config.kwargs) if blocks is not None else None
+
+    def tuned_for(self, kernel) -> bool:
+        return self.configs is kernel.configs
+
+
+@functools.lru_cache(maxsize=1024)
+def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, element_size, has_bias, activation, num_sms):
+    """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
+    portable kernel: a descriptor cannot have a zero-sized dim)."""
     batch, m, k = a_shape
     n = b_shape[2]
     c_shape = (batch, m, n)
     if k == 0:
         return None
-    layouts = [_matrix_layout(s, st, element_size) for s, st in ((a_shape, a_stride), (b_shape, b_stride),
-                                                                  (c_shape, c_stride))]  # fmt: skip
-    if None in layouts or (z_stride is not None and z_stride != c_stride):
+    layouts = [
+        _matrix_layout(shape, stride, element_size)
+        for shape, stride in ((a_shape, a_stride), (b_shape, b_stride), (c_shape, c_stride))
+    ]
+    if None in layouts:
         return None
     a_trans, b_trans, c_trans = layouts
     batched = batch > 1
-    return (
+    geometry = (
         _descriptor_geometry(a_shape, a_stride, a_trans, batched),
         _descriptor_geometry(b_shape, b_stride, b_trans, batched),
         _descriptor_geometry(c_shape, c_stride, c_trans, batched),
-        (a_trans, b_trans, c_trans, batched),
     )
+    flags = (has_bias, activation, z, a_trans, b_trans, c_trans, batched)
+    return _Plan(geometry, (m, n, k, batch, *flags, INTERPRETING, num_sms))
 
 
-def _descriptor(t: torch.Tensor, geometry) -> TensorDescriptor:
-    # The autotuner's pre-hook sets the block shape of the config being run; this one has the rank.
-    shape, strides = geometry
-    return TensorDescriptor(t, shape, strides, [1] * len(shape))
-
-
-def tma_plan(a, b, c, z=None):
-    """The TMA kernel's plan for these operands (see _tma_plan), or None where it cannot run."""
+def tma_plan(a, b, c, z=None, bias=None, activation: int = 0) -> Optional[_Plan]:
+    """The TMA kernel's plan for these operands (z laid out like c), or None where it cannot run."""
     if a.dtype not in TMA_DTYPES or not supports_tma(a.device):
         return None
-    if a.data_ptr() % 16 or b.data_ptr() % 16 or c.data_ptr() % 16 or (z is not None and z.data_ptr() % 16):
+    if a.data_ptr() % 16 or b.data_ptr() % 16 or c.data_ptr() % 16:
+        return None
+    if z is not None and (z.data_ptr() % 16 or z.stride() != c.stride()):
         return None
     return _tma_plan(
-        a.shape, a.stride(), b.shape, b.stride(), c.stride(), z.stride() if z is not None else None, a.element_size()
-    )
+        a.shape, a.stride(), b.shape, b.stride(), c.stride(), z is not None, a.element_size(), bias is not None,
+        activation, multiprocessor_count(a.device),
+    )  # fmt: skip
+
+
+def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
+    (a_shape, a_strides), (b_shape, b_strides), (c_shape, c_strides) = plan.geometry
+    m, n, k, batch, has_bias, activation, store_z, a_trans, b_trans, c_trans, batched, _, num_sms = plan.args
+    bias_args = (bias, bias.stride(0)) if has_bias else (c, 0)
+    if plan.tuned_for(_matmul_tma_kernel):
+        a_block, b_block, c_block = plan.blocks
+        _matmul_tma_kernel.fn[plan.grid](
+            tensor_descriptor(a, a_shape, a_strides, a_block),
+            tensor_descriptor(b, b_shape, b_strides, b_block),
+            tensor_descriptor(c, c_shape, c_strides, c_block),
+            tensor_descriptor(z, c_shape, c_strides, c_block) if store_z else None,
+            *bias_args, *plan.args, **plan.meta,
+        )  # fmt: skip
+        return
+
+    def grid(meta):
+        tiles = batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
+        return (min(tiles, num_sms * meta["PROGRAMS_PER_SM"]),)
+
+    def blocks(meta):
+        halves = bool(activation or store_z)
+        return tma_block_shapes(
+            meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], a_trans, b_trans, c_trans, batched, halves
+        )
+
+    # Placeholder block shapes of the right rank: the autotuner's pre-hook sets each config's.
+    unit = [1] * len(a_shape)
+    _matmul_tma_kernel[grid](
+        tensor_descriptor(a, a_shape, a_strides, unit),
+        tensor_descriptor(b, b_shape, b_strides, unit),
+        tensor_descriptor(c, c_shape, c_strides, unit),
+        tensor_descriptor(z, c_shape, c_strides, unit) if store_z else None,
+        *bias_args, *plan.args,
+    )  # fmt: skip
+    plan.tune(_matmul_tma_kernel, grid, blocks)
+
+
+@functools.lru_cache(maxsize=1024)
+def _portable_plan(a_stride, b_stride, c_stride, batch, m, n, k, has_bias, activation, z, allow_tf32):
+    return _Plan(None, (*a_stride, *b_stride, *c_stride))
+
+
+def _launch_portable(a, b, c, z, bias, activation: int, allow_tf32: bool) -> None:
+    batch, m, k = a.shape
+    n = b.shape[2]
+    has_bias = bias is not None
+    plan = _portable_plan(a.stride(), b.stride(), c.stride(), batch, m, n, k, has_bias, activation, z is not None,
+                          allow_tf32)  # fmt: skip
+    tensors = (a, b, c, z if z is not None else c, bias if has_bias else c)
+    args = (*plan.args, bias.stride(0) if has_bias else 0, m, n, k, has_bias, activation, z is not None, allow_tf32,
+            INTERPRETING)  # fmt: skip
+    if plan.tuned_for(_matmul_kernel):
+        # The kernel under the autotuner and the EVEN_K heuristic.
+        _matmul_kernel.fn.fn[plan.grid](*tensors, *args, EVEN_K=k % plan.meta["BLOCK_K"] == 0, **plan.meta)
+        return
+
+    def grid(meta):
+        return (batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"]),)
+
+    if INTERPRETING:  # nothing to time: the config follows the problem's size
+        plan.tune(_matmul_kernel, grid, config=interpreter_config(_matmul_kernel.configs, m, n))
+        _launch_portable(a, b, c, z, bias, activation, allow_tf32)
+        return
+    _matmul_kernel[grid](*tensors, *args)
+    plan.tune(_matmul_kernel, grid)
 
 
 def launch_matmul(
@@ -122,57 +213,27 @@ def launch_matmul(
     pre-activation acc + bias. path: None picks; "tma" / "portable" force one (tests), "tma"
     raising where it cannot run.
     """
-    batch, m, k = a.shape
-    n = b.shape[2]
-    if batch * m * n == 0:
+    batch, m, _ = a.shape
+    if batch * m * b.shape[2] == 0:
         return "none"
-    plan = None
     if path == "tma" or (path is None and not INTERPRETING):
-        plan = tma_plan(a, b, c, z)
-        if plan is None and path == "tma":
+        plan = tma_plan(a, b, c, z, bias, activation)
+        if plan is not None:
+            _launch_tma(plan, a, b, c, z, bias)
+            return "tma"
+        if path == "tma":
             raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
-    has_bias = bias is not None
-    if plan is not None:
-        a_geometry, b_geometry, c_geometry, layout_flags = plan
-        num_sms = multiprocessor_count(a.device)
-
-        def grid(meta):
-            tiles = batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
-            return (min(tiles, num_sms * meta["PROGRAMS_PER_SM"]),)
-
-        _matmul_tma_kernel[grid](
-            _descriptor(a, a_geometry),
-            _descriptor(b, b_geometry),
-            _descriptor(c, c_geometry),
-            _descriptor(z, c_geometry) if z is not None else None,
-            bias if has_bias else c,
-            bias.stride(0) if has_bias else 0,
-            m, n, k, batch,
-            has_bias, activation, z is not None, *layout_flags, INTERPRETING, num_sms,
-        )  # fmt: skip
-        return "tma"
-
-    def grid(meta):
-        return (batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"]),)
-
-    _matmul_kernel[grid](
-        a, b, c,
-        z if z is not None else c,
-        bias if has_bias else c,
-        *a.stride(), *b.stride(), *c.stride(),
-        bias.stride(0) if has_bias else 0,
-        m, n, k,
-        has_bias, activation, z is not None, allow_tf32, INTERPRETING,
-    )  # fmt: skip
+    _launch_portable(a, b, c, z, bias, activation, allow_tf32)
     return "portable"
 
 
 @functools.lru_cache(maxsize=1024)
 def _grad_plan(batch: int, m: int, n: int, programs: int):
-    """(rows per program, grid, partial rows) of the elementwise pass."""
-    rows = grad_rows(batch, m, n, programs)
+    """(tile, rows per program, grid, partial rows) of the elementwise pass."""
+    tile = grad_tile(m, n)
+    rows = grad_rows(batch, m, n, programs, tile)
     row_programs = batch * -(-m // rows)
-    return rows, (row_programs, -(-n // GRAD_TILE["BLOCK_N"])), row_programs
+    return tile, rows, (row_programs, -(-n // tile["BLOCK_N"])), row_programs
 
 
 def launch_activation_grad(
@@ -184,16 +245,16 @@ def launch_activation_grad(
     output for ReLU, None without activation."""
     batch, m, n = dy.shape
     dz = torch.empty((batch, m, n), dtype=dy.dtype, device=dy.device) if write_dz else dy
-    rows, grid, partial_rows = _grad_plan(batch, m, n, multiprocessor_count(dy.device))
+    tile, rows, grid, partial_rows = _grad_plan(batch, m, n, multiprocessor_count(dy.device))
     partial = torch.empty((partial_rows, n), dtype=torch.float32, device=dy.device) if column_sum else None
     if batch * m * n:
         _activation_grad_kernel[grid](
             dy, saved if saved is not None else dy, dz, partial if column_sum else dy,
             *dy.stride(), m, n, rows,
             activation, write_dz, column_sum, INTERPRETING,
-            **GRAD_TILE,
+            **tile,
         )  # fmt: skip
-    dbias = None
-    if column_sum:
-        dbias = partial.sum(0).to(dy.dtype) if partial_rows else torch.zeros(n, dtype=dy.dtype, device=dy.device)
+    if not column_sum:
+        return dz, None
+    dbias = partial.sum(0).to(dy.dtype) if partial_rows else torch.zeros(n, dtype=dy.dtype, device=dy.device)
     return dz, dbias
