@@ -12,7 +12,7 @@ import pytest
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK, HAS_TENSOR_DESCRIPTORS
-from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, tma_configs
+from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, splits_epilogue, tma_configs
 from fused_gemm.kernels.grad import _activation_grad_kernel
 from fused_gemm.kernels.matmul import _matmul_kernel
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
@@ -131,7 +131,8 @@ TMA_VARIANTS = {
     "bmm-db": (_flags(), True, False, True, True),
 }
 # (config index, variant, dtype), sm_90: the headline configs on the forward and both backward
-# products, the two-programs-per-SM (ping-pong) configs on whole-tile and half-tile epilogues.
+# products, the two-programs-per-SM (ping-pong) configs on whole-tile and half-tile epilogues, the
+# four-stage config's always-split epilogue on a plain (bmm) output.
 TMA_CASES = [
     (0, "fwd-linear-weight", "bf16"),
     (0, "fwd-linear-weight-bias-gelu-z", "bf16"),
@@ -165,7 +166,8 @@ def test_tma_kernel_compiles(config, variant, dtype):
     def desc(block):
         return f"tensordesc<{dtype}[{','.join(str(d) for d in lead + block)}]>"
 
-    c_cols = bn // 2 if flags["ACTIVATION"] or flags["STORE_Z"] else bn  # the split epilogue's halves
+    halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"])
+    c_cols = bn // 2 if halves else bn
     c_block = [c_cols, bm] if c_trans else [bm, c_cols]
     signature = {
         "a_desc": desc([bk, bm] if a_trans else [bm, bk]),
@@ -192,7 +194,7 @@ def test_tma_kernel_compiles(config, variant, dtype):
             "BATCHED": batched,
             "UPCAST": False,
             "NUM_SMS": 132,
-            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS_PER_SM")},
+            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS_PER_SM", "EPILOGUE_SPLIT")},
         },  # fmt: skip
         arch=90,
         num_warps=config["num_warps"],
@@ -262,9 +264,17 @@ def test_the_sets_cover_every_value():
         assert {v[i] for v in variants} == {True, False}, ("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED")[i - 1]
     assert {case[2] for case in TMA_CASES} == {"bf16", "fp16"}
     assert {configs[case[0]]["PROGRAMS_PER_SM"] for case in TMA_CASES} == {1, 2}
+    plain = [
+        case
+        for case in TMA_CASES
+        if not (TMA_VARIANTS[case[1]][0]["ACTIVATION"] or TMA_VARIANTS[case[1]][0]["STORE_Z"])
+    ]
+    assert {configs[case[0]]["EPILOGUE_SPLIT"] for case in plain} == {True, False}, "split and whole plain epilogues"
     for index, variant, _ in TMA_CASES:
         config, flags = configs[index], TMA_VARIANTS[variant][0]
-        smem = _tma_smem(config, config["num_stages"], 2, bool(flags["ACTIVATION"] or flags["STORE_Z"]))
+        smem = _tma_smem(
+            config, config["num_stages"], 2, splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"])
+        )
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 

@@ -29,7 +29,7 @@ def _tiles(configs):
 
 def _tma(m, n, batch=1, halves=False):
     configs = tma_configs(interpreting=False)
-    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, halves)  # noqa: E731
+    smem = lambda c: _tma_smem(c.kwargs, c.num_stages, 2, halves or c.kwargs["EPILOGUE_SPLIT"])  # noqa: E731
     return _tiles(_prune(configs, m, n, batch, smem, H100, _tma_large_candidate))
 
 
@@ -39,7 +39,7 @@ def _portable(m, n, element_size=2):
     return _tiles(_prune(configs, m, n, 1, smem, H100, _portable_large_candidate))
 
 
-COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 32, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
+COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
 PING_PONG = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2)}
 
 
@@ -59,6 +59,7 @@ def test_staging_buffer_sizes():
     """Operand stages plus one staging buffer: the whole output tile, or half of it for a split epilogue."""
     kw = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}
     assert _tma_smem(kw, 3, 2, False) == 208 * 1024 and _tma_smem(kw, 3, 2, True) == 176 * 1024
+    assert _tma_smem(kw, 4, 2, True) == 224 * 1024  # the four-stage config, its epilogue always split
     pp = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
     assert _tma_smem(pp, 2, 2, False) == 96 * 1024 and _tma_smem(pp, 2, 2, True) == 80 * 1024
 

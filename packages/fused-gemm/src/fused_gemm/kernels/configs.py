@@ -100,10 +100,17 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     ]
 
 
-def tma_block_shapes(block_m: int, block_n: int, block_k: int, a_trans, b_trans, c_trans, batched, halves):
-    """Block shapes of the a, b and c (and z) descriptors for a config's tile: transposed operands
-    are described in memory order; 3-D (batched) ones lead with a unit batch dim; an activation or
-    z epilogue (`halves`) stores halves of BLOCK_N columns (kernels.matmul_tma)."""
+def splits_epilogue(meta: Dict, activation, store_z) -> bool:
+    """The TMA kernel's epilogue works in two halves of BLOCK_N / 2 columns (kernels.matmul_tma):
+    with an activation or z, or where the config asks for it (EPILOGUE_SPLIT)."""
+    return bool(meta["EPILOGUE_SPLIT"] or activation or store_z)
+
+
+def tma_block_shapes(meta: Dict, a_trans, b_trans, c_trans, batched, halves):
+    """Block shapes of the a, b and c (and z) descriptors for a config's tile (`meta`): transposed
+    operands are described in memory order; 3-D (batched) ones lead with a unit batch dim; a split
+    epilogue (`halves`) stores halves of BLOCK_N columns."""
+    block_m, block_n, block_k = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
     lead = [1] if batched else []
     c_cols = block_n // 2 if halves else block_n
     return (
@@ -115,10 +122,10 @@ def tma_block_shapes(block_m: int, block_n: int, block_k: int, a_trans, b_trans,
 
 def set_tma_block_shapes(nargs: Dict) -> None:
     """Autotune pre-hook: give each tensor descriptor the block shape of the config being run."""
+    halves = splits_epilogue(nargs, nargs["ACTIVATION"], nargs["STORE_Z"])
     a_block, b_block, c_block = tma_block_shapes(
-        nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"], nargs["A_TRANS"], nargs["B_TRANS"], nargs["C_TRANS"],
-        nargs["BATCHED"], bool(nargs["ACTIVATION"] or nargs["STORE_Z"]),
-    )  # fmt: skip
+        nargs, nargs["A_TRANS"], nargs["B_TRANS"], nargs["C_TRANS"], nargs["BATCHED"], halves
+    )
     nargs["a_desc"].block_shape = a_block
     nargs["b_desc"].block_shape = b_block
     nargs["c_desc"].block_shape = c_block
@@ -126,26 +133,34 @@ def set_tma_block_shapes(nargs: Dict) -> None:
         nargs["z_desc"].block_shape = c_block
 
 
+def _tma_config(block_m, block_n, block_k, num_warps, num_stages, programs=1, split=False) -> triton.Config:
+    return _config(block_m, block_n, block_k, num_warps, num_stages, set_tma_block_shapes, PROGRAMS_PER_SM=programs,
+                   EPILOGUE_SPLIT=split)  # fmt: skip
+
+
 def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     """Persistent TMA kernel (Hopper): wgmma-sized tiles, 2-4 stages, one or two programs per SM.
 
-    One program per SM with 8 warps (two warpgroups on one tile) is the plain matmul's shape. A
-    GELU epilogue (~17 instructions and two special-function ops per element) leaves the tensor
-    cores idle while it runs; with two 4-warp programs per SM (half the shared memory each) one
-    program's epilogue overlaps the other's main loop, as a ping-pong schedule.
+    One program per SM with 8 warps (two warpgroups on one tile) is the plain matmul's shape;
+    EPILOGUE_SPLIT stages the output in halves (kernels.matmul_tma) even without an activation,
+    which frees 32 KB for a fourth 128x256x64 operand stage (224 KB): deeper prefetch for long K
+    loops, for one more wait on the staging buffer per tile. A GELU epilogue (~17 instructions
+    and two special-function ops per element) leaves the tensor cores idle while it runs; with
+    two 4-warp programs per SM (half the shared memory each) one program's epilogue overlaps the
+    other's main loop, as a ping-pong schedule.
     """
     if interpreting:
-        tile = dict(INTERPRETER_TILE, PROGRAMS_PER_SM=1)
+        tile = dict(INTERPRETER_TILE, PROGRAMS_PER_SM=1, EPILOGUE_SPLIT=False)
         return [triton.Config(tile, num_warps=4, num_stages=1, pre_hook=set_tma_block_shapes)]
     return [
-        _config(128, 256, 64, 8, 3, set_tma_block_shapes, PROGRAMS_PER_SM=1),
-        _config(128, 256, 32, 8, 4, set_tma_block_shapes, PROGRAMS_PER_SM=1),
-        _config(256, 128, 64, 8, 3, set_tma_block_shapes, PROGRAMS_PER_SM=1),
-        _config(128, 128, 64, 8, 4, set_tma_block_shapes, PROGRAMS_PER_SM=1),
-        _config(128, 128, 64, 4, 2, set_tma_block_shapes, PROGRAMS_PER_SM=2),
-        _config(64, 256, 64, 4, 2, set_tma_block_shapes, PROGRAMS_PER_SM=2),
-        _config(128, 128, 64, 4, 3, set_tma_block_shapes, PROGRAMS_PER_SM=1),
-        _config(64, 128, 64, 4, 4, set_tma_block_shapes, PROGRAMS_PER_SM=1),
+        _tma_config(128, 256, 64, 8, 3),
+        _tma_config(128, 256, 64, 8, 4, split=True),
+        _tma_config(256, 128, 64, 8, 3),
+        _tma_config(128, 128, 64, 8, 4),
+        _tma_config(128, 128, 64, 4, 2, programs=2),
+        _tma_config(64, 256, 64, 4, 2, programs=2),
+        _tma_config(128, 128, 64, 4, 3),
+        _tma_config(64, 128, 64, 4, 4),
     ]
 
 
@@ -168,8 +183,9 @@ def _portable_large_candidate(config: triton.Config) -> bool:
 
 def _tma_large_candidate(config: triton.Config) -> bool:
     """For a problem that fills the GPU several times over: the cooperative 128x256 / 256x128 tiles
-    (8 warps, one program per SM) and the two ping-pong configs (two 4-warp programs per SM). Each
-    candidate costs a compile per fused variant on first use; these are the ones that can win there."""
+    (8 warps, one program per SM, 64 deep) and the two ping-pong configs (two 4-warp programs per
+    SM). Each candidate costs a compile per fused variant on first use; these are the ones that
+    can win there."""
     kw = config.kwargs
     if kw["PROGRAMS_PER_SM"] == 2:
         return True
@@ -225,10 +241,10 @@ def prune_tma_configs(configs, named_args, **kwargs):
     """early_config_prune of the TMA kernel."""
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
-    size, halves = a.element_size(), bool(args["ACTIVATION"] or args["STORE_Z"])
+    size, activation, store_z = a.element_size(), args["ACTIVATION"], args["STORE_Z"]
     return _prune(
         configs, args["M"], args["N"], args["BATCH"],
-        lambda c: _tma_smem(c.kwargs, c.num_stages, size, halves),
+        lambda c: _tma_smem(c.kwargs, c.num_stages, size, splits_epilogue(c.kwargs, activation, store_z)),
         max_shared_memory(a.device),
         _tma_large_candidate,
     )  # fmt: skip

@@ -52,7 +52,9 @@ def _activation_grad_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
     cols64 = cols.to(tl.int64)
-    col_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # Column sums accumulate in a whole tile of fp32 registers and reduce across rows once, at the
+    # end: a reduction per row step would cross warps through shared memory (a barrier) each time.
+    col_sum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(first, tl.minimum(first + ROWS, M), BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         rows64 = rows.to(tl.int64)
@@ -68,6 +70,6 @@ def _activation_grad_kernel(
         if WRITE_DZ:
             tl.store(dz_ptr + offs, _cast(dz, dz_ptr.dtype.element_ty, UPCAST), mask=mask)
         if COLUMN_SUM:
-            col_sum += tl.sum(dz, axis=0)
+            col_sum += dz
     if COLUMN_SUM:
-        tl.store(partial_ptr + pid.to(tl.int64) * N + cols64, col_sum, mask=col_in)
+        tl.store(partial_ptr + pid.to(tl.int64) * N + cols64, tl.sum(col_sum, axis=0), mask=col_in)

@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._compat import INTERPRETING, config_launch_kwargs, multiprocessor_count, supports_tma, tensor_descriptor
-from ..kernels.configs import grad_rows, grad_tile, interpreter_config, tma_block_shapes
+from ..kernels.configs import grad_rows, grad_tile, interpreter_config, splits_epilogue, tma_block_shapes
 from ..kernels.grad import _activation_grad_kernel
 from ..kernels.matmul import _matmul_kernel
 from ..kernels.matmul_tma import _matmul_tma_kernel
@@ -147,10 +147,8 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
         return (min(tiles, num_sms * meta["PROGRAMS_PER_SM"]),)
 
     def blocks(meta):
-        halves = bool(activation or store_z)
-        return tma_block_shapes(
-            meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], a_trans, b_trans, c_trans, batched, halves
-        )
+        halves = splits_epilogue(meta, activation, store_z)
+        return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves)
 
     # Placeholder block shapes of the right rank: the autotuner's pre-hook sets each config's.
     unit = [1] * len(a_shape)
