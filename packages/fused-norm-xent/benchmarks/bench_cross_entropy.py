@@ -2,9 +2,12 @@
 eager, torch.compile and Liger-Kernel (when importable), with the peak memory each allocates.
 
 Floor: read the logits once and write their gradient once: 2 * N * V * 2 bytes. Ours computes the
-gradient in the forward kernel (the row is re-read from L2) and the backward only checks that
-the upstream gradient is 1. "tritonformer in place" writes the gradient into the logits buffer
-(as Liger-Kernel always does), so it allocates no (N, V) buffer.
+gradient in the forward kernel (the row is re-read, from L2 where it still is) and the backward
+only checks that the upstream gradient is 1. "tritonformer" keeps F.cross_entropy's contract (the
+logits are not modified): its peak extra memory is the (N, V) gradient it returns, as
+torch.compile's. "tritonformer in place" writes the gradient into the logits buffer, as
+Liger-Kernel always does: the leaf's .grad is that buffer, nothing of size (N, V) is allocated.
+Both check the targets (one host read, issued after the kernels are queued).
 """
 
 import pytest

@@ -4,7 +4,8 @@ fused linear cross-entropy (when importable), with the peak memory each allocate
 
 Flops: three matmuls of 2 * N * H * V (logits, grad hidden, grad weight) = 6 * N * H * V. The peak
 memory includes the gradients themselves: grad hidden (N * H * 2 bytes, 64 MiB) and grad weight
-(V * H * 2 bytes, 196.5 MiB) at the headline shape, 260.5 MiB that no implementation can avoid.
+(V * H * 2 bytes, 196.5 MiB) at the headline shape, 260.5 MiB that no implementation can avoid;
+what is beyond them is the column to compare (Liger: a 1024-token chunk, 98 MiB).
 - tritonformer: defaults (fp32 accumulation of grad weight across chunks, as accurate as one
   unchunked matmul; chunk = 2048 tokens, a (2048, V) bf16 logits buffer of 196.5 MiB, no larger
   than the weight, which the final fp32 -> bf16 conversion needs anyway);

@@ -26,13 +26,16 @@ SHAPES = [HEADLINE, (4096, 8192)]
 PROVIDERS = [OURS, "torch", "torch.compile", "liger"]
 
 
-def _liger(kind: str, n_cols: int):
+def _liger(kind: str, n_cols: int, requires_grad: bool):
+    """(fn, weight, bias): Liger's module on the GPU in bf16; it owns its parameters, which are the
+    ones differentiated."""
     try:
         from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm
     except ImportError as error:
         pytest.skip(f"Liger-Kernel is not importable here: {error}")
     module = LigerRMSNorm(n_cols, eps=1e-6) if kind == "rmsnorm" else LigerLayerNorm(n_cols, eps=1e-6)
-    return lambda x, w, b: module(x)
+    module = module.to(device="cuda", dtype=torch.bfloat16).requires_grad_(requires_grad)
+    return (lambda x, w, b: module(x)), module.weight, getattr(module, "bias", None)
 
 
 def _norm_fn(kind: str, provider: str, shape):
@@ -41,8 +44,6 @@ def _norm_fn(kind: str, provider: str, shape):
         if kind == "rmsnorm":
             return lambda x, w, b: rms_norm(x, n_cols, w, 1e-6)
         return lambda x, w, b: layer_norm(x, n_cols, w, b, 1e-6)
-    if provider == "liger":
-        return _liger(kind, n_cols)
     if kind == "rmsnorm":
         fn = lambda x, w, b: F.rms_norm(x, (n_cols,), w, 1e-6)  # noqa: E731
     else:
@@ -61,13 +62,15 @@ def _norm_fn(kind: str, provider: str, shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm(benchmark, kind, shape, provider, mode):
-    fn = _norm_fn(kind, provider, shape)
     rows, cols = shape
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "fwd")
-    w = torch.randn(cols, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "fwd")
-    b = torch.randn(cols, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "fwd")
-    if provider == "liger":  # Liger's modules own their parameters
-        w = b = None
+    grad = mode != "fwd"
+    if provider == "liger":
+        fn, w, b = _liger(kind, cols, grad)
+    else:
+        fn = _norm_fn(kind, provider, shape)
+        w = torch.randn(cols, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+        b = torch.randn(cols, device="cuda", dtype=torch.bfloat16, requires_grad=grad) if kind == "layernorm" else None
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
     dy = torch.randn_like(x)
     elements = rows * cols * x.element_size()
     group = f"{kind} {mode} bf16"
@@ -76,7 +79,7 @@ def test_norm(benchmark, kind, shape, provider, mode):
             measure(benchmark, group=group, shape=f"{rows}x{cols}", provider=provider, fn=lambda: fn(x, w, b),
                     bytes=2 * elements)  # fmt: skip
     else:
-        wrt = [x] if w is None else [x, w, b] if kind == "layernorm" else [x, w]
+        wrt = [t for t in (x, w, b) if t is not None]
         measure(benchmark, group=group, shape=f"{rows}x{cols}", provider=provider,
                 fn=lambda: torch.autograd.grad(fn(x, w, b), wrt, dy), bytes=5 * elements)  # fmt: skip
 

@@ -4,7 +4,7 @@ against the float64 reference with the kernel's own dropout mask, and the mask's
 import pytest
 import torch
 import torch.nn.functional as F
-from tritonformer_testkit import assert_close_to_reference, dtype_params
+from tritonformer_testkit import assert_close_to_reference
 
 from fused_norm_xent import AddDropoutNorm, add_dropout_norm
 from fused_norm_xent.reference import add_dropout_norm_reference
@@ -86,9 +86,12 @@ def _params(n, dtype, device, norm):
     return weight, bias
 
 
-@pytest.mark.parametrize("prenorm", [True, False], ids=["prenorm", "postnorm"])
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("norm", KINDS)
+@pytest.mark.parametrize(
+    "norm, dtype, prenorm",
+    [("layernorm", torch.float32, True), ("layernorm", torch.bfloat16, False), ("rmsnorm", torch.float16, True),
+     ("rmsnorm", torch.bfloat16, True), ("rmsnorm", torch.float32, False)],
+    ids=str,
+)  # fmt: skip
 def test_dropout_and_residual(helpers, norm, dtype, prenorm, device):
     x = torch.randn(13, 96, device=device).to(dtype)
     residual = torch.randn(13, 96, device=device).to(dtype)

@@ -3,13 +3,14 @@
 A covering set, not the cross product: every launch configuration (block shape and warps) of
 each kernel, and every constexpr flag value and dtype, appears at least once. `_spec` turns
 launcher-like arguments into a signature the way the JIT does: a tensor becomes a pointer of its
-dtype, None and the int 1 become constexprs, other ints i32, floats fp32.
+dtype, None and the int 1 become constexprs (not for arguments the kernel does not specialize),
+other ints i32, floats fp32.
 """
 
 import itertools
 
 import pytest
-from tritonformer_testkit.aot import ARCHS, compile_to_cubin
+from tritonformer_testkit.aot import ARCHS, base_jit_function, compile_to_cubin
 
 from fused_norm_xent._compat import PREFETCH_CHUNKS
 from fused_norm_xent.kernels import cross_entropy as ce_kernels
@@ -30,8 +31,10 @@ SOFTMAX_WIDTHS = [2**k for k in range(15)] + [65536]
 
 def _spec(kernel, arch, num_warps, constexprs, **args):
     signature, consts = {}, dict(constexprs)
+    unspecialized = {param.name for param in base_jit_function(kernel).params if param.do_not_specialize}
     for name, value in args.items():
-        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1
+                             and name not in unspecialized):  # fmt: skip
             consts[name] = value
         elif isinstance(value, str):
             signature[name] = value if value.startswith("*") else f"*{value}"

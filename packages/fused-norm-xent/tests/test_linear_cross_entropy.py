@@ -4,7 +4,7 @@ the gradients of hidden, weight and bias, over several token chunks."""
 import pytest
 import torch
 import torch.nn.functional as F
-from tritonformer_testkit import assert_close_to_reference, dtype_params, interpreting
+from tritonformer_testkit import assert_close_to_reference, interpreting
 
 from fused_norm_xent import LinearCrossEntropyLoss, linear_cross_entropy
 from fused_norm_xent.ops.linear_cross_entropy import default_chunk_size
@@ -90,8 +90,12 @@ def _inputs(n_tokens, hidden_size, vocab, dtype, device, bias=True, ignored_ever
     return hidden, weight, target, b
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize(
+    "reduction, dtype",
+    [("mean", torch.float32), ("sum", torch.bfloat16), ("none", torch.float16), ("mean", torch.bfloat16),
+     ("none", torch.float32)],
+    ids=str,
+)  # fmt: skip
 def test_dtypes_and_reductions(helpers, dtype, reduction, device):
     """37 tokens in chunks of 16 (the last one partial), with bias, smoothing and z-loss."""
     check(helpers, *_inputs(37, 24, 300, dtype, device), chunk_size=16, reduction=reduction, label_smoothing=0.1,

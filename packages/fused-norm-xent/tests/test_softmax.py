@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
+from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
+from tritonformer_testkit.dtypes import dtype_name
 
 from fused_norm_xent import LogSoftmax, Softmax, log_softmax, softmax
 from fused_norm_xent.reference import softmax_reference
@@ -47,17 +48,25 @@ def check(x: torch.Tensor, dim: int, log: bool):
     assert_close_to_reference(dx, dx_ref, dx_torch, name="dx")
 
 
-@pytest.mark.parametrize("log", FUNCTIONS)
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("n_cols", [1, 7, 127, 1000, 4097])
-@pytest.mark.parametrize("n_rows", [1, 37])
+# Every width, row count, dtype and function, not their cross product (each combination compiles
+# its own kernels on a GPU): (rows, cols, dtype, log).
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+WIDTH_CASES = [(1, 1, FP32, False), (37, 1, BF16, True), (37, 7, FP16, False), (1, 127, BF16, False),
+               (37, 127, FP32, True), (37, 1000, BF16, False), (1, 1000, FP16, True), (37, 4097, FP32, False),
+               (1, 4097, BF16, True)]  # fmt: skip
+WIDE_CASES = [(16385, FP32, False), (16385, BF16, True), (65536, FP16, True), (65536, BF16, False)]
+
+
+def _case_id(*case):
+    return "-".join(dtype_name(v) if isinstance(v, torch.dtype) else ("log" if v is True else str(v)) for v in case)
+
+
+@pytest.mark.parametrize("n_rows, n_cols, dtype, log", [pytest.param(*c, id=_case_id(*c)) for c in WIDTH_CASES])
 def test_widths_and_rows(n_rows, n_cols, dtype, log, device):
     check(3 * torch.randn(n_rows, n_cols, device=device, dtype=dtype), -1, log)
 
 
-@pytest.mark.parametrize("log", FUNCTIONS)
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("n_cols", [16385, 65536])
+@pytest.mark.parametrize("n_cols, dtype, log", [pytest.param(*c, id=_case_id(*c)) for c in WIDE_CASES])
 def test_rows_wider_than_a_block(n_cols, dtype, log, device):
     check(3 * torch.randn(3, n_cols, device=device, dtype=dtype), -1, log)
 

@@ -37,7 +37,7 @@ import triton.language as tl
 STATS_PER_BLOCK = tl.constexpr(3)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_target", "n_rows", "ignore_index"])
 def _target_stats_kernel(
     target_ptr, stats_ptr,
     stride_target,
@@ -79,7 +79,9 @@ def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr)
     return x.to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["ignore_index"])
+# Specialized on n_cols and the logits/grad strides only (the loads' vector width depends on them);
+# row counts, per-row scalars' strides and ignore_index would only multiply the compiled variants.
+@triton.jit(do_not_specialize=["stride_target", "stride_row_scale", "n_rows", "n_stat_blocks", "ignore_index"])
 def _cross_entropy_kernel(
     logits_ptr, target_ptr, grad_ptr, loss_ptr, z_loss_ptr, partial_ptr, lse_ptr, row_scale_ptr, stats_ptr,
     stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
@@ -189,7 +191,7 @@ def _cross_entropy_kernel(
         tl.store(partial_ptr + 2 * pid + 1, tl.sum(z_loss_sum, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_partials", "n_stat_blocks"])
 def _loss_finalize_kernel(
     partial_ptr, stats_ptr, loss_ptr, z_loss_ptr,
     n_partials, n_stat_blocks,
@@ -215,7 +217,7 @@ def _loss_finalize_kernel(
         tl.store(z_loss_ptr, z_loss.to(tl.float32).to(z_loss_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _scale_kernel(
     x_ptr, scale_ptr,
     stride_x_row, stride_x_col,

@@ -35,7 +35,10 @@ import triton
 import triton.language as tl
 
 _PHILOX_ROUNDS = tl.constexpr(7)
-_RNG_ARGS = ["dropout_threshold", "seed_lo", "seed_hi", "rng_offset"]
+# Arguments the JIT must not specialize on their value (== 1, divisible by 16): the dropout's
+# random words, and row counts, which only mask whole rows (no load's vector width depends on
+# them), so that each new row count does not compile the kernel again.
+_UNSPECIALIZED = ["n_rows", "dropout_threshold", "seed_lo", "seed_hi", "rng_offset"]
 
 
 @triton.jit
@@ -134,7 +137,7 @@ def _load_stats(stats_ptr, offs_m, mask_m, n_rows, IS_RMS_NORM: tl.constexpr):
     return mean, tl.load(stats_ptr + n_rows + offs_m, mask=mask_m, other=0.0)
 
 
-@triton.jit(do_not_specialize=_RNG_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_fwd_kernel(
     x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, stats_ptr,
     stride_x_row, stride_x_col, stride_res_row, stride_res_col,
@@ -173,7 +176,7 @@ def _norm_fwd_kernel(
     tl.store(y_ptr + offs_m[:, None] * n_cols + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=_RNG_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_fwd_chunked_kernel(
     x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, stats_ptr,
     stride_x_row, stride_x_col, stride_res_row, stride_res_col,
@@ -284,7 +287,7 @@ def _input_grad(
     tl.store(dx_ptr + offs_m[:, None] * n_cols + offs_n[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=_RNG_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_bwd_kernel(
     s_ptr, dy_ptr, dres_out_ptr, weight_ptr, stats_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
@@ -330,7 +333,7 @@ def _accumulate_partial(partial_ptr, cols, mask_n, value):
     tl.store(partial_ptr + cols, tl.load(partial_ptr + cols, mask=mask_n, other=0.0) + value, mask=mask_n)
 
 
-@triton.jit(do_not_specialize=_RNG_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_bwd_chunked_kernel(
     s_ptr, dy_ptr, dres_out_ptr, weight_ptr, stats_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
@@ -393,7 +396,7 @@ def _column_sum(partial_ptr, out_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_
     tl.store(out_ptr + offs_n, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_partials"])
 def _norm_param_grad_kernel(
     partial_dw_ptr, partial_db_ptr, dw_ptr, db_ptr,
     n_partials, n_cols,

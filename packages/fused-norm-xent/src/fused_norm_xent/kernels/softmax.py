@@ -30,7 +30,7 @@ def _softmax_grad(y, dy, row_dot, LOG: tl.constexpr):
     return y * (dy - row_dot)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # rows only mask whole rows: no recompile per row count
 def _softmax_fwd_kernel(
     x_ptr,
     y_ptr,
@@ -93,7 +93,7 @@ def _softmax_fwd_chunked_kernel(
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _softmax_bwd_kernel(
     y_ptr,
     dy_ptr,

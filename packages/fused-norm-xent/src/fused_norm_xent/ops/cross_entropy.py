@@ -78,17 +78,20 @@ class TargetStats(NamedTuple):
     the same on the host once `ready` has completed (a pinned copy in flight on CUDA)."""
 
     device: Tensor
-    host: Tensor
+    host: Optional[Tensor]
     ready: Optional[torch.cuda.Event]
 
 
 def target_stats(target: Tensor, ignore_index: int) -> TargetStats:
-    """Launch the statistics kernel over the (N,) targets and start copying its result to the host."""
+    """Launch the statistics kernel over the (N,) targets and start copying its result to the host
+    (not while a CUDA graph is being captured: there is no host read then, and no label check)."""
     n_blocks = max(1, -(-target.shape[0] // STATS_BLOCK))
     stats = torch.empty((n_blocks, 3), dtype=torch.int64, device=target.device)
     _target_stats_kernel[(n_blocks,)](target, stats, target.stride(0), target.shape[0], ignore_index, BLOCK=STATS_BLOCK)
     if INTERPRETING:
         return TargetStats(stats, stats, None)
+    if torch.cuda.is_current_stream_capturing():
+        return TargetStats(stats, None, None)
     host = torch.empty((n_blocks, 3), dtype=torch.int64, pin_memory=True)
     host.copy_(stats, non_blocking=True)
     ready = torch.cuda.Event()
@@ -96,9 +99,11 @@ def target_stats(target: Tensor, ignore_index: int) -> TargetStats:
     return TargetStats(stats, host, ready)
 
 
-def check_target_range(stats: TargetStats, n_classes: int, ignore_index: int) -> int:
-    """Wait for the statistics (a host synchronization) and return the number of rows not
-    ignored; raise ValueError if a label that is not ignore_index is outside [0, n_classes)."""
+def check_target_range(stats: TargetStats, n_classes: int, ignore_index: int) -> None:
+    """Wait for the statistics (a host synchronization) and raise ValueError if a label that is
+    not ignore_index is outside [0, n_classes). Nothing to check under CUDA-graph capture."""
+    if stats.host is None:
+        return
     if stats.ready is not None:
         stats.ready.synchronize()
     blocks = stats.host.tolist()
@@ -108,7 +113,6 @@ def check_target_range(stats: TargetStats, n_classes: int, ignore_index: int) ->
             f"target holds class index {low if low < 0 else high}, outside [0, {n_classes}) "
             f"and not ignore_index={ignore_index}"
         )
-    return sum(block[0] for block in blocks)
 
 
 def launch_cross_entropy(
