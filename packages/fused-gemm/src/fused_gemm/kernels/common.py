@@ -41,7 +41,29 @@ def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _normal_pdf_cdf(z):
+def _rcp(x, INTERPRETED: tl.constexpr):
+    """1 / x in fp32: compiled, rcp.approx.ftz (one special-function op, <= 1 ulp) where `1.0 / x`
+    compiles to div.full.f32 with four more instructions of denormal range checks; the
+    interpreter cannot run inline PTX and divides."""
+    if INTERPRETED:
+        r = 1.0 / x
+    else:
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    return r
+
+
+@triton.jit
+def _exp2(x, INTERPRETED: tl.constexpr):
+    """2^x in fp32: compiled, ex2.approx.ftz (tl.math.exp2 adds two instructions of denormal scaling)."""
+    if INTERPRETED:
+        r = tl.math.exp2(x)
+    else:
+        r = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    return r
+
+
+@triton.jit
+def _normal_pdf_cdf(z, INTERPRETED: tl.constexpr):
     """(phi(z), Phi(z)) of the standard normal, fp32, from basic ops: GELU = z Phi(z), GELU' = Phi + z phi.
 
     Phi from phi through the Mills ratio, as Abramowitz & Stegun 26.2.17 does, one degree higher:
@@ -50,13 +72,12 @@ def _normal_pdf_cdf(z):
     |error| < 5.1e-9 on Phi, below fp32 rounding, so that gradients summed over many tokens
     (d(bias), dW) carry no systematic error (A&S's 7.5e-8, summed over the tokens of an fp32
     test, exceeded the tolerance). Phi(|z|) = 1 - Phi(-|z|): no 1 + erf cancellation for very
-    negative z. About 16 instructions and two special-function ops (a reciprocal, an exp) per
-    element, against about 75 (compiled) for libdevice's erff; no libdevice call, so the
-    interpreter runs the same code.
+    negative z. About 15 instructions and two special-function ops (a reciprocal, an exp) per
+    element compiled, against about 75 for libdevice's erff; no libdevice call.
     """
-    t = 1.0 / (1.0 + 0.275 * tl.abs(z))
+    t = _rcp(1.0 + 0.275 * tl.abs(z), INTERPRETED)
     # phi(z) = exp(-z^2/2) / sqrt(2 pi) = 2^(z^2 * -log2(e)/2 + log2(1/sqrt(2 pi))): one mul, one fma, one ex2.
-    pdf = tl.math.exp2(z * z * -0.7213475204444817 - 1.3257480647361593)
+    pdf = _exp2(z * z * -0.7213475204444817 - 1.3257480647361593, INTERPRETED)
     poly = -0.2879068620
     poly = poly * t + 1.132991917
     poly = poly * t - 0.8296765249
@@ -69,7 +90,7 @@ def _normal_pdf_cdf(z):
 
 
 @triton.jit
-def _tanh_gate(z):
+def _tanh_gate(z, INTERPRETED: tl.constexpr):
     """(s, ds) of the tanh-approximate GELU, fp32: GELU = z s, GELU' = s + z ds.
 
     With u = sqrt(2/pi) * (z + 0.044715 z^3): 0.5 * (1 + tanh(u)) = sigmoid(2u) = s, and
@@ -79,8 +100,8 @@ def _tanh_gate(z):
     """
     z2 = z * z
     # 2|u| log2(e) = |z (1 + 0.044715 z^2)| * 2 sqrt(2/pi) log2(e); u has the sign of z.
-    t = tl.math.exp2(tl.abs(z * (1.0 + 0.044715 * z2)) * -2.302208198144325)
-    r = 1.0 / (1.0 + t)
+    t = _exp2(tl.abs(z * (1.0 + 0.044715 * z2)) * -2.302208198144325, INTERPRETED)
+    r = _rcp(1.0 + t, INTERPRETED)
     s = tl.where(z >= 0.0, r, t * r)
     du = 0.7978845608028654 + 0.10703222440890037 * z2  # sqrt(2/pi) * (1 + 3 * 0.044715 z^2)
     return s, 2.0 * (t * r * r) * du
@@ -96,15 +117,15 @@ def _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _activation(z, ACTIVATION: tl.constexpr):
+def _activation(z, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr):
     """act(z) in fp32."""
     if ACTIVATION == ACT_RELU:
         y = tl.where(z < 0.0, 0.0, z)  # NaN stays NaN, as torch.relu
     elif ACTIVATION == ACT_GELU:
-        _, cdf = _normal_pdf_cdf(z)
+        _, cdf = _normal_pdf_cdf(z, INTERPRETED)
         y = z * cdf
     elif ACTIVATION == ACT_GELU_TANH:
-        s, _ = _tanh_gate(z)
+        s, _ = _tanh_gate(z, INTERPRETED)
         y = z * s
     else:
         y = z
@@ -112,16 +133,16 @@ def _activation(z, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _activation_grad(dy, saved, ACTIVATION: tl.constexpr):
+def _activation_grad(dy, saved, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr):
     """dz = dy * act'(z), fp32: `saved` is z for the GELUs, the output y for ReLU, unused without activation."""
     if ACTIVATION == ACT_RELU:
         # torch's threshold_backward: zero where the output is <= 0 (a NaN output passes dy on).
         dz = tl.where(saved <= 0.0, 0.0, dy)
     elif ACTIVATION == ACT_GELU:
-        pdf, cdf = _normal_pdf_cdf(saved)
+        pdf, cdf = _normal_pdf_cdf(saved, INTERPRETED)
         dz = dy * (cdf + saved * pdf)
     elif ACTIVATION == ACT_GELU_TANH:
-        s, ds = _tanh_gate(saved)
+        s, ds = _tanh_gate(saved, INTERPRETED)
         dz = dy * (s + saved * ds)
     else:
         dz = dy

@@ -16,6 +16,7 @@ the few partial rows up (deterministic: no atomics). Without an activation (ACTI
 WRITE_DZ off) it only sums dy's columns: d(bias) of a plain biased layer.
 
 dy has any strides (batch, M, N); saved and dz are contiguous (batch, M, N). Offsets are int64.
+UPCAST: interpreter only (plain division and exp instead of inline PTX, rounded bf16 casts).
 """
 
 import triton
@@ -64,7 +65,7 @@ def _activation_grad_kernel(
         offs = (batch * M + rows64)[:, None] * N + cols64[None, :]
         if ACTIVATION != 0:
             saved = tl.load(saved_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            dz = _activation_grad(dy, saved, ACTIVATION)
+            dz = _activation_grad(dy, saved, ACTIVATION, UPCAST)
         else:
             dz = dy
         if WRITE_DZ:

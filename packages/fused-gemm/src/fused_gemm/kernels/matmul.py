@@ -17,7 +17,8 @@ Epilogue options (constexprs), fused in registers:
   backward of a GELU reads (kernels.grad).
 - ALLOW_TF32: fp32 operands through TF32 tensor cores; otherwise full-precision fp32 ("ieee").
 - UPCAST: under the interpreter, bf16/fp16 dot operands are upcast to fp32 (its bf16 dot
-  computes on raw bits) and bf16 casts round explicitly (common._cast).
+  computes on raw bits), bf16 casts round explicitly (common._cast), and the activations divide
+  and exponentiate plainly (compiled, they use rcp/ex2.approx.ftz through inline PTX).
 
 Offsets are int64, so tensors past 2^31 elements are addressed correctly.
 """
@@ -104,7 +105,7 @@ def _matmul_kernel(
         b_ptrs += step_k * stride_bk
 
     z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
-    y = _activation(z, ACTIVATION)
+    y = _activation(z, ACTIVATION, UPCAST)
     mask = row_in[:, None] & col_in[None, :]
     c_offs = batch * stride_c_batch + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn
     tl.store(c_ptr + c_offs, _cast(y, c_ptr.dtype.element_ty, UPCAST), mask=mask)

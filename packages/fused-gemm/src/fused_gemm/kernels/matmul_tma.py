@@ -29,7 +29,7 @@ which keeps the accumulator's register layout (an expand_dims there cost a layou
 through shared memory before every batched store).
 
 HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers. UPCAST: interpreter
-only (fp32 dot operands, rounded bf16 casts).
+only (fp32 dot operands, rounded bf16 casts, no inline PTX).
 """
 
 import triton
@@ -83,7 +83,7 @@ def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N
     z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
     if STORE_Z:
         _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
-    y = _activation(z, ACTIVATION)
+    y = _activation(z, ACTIVATION, UPCAST)
     _store_tile(c_desc, batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, BATCHED)
 
 
