@@ -21,7 +21,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
 from fused_attention import flash_attention, flash_attention_varlen
-from fused_attention.ops import configs
+from fused_attention.ops import configs, launch
 from fused_attention.reference import alibi_bias, attention_reference, attention_reference_varlen, visible_mask
 
 GRADS = ("dq", "dk", "dv")
@@ -213,14 +213,21 @@ def _first_config_only(request, monkeypatch):
         return
     original = configs.candidate_configs
     monkeypatch.setattr(configs, "candidate_configs", lambda *args: original(*args)[:1])
-    configs.autotuned_kernel.cache_clear()
+    monkeypatch.setattr(launch, "candidate_configs", configs.candidate_configs)
+    _forget_configs()
     yield
+    _forget_configs()
+
+
+def _forget_configs():
+    """Drop the autotuners and the launch plans (which keep the configs they chose)."""
     configs.autotuned_kernel.cache_clear()
+    launch.clear_plans()
 
 
 @pytest.fixture
 def full_autotune():
     """Requested by tests that run the autotuner over every candidate config, as users do."""
-    configs.autotuned_kernel.cache_clear()
+    _forget_configs()
     yield
-    configs.autotuned_kernel.cache_clear()
+    _forget_configs()

@@ -3,7 +3,8 @@
 A covering set, not the cross product: each kernel meets every autotune config of every head-dim
 class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants, with descriptors in both
 dim orders), both dtypes, both architectures, each mask/bias/varlen specialization, and all nine
-head dims appear across the set.
+head dims appear across the set; the dK/dV kernel compiles with and without its atomic dQ
+accumulation (DQ_ATOMIC) in each head-dim class and load path.
 """
 
 import itertools
@@ -13,8 +14,15 @@ import triton
 from tritonformer_testkit.aot import compile_to_cubin
 
 from fused_attention._compat import HAS_TENSOR_DESCRIPTOR
-from fused_attention.kernels.attention_bwd import _attn_bwd_preprocess_kernel
-from fused_attention.ops.configs import KERNELS, POINTER_CONFIGS, PREPROCESS_BLOCK_M, PREPROCESS_WARPS, TMA_CONFIGS
+from fused_attention.kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
+from fused_attention.ops.configs import (
+    DQ_ATOMIC,
+    KERNELS,
+    POINTER_CONFIGS,
+    PREPROCESS_BLOCK_M,
+    PREPROCESS_WARPS,
+    TMA_CONFIGS,
+)
 
 pytestmark = pytest.mark.aot
 
@@ -29,7 +37,7 @@ DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
 def _type(name: str, dtype: str, descriptor: str) -> str:
     if name.endswith("_desc"):
         return descriptor
-    if name in ("lse_ptr", "delta_ptr", "slopes_ptr", "dlse_ptr"):
+    if name in ("lse_ptr", "delta_ptr", "slopes_ptr", "dlse_ptr", "dq_accum_ptr"):
         return "*fp32"
     if name.startswith("cu_seqlens"):
         return "*i32"
@@ -38,26 +46,38 @@ def _type(name: str, dtype: str, descriptor: str) -> str:
     return "fp32" if name == "softmax_scale" else "i32"
 
 
+def _dq_modes(kind, block_d, index):
+    """The dK/dV kernel's DQ_ATOMIC values to compile: with atomics for every config of a class
+    that uses them by default, and without (the deterministic backward) for each class's first."""
+    if kind != "dkdv":
+        return (False,)
+    if not DQ_ATOMIC[block_d]:
+        return (False,)
+    return (True, False) if index == 0 else (True,)
+
+
 def _cases():
     counter = itertools.count()
     for kind_index, kind in enumerate(KERNELS):
         for tma, table in ((False, POINTER_CONFIGS), (True, TMA_CONFIGS)):
             for block_d, configs in table[kind].items():
                 for i, config in enumerate(configs):
-                    n = next(counter)
-                    head_dim = HEAD_DIMS[block_d][(i + kind_index) % 3]
-                    arch = 90 if tma else (80, 90)[n % 2]
-                    dtype = DTYPES[n % 2 if tma else (n // 2) % 2]
-                    flags = FLAGS[n % len(FLAGS)]
-                    shape = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
-                    yield pytest.param(
-                        kind, config, head_dim, dtype, flags, tma, arch,
-                        id=f"{kind}-d{head_dim}-{shape}-{'tma-' if tma else ''}{dtype}-flags{n % len(FLAGS)}-sm{arch}",
-                    )  # fmt: skip
+                    for dq_atomic in _dq_modes(kind, block_d, i):
+                        n = next(counter)
+                        head_dim = HEAD_DIMS[block_d][(n + kind_index) % 3]
+                        arch = 90 if tma else (80, 90)[n % 2]
+                        dtype = DTYPES[n % 2 if tma else (n // 2) % 2]
+                        flags = FLAGS[n % len(FLAGS)]
+                        shape = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
+                        yield pytest.param(
+                            kind, config, head_dim, dtype, flags, tma, arch, dq_atomic,
+                            id=f"{kind}-d{head_dim}-{shape}-{'tma-' if tma else ''}{dtype}-flags{n % len(FLAGS)}"
+                            f"-sm{arch}{'-atomic' if dq_atomic else ''}",
+                        )  # fmt: skip
 
 
-@pytest.mark.parametrize("kind, config, head_dim, dtype, flags, tma, arch", list(_cases()))
-def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, arch):
+@pytest.mark.parametrize("kind, config, head_dim, dtype, flags, tma, arch, dq_atomic", list(_cases()))
+def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, arch, dq_atomic):
     if tma and not HAS_TENSOR_DESCRIPTOR:
         pytest.skip("TMA descriptors need Triton >= 3.4: the launchers never choose these configs here")
     block_d = triton.next_power_of_2(head_dim)
@@ -72,6 +92,8 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
         ALIBI=alibi, UPCAST=False, HEADS_OUTER=heads_outer, **config.meta(),
     )  # fmt: skip
     kernel = KERNELS[kind]
+    if kind == "dkdv":
+        constexprs["DQ_ATOMIC"] = dq_atomic
     signature = {name: _type(name, dtype, descriptor) for name in kernel.arg_names if name not in constexprs}
     compile_to_cubin(
         kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=config.num_warps,
@@ -80,15 +102,27 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
 
 
 @pytest.mark.parametrize(
-    "block_d, dtype, is_varlen, has_dlse, arch",
-    [(64, "fp16", False, True, 80), (128, "bf16", True, False, 90), (256, "bf16", False, False, 80)],
+    "block_d, dtype, is_varlen, has_dlse, zero_dq, arch",
+    [(64, "fp16", False, True, True, 80), (128, "bf16", True, False, True, 90), (256, "bf16", False, False, False, 80)],
 )
-def test_preprocess_kernel_compiles(block_d, dtype, is_varlen, has_dlse, arch):
+def test_preprocess_kernel_compiles(block_d, dtype, is_varlen, has_dlse, zero_dq, arch):
     head_dim = HEAD_DIMS[block_d][1]
     kernel = _attn_bwd_preprocess_kernel
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M[block_d], IS_VARLEN=is_varlen,
-        HAS_DLSE=has_dlse,
+        HAS_DLSE=has_dlse, ZERO_DQ=zero_dq,
     )  # fmt: skip
+    signature = {name: _type(name, dtype, "") for name in kernel.arg_names if name not in constexprs}
+    compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=PREPROCESS_WARPS)
+
+
+@pytest.mark.parametrize("block_d, dtype, is_varlen, arch", [(64, "bf16", True, 90), (128, "fp16", False, 80)])
+def test_dq_convert_kernel_compiles(block_d, dtype, is_varlen, arch):
+    """The atomic dQ path's conversion (used for BLOCK_D classes 64 and 128)."""
+    head_dim = HEAD_DIMS[block_d][2]
+    kernel = _attn_bwd_dq_convert_kernel
+    constexprs = dict(
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M[block_d], IS_VARLEN=is_varlen, UPCAST=False
+    )
     signature = {name: _type(name, dtype, "") for name in kernel.arg_names if name not in constexprs}
     compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=PREPROCESS_WARPS)

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Callable, Optional
 
 import torch
+import triton
+
+TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 # Triton decides at decoration time whether @triton.jit kernels are interpreted; so do we.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -42,10 +46,34 @@ HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "
 # torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
 if hasattr(torch.amp, "custom_fwd"):
     custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
-    custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
+    _torch_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
 else:  # pragma: no cover - torch < 2.4
     custom_fwd = torch.cuda.amp.custom_fwd
-    custom_bwd = torch.cuda.amp.custom_bwd
+    _torch_custom_bwd = torch.cuda.amp.custom_bwd
+
+# True while torch.compile traces (torch >= 2.3 spells it torch.compiler.is_compiling; older torch
+# cannot trace these Functions without a graph break, so it always runs them eagerly).
+is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
+def custom_bwd(bwd: Callable) -> Callable:
+    """torch's custom_bwd (the backward runs under the forward's autocast state), entered only
+    when the forward ran under autocast.
+
+    torch's decorator enters an autocast context on every call (a sizeable part of a backward's
+    host time); with autocast off in the forward that context only disables autocast, which
+    these backwards (allocations and Triton launches) do not need. Under autocast, or while
+    torch.compile traces, torch's decorator runs as is.
+    """
+    with_autocast = _torch_custom_bwd(bwd)
+
+    @functools.wraps(bwd)
+    def call(ctx, *grads):
+        if ctx._fwd_used_autocast or is_compiling():
+            return with_autocast(ctx, *grads)
+        return bwd(ctx, *grads)
+
+    return call
 
 
 def autocast_dtype(device_type: str):
@@ -68,3 +96,65 @@ def device_capability(index: int) -> tuple:
     if INTERPRETING:
         return (0, 0)
     return torch.cuda.get_device_capability(index)
+
+
+# Direct launches (Triton 3.4 to 3.9, compiled): after a launch plan's first launch through the
+# JIT, the plan calls the compiled kernel's launcher itself, as torch Inductor does, skipping the
+# JIT's per-call argument binding, specialization and cache lookup (the plan's key already fixes
+# every specialization: strides, sizes, dtypes, 16-byte alignment). The launcher's signature is
+# (grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook,
+# *every kernel argument), constexprs included, in these versions; outside them the JIT runs
+# every launch.
+DIRECT_LAUNCH = not INTERPRETING and (3, 4) <= TRITON_VERSION <= (3, 9)
+
+
+def current_device_index() -> Optional[int]:
+    """The current CUDA device (what Triton's JIT compiles and launches for); None when interpreting."""
+    if INTERPRETING:
+        return None
+    return torch._C._cuda_getDevice()
+
+
+def _hook_active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def direct_launcher(compiled) -> Optional[Callable]:
+    """launch(grid, tensors, trailing) -> bool for a kernel the JIT compiled and launched, or None.
+
+    It launches `compiled` on the current stream with the arguments tensors + trailing and returns
+    True; or launches nothing and returns False (the caller then goes through the JIT) when the
+    current device is not the one the kernel was loaded on, or a launch hook is installed (a
+    profiler wants the launch metadata the JIT computes).
+    """
+    if not DIRECT_LAUNCH or compiled is None:
+        return None
+    run = getattr(compiled, "run", None)
+    function = getattr(compiled, "function", None)
+    metadata = getattr(compiled, "packed_metadata", None)
+    if run is None or function is None or metadata is None:
+        return None
+    runtime = triton.knobs.runtime
+    device = torch._C._cuda_getDevice()
+    get_device = torch._C._cuda_getDevice
+    get_stream = torch._C._cuda_getCurrentRawStream
+
+    def launch(grid, tensors, trailing) -> bool:
+        if get_device() != device or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook):
+            return False
+        run(grid[0], 1, 1, get_stream(device), function, metadata, None, None, None, *tensors, *trailing)
+        return True
+
+    return launch
+
+
+def descriptor_like(template, tensor: torch.Tensor):
+    """A TensorDescriptor of `template`'s shape, strides and block over `tensor`'s data.
+
+    The launch plan made and validated `template` for tensors of this shape, strides and
+    alignment; the copy skips the dataclass' validation (a sizeable host cost per launch).
+    """
+    desc = object.__new__(type(template))
+    desc.__dict__.update(template.__dict__)
+    desc.base = tensor
+    return desc

@@ -71,6 +71,12 @@ def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int) -
         )
 
 
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def check_layout(layout) -> bool:
     """True for the SDPA layout (B, H, S, D), False for FlashAttention's (B, S, H, D)."""
     if layout not in LAYOUTS:

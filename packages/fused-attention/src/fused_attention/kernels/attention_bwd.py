@@ -1,20 +1,31 @@
-"""Flash attention backward (FlashAttention-2 structure), three kernels:
+"""Flash attention backward (FlashAttention-2 structure).
 
 1. `_attn_bwd_preprocess_kernel`: delta_i = sum_d dO_id * O_id (minus dLSE_i when the LSE itself
-   has a gradient), one program per (query block, batch, head).
+   has a gradient), one program per (query block, batch, head); with ZERO_DQ it also zeroes the
+   fp32 dQ accumulator rows of its block (no separate memset launch).
 2. `_attn_bwd_dkdv_kernel`: one program per (key block, batch, kv head). K and V stay on chip; the
    program loops over the query heads that share the kv head (GQA/MQA) and, for each, over the
    query blocks that see the key block, recomputing P^T = exp2(S^T - LSE) from the saved LSE:
    dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q. dK and dV are reduced in registers
-   and written once: no atomics, deterministic.
-3. `_attn_bwd_dq_kernel`: one program per (query block, batch, head), looping over key blocks:
-   dQ += dS K.
+   and written once. With DQ_ATOMIC (the default path) the same iteration also forms this key
+   block's share of dQ, (dS K)^T = K^T dS^T, and adds it to an fp32 accumulator with relaxed
+   atomics: five matmuls per (key block, query block) pair in one kernel, the FlashAttention-2
+   count, instead of seven over two kernels (the dQ kernel recomputes S and dP). For a full
+   (non-causal) range each program starts its query loop at its own key block's offset, so the
+   programs of one head that run side by side add into different dQ rows.
+3. `_attn_bwd_dq_convert_kernel` (DQ_ATOMIC path): dQ = softmax_scale * accumulator, in q's dtype.
+4. `_attn_bwd_dq_kernel` (the deterministic path): one program per (query block, batch, head),
+   looping over key blocks: dQ += dS K, without atomics (bit-reproducible, two more matmuls).
 
 Both main kernels split their loop like the forward: boundary blocks (band edges, ragged tails)
 build a mask, fully visible blocks do not, and on Hopper with TMA they stream their tiles
 through tensor descriptors. All products are computed transposed in the dK/dV kernel (S^T, P^T)
-so that every matmul has the key block as its M dimension. Gradients are accumulated in fp32 and
-written in the input dtype.
+so that every matmul has the key block (or the head dim) as its M dimension. Gradients are
+accumulated in fp32 and written in the input dtype.
+
+Sizes, options and the LSE strides are not specialized by the JIT (`do_not_specialize`): they
+change from call to call without changing the code worth generating, and every specialization
+is a compile.
 """
 
 import triton
@@ -35,21 +46,29 @@ from .common import (
     _to_dtype,
 )
 
+# Arguments the JIT does not specialize (see the module docstring).
+_SIZES = ["kv_group", "max_seqlen_q", "max_seqlen_k", "window_left", "window_right"]
+_SMALL_STRIDES = ["stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
 
-@triton.jit
+
+@triton.jit(
+    do_not_specialize=["stride_dlse_b", "stride_dlse_h", "stride_dlse_s", "stride_delta_b", "stride_delta_h",
+                       "n_heads", "max_seqlen_q"]
+)  # fmt: skip
 def _attn_bwd_preprocess_kernel(
     # pointers
-    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_seqlens_q_ptr,
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, dq_accum_ptr, cu_seqlens_q_ptr,
     # strides
     stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
     stride_dlse_b, stride_dlse_h, stride_dlse_s,
     stride_delta_b, stride_delta_h,
+    stride_dqab, stride_dqah, stride_dqad,
     # sizes
     n_heads, max_seqlen_q,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
+    HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):  # fmt: skip
     num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
     pid = tl.program_id(0)
@@ -63,12 +82,13 @@ def _attn_bwd_preprocess_kernel(
         if m0 >= seqlen_q:
             return
     batch64 = batch.to(tl.int64)
+    head64 = head.to(tl.int64)
     row0 = (q_start + m0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_M)
     offs_m = m0 + offs_r
     offs_d = tl.arange(0, BLOCK_D)
-    o_ptrs = o_ptr + batch64 * stride_ob + row0 * stride_os + head.to(tl.int64) * stride_oh
-    do_ptrs = do_ptr + batch64 * stride_dob + row0 * stride_dos + head.to(tl.int64) * stride_doh
+    o_ptrs = o_ptr + batch64 * stride_ob + row0 * stride_os + head64 * stride_oh
+    do_ptrs = do_ptr + batch64 * stride_dob + row0 * stride_dos + head64 * stride_doh
     o = _load_tile(
         o_ptrs + offs_r[:, None] * stride_os + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, True,
         BLOCK_D != HEAD_DIM,
@@ -79,19 +99,27 @@ def _attn_bwd_preprocess_kernel(
     )  # fmt: skip
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     if HAS_DLSE:
-        dlse_ptrs = dlse_ptr + batch64 * stride_dlse_b + head.to(tl.int64) * stride_dlse_h + row0 * stride_dlse_s
+        dlse_ptrs = dlse_ptr + batch64 * stride_dlse_b + head64 * stride_dlse_h + row0 * stride_dlse_s
         delta -= tl.load(dlse_ptrs + offs_r * stride_dlse_s, mask=offs_m < seqlen_q, other=0.0).to(tl.float32)
-    delta_ptrs = delta_ptr + batch64 * stride_delta_b + head.to(tl.int64) * stride_delta_h + q_start + offs_m
+    delta_ptrs = delta_ptr + batch64 * stride_delta_b + head64 * stride_delta_h + q_start + offs_m
     tl.store(delta_ptrs, delta, mask=offs_m < seqlen_q)
+    if ZERO_DQ:
+        dqa_ptrs = dq_accum_ptr + batch64 * stride_dqab + head64 * stride_dqah + row0
+        _store_tile(
+            dqa_ptrs + offs_d.to(tl.int64)[None, :] * stride_dqad + offs_r[:, None],
+            tl.zeros([BLOCK_M, BLOCK_D], tl.float32), offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+        )  # fmt: skip
 
 
 @triton.jit
 def _dkdv_update(
-    dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2,
-    alibi_ref, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    UPCAST: tl.constexpr,
+    dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
+    window_right, qk_scale, slope2, alibi_ref,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries])."""
+    """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
+    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
     s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
     if ALIBI == 1:
         s_t += (slope2 * (offs_n - alibi_ref).to(tl.float32))[:, None]
@@ -100,30 +128,53 @@ def _dkdv_update(
     p_t = tl.math.exp2(s_t - lse2[None, :])
     if MASKED:
         visible = _band_mask(offs_m[None, :], offs_n[:, None], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
-        p_t = tl.where(visible & (offs_m[None, :] < seqlen_q), p_t, 0.0)
+        visible = visible & (offs_m[None, :] < seqlen_q)
+        if DQ_ATOMIC:
+            # Keys past the tail: their dK/dV rows are never stored, but P there is unbounded (the
+            # zero K row scores 0) and would reach dQ as inf * 0; the caller masks such blocks.
+            visible = visible & (offs_n[:, None] < seqlen_k)
+        p_t = tl.where(visible, p_t, 0.0)
     dv = _dot_acc(_to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
     dp_t = _dot(v, tl.trans(do), UPCAST)
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk = _dot_acc(_to_dtype(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
+    ds_t = _to_dtype(p_t * (dp_t - delta[None, :]), q.dtype, UPCAST)
+    dk = _dot_acc(ds_t, q, dk, UPCAST)
+    if DQ_ATOMIC:
+        dq_t = _dot(tl.trans(k), ds_t, UPCAST)  # [BLOCK_D, BLOCK_M]: (dS K)^T, the head dim as M
+        if MASKED:
+            tl.atomic_add(dqa_ptrs, dq_t, mask=(offs_m[None, :] < seqlen_q) & (offs_d[:, None] < HEAD_DIM),
+                          sem="relaxed")  # fmt: skip
+        elif BLOCK_D != HEAD_DIM:
+            tl.atomic_add(dqa_ptrs, dq_t, mask=offs_d[:, None] < HEAD_DIM, sem="relaxed")
+        else:
+            tl.atomic_add(dqa_ptrs, dq_t, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _dkdv_blocks(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
-    stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
+    dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
+    stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
+    slope2, alibi_ref, lo, hi, rotate,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
-    HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Query blocks [lo, hi) of one query head against the resident key block."""
+    """Query blocks [lo, hi) of one query head against the resident key block; with ROTATE the loop
+    starts at block lo + rotate and wraps around. dqa_rows: [BLOCK_D, 1] pointers to this head's
+    dQ accumulator rows (one per head-dim index, positions contiguous)."""
     offs_r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q_offs = offs_r[:, None] * stride_qs + offs_d[None, :]
     do_offs = offs_r[:, None] * stride_dos + offs_d[None, :]
     stride_qs64 = stride_qs.to(tl.int64)
     stride_dos64 = stride_dos.to(tl.int64)
-    for start_m in range(lo, hi, BLOCK_M):
+    span = hi - lo
+    for step in range(0, span, BLOCK_M):
+        if ROTATE:
+            start_m = step + rotate
+            start_m = lo + tl.where(start_m >= span, start_m - span, start_m)
+        else:
+            start_m = lo + step
         rows = start_m + offs_r
         q = _load_rows(
             q_base, q_desc, desc_batch, desc_row, head, start_m, offs_r, stride_qs64, q_offs, seqlen_q,
@@ -142,16 +193,17 @@ def _dkdv_blocks(
         if ALIBI == 1:
             lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
         dk, dv = _dkdv_update(
-            dk, dv, k, v, q, do, lse2, delta, rows, offs_n, seqlen_q, diag, window_left, window_right, qk_scale,
-            slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d,
+            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, HEAD_DIM, BLOCK_D,
+            MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_kv_heads", *_SIZES, *_SMALL_STRIDES])
 def _attn_bwd_dkdv_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_accum_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr,
     cu_seqlens_k_ptr, q_desc, do_desc,
     # strides (batch, position, head); the head dim has unit stride. delta shares the LSE's strides.
     stride_qb, stride_qs, stride_qh,
@@ -160,13 +212,15 @@ def _attn_bwd_dkdv_kernel(
     stride_dob, stride_dos, stride_doh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
+    stride_dqab, stride_dqah, stride_dqad,
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
     # sizes and options
     n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -206,41 +260,55 @@ def _attn_bwd_dkdv_kernel(
     )  # fmt: skip
     qk_scale = softmax_scale * LOG2E
     # Queries that see this key block; keys past the tail need no mask here (their rows of dK/dV
-    # are never stored), so the range is computed over the block's real keys.
+    # are never stored, and with DQ_ATOMIC they are zero rows of K: they add nothing to dQ), so
+    # the range is computed over the block's real keys.
     last_n = tl.minimum(n0 + BLOCK_N, seqlen_k) - 1
     start, full_start, full_end, end = _band_blocks(
         n0 - diag, last_n - diag, seqlen_q, window_right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_M
     )
+    rotate = full_start * 0
+    if DQ_ATOMIC:
+        # A key block with a ragged tail takes every query block through the masked path (its
+        # dQ shares must exclude the missing keys).
+        full_end = tl.where(n0 + BLOCK_N > seqlen_k, full_start, full_end)
+        if not HAS_RIGHT:
+            # No right bound (full or left-window ranges): the key blocks of one head would all
+            # start at the same query block; each starts at its own offset instead, so programs
+            # running side by side add into different dQ rows.
+            span = full_end - full_start
+            rotate = ((n0 // BLOCK_M) * BLOCK_M) % tl.maximum(span, BLOCK_M)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     q_row0 = q_start.to(tl.int64)
+    dqa_dim_offs = offs_d.to(tl.int64)[:, None] * stride_dqad
     for group_index in range(kv_group):
         head = kv_head * kv_group + group_index
         head64 = head.to(tl.int64)
         q_base = q_ptr + batch64 * stride_qb + q_row0 * stride_qs + head64 * stride_qh
         do_base = do_ptr + batch64 * stride_dob + q_row0 * stride_dos + head64 * stride_doh
+        dqa_rows = dq_accum_ptr + batch64 * stride_dqab + head64 * stride_dqah + q_row0 + dqa_dim_offs
         lse_base = lse_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         delta_base = delta_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
         if HAS_RIGHT:
             dk, dv = _dkdv_blocks(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
-                stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
-                start, full_start, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
-                USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, n0, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                HAS_RIGHT, ALIBI, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
-            stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
-            full_start, full_end, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+            qk_scale, slope2, n0, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+            ALIBI, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
-            stride_qs, stride_dos, offs_n, seqlen_q, diag, window_left, window_right, qk_scale, slope2, n0,
-            full_end, end, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
-            HEADS_OUTER, UPCAST,
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+            qk_scale, slope2, n0, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
+            DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
@@ -253,6 +321,50 @@ def _attn_bwd_dkdv_kernel(
     _store_tile(
         dv_ptrs + offs_c[:, None] * stride_dvs + offs_d[None, :], _to_dtype(dv, dv_ptr.dtype.element_ty, UPCAST),
         offs_n, seqlen_k, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["n_heads", "max_seqlen_q"])
+def _attn_bwd_dq_convert_kernel(
+    # pointers
+    dq_accum_ptr, dq_ptr, cu_seqlens_q_ptr,
+    # strides
+    stride_dqab, stride_dqah, stride_dqad,
+    stride_dqb, stride_dqs, stride_dqh,
+    # sizes and options
+    n_heads, max_seqlen_q, softmax_scale,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """dQ = softmax_scale * the fp32 accumulator, in dQ's dtype; one program per (query block, batch, head)."""
+    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m_blocks
+    batch_head = pid // num_m_blocks
+    batch = batch_head // n_heads
+    head = batch_head % n_heads
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if IS_VARLEN:
+        if m0 >= seqlen_q:
+            return
+    batch64 = batch.to(tl.int64)
+    head64 = head.to(tl.int64)
+    row0 = (q_start + m0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = m0 + offs_r
+    offs_d = tl.arange(0, BLOCK_D)
+    dqa_ptrs = dq_accum_ptr + batch64 * stride_dqab + head64 * stride_dqah + row0
+    dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh
+    dq = _load_tile(
+        dqa_ptrs + offs_d.to(tl.int64)[None, :] * stride_dqad + offs_r[:, None], offs_m, seqlen_q, offs_d, HEAD_DIM,
+        True, BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    _store_tile(
+        dq_ptrs + offs_r[:, None] * stride_dqs + offs_d[None, :],
+        _to_dtype(dq * softmax_scale, dq_ptr.dtype.element_ty, UPCAST), offs_m, seqlen_q, offs_d, HEAD_DIM,
+        BLOCK_D != HEAD_DIM,
     )  # fmt: skip
 
 
@@ -308,7 +420,7 @@ def _dq_blocks(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads", *_SIZES, *_SMALL_STRIDES])
 def _attn_bwd_dq_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,

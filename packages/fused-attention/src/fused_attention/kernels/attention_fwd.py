@@ -13,6 +13,9 @@ visible ones also take the FMA form of the softmax update, and on Hopper with TM
 through tensor descriptors (TMA copies into multi-buffered shared memory).
 Programs walk query blocks last-first, so the longest causal rows start first.
 
+Sizes, options and the LSE/slope strides are not specialized by the JIT (`do_not_specialize`):
+they change from call to call without changing the code worth generating.
+
 Trade-offs: head dims that are not powers of two (80, 96, 160, 192) pay for the padded lanes in
 both matmuls; rows of a query block that fall past the sequence end are computed and discarded.
 """
@@ -104,7 +107,10 @@ def _fwd_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["n_heads", "kv_group", "max_seqlen_q", "max_seqlen_k", "window_left", "window_right",
+                       "stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
+)  # fmt: skip
 def _attn_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, k_desc, v_desc,

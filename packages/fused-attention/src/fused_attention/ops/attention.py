@@ -3,7 +3,13 @@
 Where torch has `torch.library.custom_op` (torch >= 2.4) the forward and backward launchers are
 registered as the custom ops `fused_attention::fwd` and `fused_attention::bwd`, with fake
 implementations and registered autograd, so `torch.compile(fullgraph=True)` traces through them.
-Eager calls (and older torch) run the same launchers inside `FlashAttentionFunction`.
+Eager calls (and older torch) run the same launchers inside `FlashAttentionFunction`, or call
+the forward launcher directly when no input needs a gradient.
+
+The eager host path is kept short (it is paid per layer per step, and at short sequences it
+used to exceed the kernels): the checks read each attribute once, and their outcome for a
+combination of shapes, dtypes, devices and options is cached (`_dense_spec`), so a repeated call
+costs one dictionary lookup before the launchers, which cache their launch plans likewise.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .._compat import HAS_CUSTOM_OP, autocast_dtype, custom_bwd, custom_fwd
+from .._compat import HAS_CUSTOM_OP, autocast_dtype, custom_bwd, custom_fwd, is_compiling
 from .._validation import (
     check_alibi_slopes,
+    check_bool,
     check_cu_seqlens,
     check_device,
     check_heads,
@@ -35,16 +42,18 @@ class FlashAttentionFunction(torch.autograd.Function):
     @custom_fwd
     def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
         out, lse = attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-        ctx.spec = spec
+        ctx.save_for_backward(q, k, v, out, lse)
+        # Inputs without gradients, never modified by the kernels: kept on ctx directly (fewer
+        # saved-tensor unpacks in the backward).
+        ctx.extras = (alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     @custom_bwd
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        dq, dk, dv = _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, ctx.spec)
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(dout, dlse, q, k, v, out, lse, *ctx.extras)
         return dq, dk, dv, None, None, None, None
 
 
@@ -116,9 +125,13 @@ if HAS_CUSTOM_OP:
 
 def _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
     """The custom op while torch.compile traces; in eager mode the autograd.Function, which runs
-    the same launchers without the custom-op dispatch (tens of microseconds a call)."""
-    if HAS_CUSTOM_OP and _compiling():
-        return _fwd_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *spec.to_op_args())
+    the same launchers without the custom-op dispatch (tens of microseconds a call), or the
+    forward launcher alone when no input needs a gradient (no autograd node)."""
+    if is_compiling():
+        if HAS_CUSTOM_OP:
+            return _fwd_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *spec.to_op_args())
+    elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
     return FlashAttentionFunction.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
 
 
@@ -148,6 +161,7 @@ def flash_attention(
     window_size: Tuple[int, int] = (-1, -1),
     return_lse: bool = False,
     layout: str = "bshd",
+    deterministic: bool = False,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, differentiable in q, k, v.
 
@@ -163,11 +177,49 @@ def flash_attention(
         -1 leaves a side unbounded. Combines with causal (which sets right = 0).
     return_lse: also return the fp32 log-sum-exp of the scaled scores, (B, H, S_q) (differentiable).
     layout: "bshd" or "bhsd"; the output has q's shape, contiguous in that layout.
+    deterministic: compute dQ in the backward without atomics (bit-reproducible gradients, about
+        1.3x the backward's time); by default dQ is accumulated with fp32 atomics, so its last
+        bits may differ between runs (as FlashAttention-2's default).
 
     Returns out, or (out, lse). A query that sees no key gets out = 0 and lse = -inf. Under
     torch.autocast, fp32 inputs are cast to the autocast dtype first.
     """
     q, k, v = _autocast_inputs(q, k, v)
+    spec = _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
+    out, lse = _apply(q, k, v, alibi_slopes, None, None, spec)
+    return (out, lse) if return_lse else out
+
+
+# Specs of the argument combinations seen so far (bounded: cleared when full).
+_SPECS: dict = {}
+_MAX_SPECS = 4096
+
+
+def _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> AttentionSpec:
+    """flash_attention's checks and spec, cached by everything they read (the option types too,
+    so that a bool where an int belongs is not let through by an equal cached key)."""
+    try:
+        key = (
+            q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+            causal, causal.__class__, softmax_scale, softmax_scale.__class__, window_size, window_size.__class__,
+            window_size[0].__class__, window_size[1].__class__, layout, deterministic, deterministic.__class__,
+            None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.dtype, alibi_slopes.device),
+        )  # fmt: skip
+        spec = _SPECS.get(key)
+    except Exception:  # a non-tensor or an unhashable option: the checks below name the culprit
+        key = spec = None
+    if spec is None:
+        spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
+        if key is not None:
+            if len(_SPECS) >= _MAX_SPECS:
+                _SPECS.clear()
+            _SPECS[key] = spec
+    return spec
+
+
+def _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> AttentionSpec:
     check_qkv_dtypes(q, k, v)
     bhsd = check_layout(layout)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -187,14 +239,12 @@ def flash_attention(
     scale = check_softmax_scale(softmax_scale, head_dim)
     window_left, window_right = check_window(window_size, causal, seqlen_q, seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
+    check_bool("deterministic", deterministic)
     check_device(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
-    spec = AttentionSpec(
+    return AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, seqlen_q, seqlen_k, scale, window_left, window_right,
-        alibi_slopes is not None, False, bhsd,
+        alibi_slopes is not None, False, bhsd, deterministic,
     )  # fmt: skip
-    q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
-    out, lse = _apply(q, k, v, alibi_slopes, None, None, spec)
-    return (out, lse) if return_lse else out
 
 
 def flash_attention_varlen(
@@ -211,6 +261,7 @@ def flash_attention_varlen(
     window_size: Tuple[int, int] = (-1, -1),
     return_lse: bool = False,
     check_seqlens: bool = True,
+    deterministic: bool = False,
 ):
     """flash_attention over a packed batch of variable-length sequences, differentiable in q, k, v.
 
@@ -224,6 +275,7 @@ def flash_attention_varlen(
     return_lse: also return the fp32 LSE, (H, total_q).
     check_seqlens: read the offsets back to check them against the packed lengths and the
         max_seqlen arguments (one device sync per call; skipped while torch.compile traces).
+    deterministic: as flash_attention.
 
     Returns out (total_q, H, D), or (out, lse).
     """
@@ -241,7 +293,7 @@ def flash_attention_varlen(
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     max_seqlen_q = check_seqlen_arg("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = check_seqlen_arg("max_seqlen_k", max_seqlen_k)
-    check_values = check_seqlens and not _compiling()
+    check_values = check_seqlens and not is_compiling()
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, check_values)
     batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, check_values)
     if batch_k != batch:
@@ -249,16 +301,12 @@ def flash_attention_varlen(
     scale = check_softmax_scale(softmax_scale, head_dim)
     window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
+    check_bool("deterministic", deterministic)
     check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
     spec = AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
-        alibi_slopes is not None, True, False,
+        alibi_slopes is not None, True, False, deterministic,
     )  # fmt: skip
     q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
     out, lse = _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
     return (out, lse) if return_lse else out
-
-
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())

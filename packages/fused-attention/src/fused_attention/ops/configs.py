@@ -2,14 +2,16 @@
 
 Each kernel has a short list of block shapes per padded head dim (BLOCK_D of 64 or less, 128,
 256) and per load path, chosen for the H100 (132 SMs, 227 KB of shared memory per block, 255
-registers per thread) from `ptxas -v` register and spill counts of the sm_90 builds: every TMA
-entry is spill-free except the dK/dV kernel at BLOCK_D 256 (the two [64, 256] fp32 accumulators
-alone take 128 registers a thread) and one dK/dV candidate at 128 (12 bytes); pointer entries,
-which also serve Ampere, are spill-free on sm_90 except dK/dV at 128 and 256. Lists are short
-because each entry is a compile on first use. The autotuner keys on the head dim and the
-mask/bias specialization (and the dtypes), not on sequence lengths, so a varlen batch never
-re-tunes. When interpreting, each kernel runs one small config instead, so that tiny test
-shapes span several blocks.
+registers per thread) from `ptxas -v` register and spill counts of sm_90 builds (Triton 3.9):
+the forward is spill-free; the dK/dV kernel at BLOCK_D 128 holds two [128, 128] fp32
+accumulators (128 registers a thread) and spills a little (TMA, 32x128: about 80 bytes without
+the atomic dQ, 180 with it; 16x128: 90 with it), at 64 it is spill-free, at 256 it spills (its
+[64, 256] accumulators). Lists are short because each entry is a compile on first use (and the
+dQ kernel, which only the deterministic backward runs below BLOCK_D 256, has one entry there).
+The autotuner keys on the head dim, the mask/bias specialization and the dQ mode (and the
+dtypes), not on sequence lengths, so a varlen batch never re-tunes; the launchers consult it
+once per launch plan. When interpreting, each kernel runs one small config instead, so that tiny
+test shapes span several blocks.
 """
 
 from __future__ import annotations
@@ -27,7 +29,21 @@ from ..kernels.attention_fwd import _attn_fwd_kernel
 KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}
 
 # What the best config depends on besides the tensor dtypes (which the autotuner adds itself).
-AUTOTUNE_KEY = ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI"]
+AUTOTUNE_KEY = {
+    "fwd": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI"],
+    "dkdv": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "DQ_ATOMIC"],
+    "dq": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI"],
+}
+# Arguments each timed autotune run must find zeroed: the dK/dV kernel adds into the fp32 dQ
+# accumulator (DQ_ATOMIC; otherwise the argument is dK, which the kernel overwrites).
+RESET_TO_ZERO = {"fwd": None, "dkdv": ["dq_accum_ptr"], "dq": None}
+
+# The backward's dQ: True adds each key block's share into an fp32 accumulator with atomics inside
+# the dK/dV kernel (5 matmuls per block pair; not bit-reproducible), False runs the separate dQ
+# kernel (7 matmuls; deterministic). Per BLOCK_D class: at 256 the dK/dV kernel's registers are
+# already spent on its two [64, 256] accumulators and its query tiles are 16 rows, so it keeps
+# the separate kernel.
+DQ_ATOMIC = {64: True, 128: True, 256: False}
 
 
 @dataclass(frozen=True)
@@ -58,12 +74,12 @@ TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
     },
     "dkdv": {
         64: [C(32, 128, 8, 2, True), C(64, 128, 8, 2, True)],
-        128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True), C(32, 64, 8, 2, True)],
+        128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True)],
         256: [C(16, 64, 8, 2, True)],
     },
     "dq": {
-        64: [C(128, 64, 8, 3, True), C(128, 128, 8, 2, True)],
-        128: [C(128, 64, 8, 2, True), C(64, 64, 4, 3, True)],
+        64: [C(128, 64, 8, 3, True)],
+        128: [C(128, 64, 8, 2, True)],
         256: [C(64, 32, 8, 2, True), C(64, 64, 8, 2, True)],
     },
 }
@@ -80,8 +96,8 @@ POINTER_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
         256: [C(16, 64, 8, 2)],
     },
     "dq": {
-        64: [C(128, 64, 8, 3), C(64, 64, 4, 3)],
-        128: [C(128, 64, 8, 2), C(64, 64, 4, 3)],
+        64: [C(128, 64, 8, 3)],
+        128: [C(128, 64, 8, 2)],
         256: [C(64, 32, 8, 2), C(64, 32, 4, 2)],
     },
 }
@@ -90,7 +106,8 @@ POINTER_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
 # unmasked loop ranges and query/key blocks that do not line up.
 INTERPRETER_CONFIGS = {"fwd": C(32, 16, 4, 1), "dkdv": C(16, 32, 4, 1), "dq": C(32, 16, 4, 1)}
 
-# The delta = rowsum(dO * O) pre-pass is memory-bound: a fixed config per BLOCK_D.
+# The delta = rowsum(dO * O) pre-pass (which also zeroes the dQ accumulator) and the dQ
+# conversion are memory-bound: a fixed config per BLOCK_D.
 PREPROCESS_BLOCK_M = {64: 128, 128: 64, 256: 32}
 PREPROCESS_WARPS = 4
 
@@ -108,6 +125,11 @@ def candidate_configs(kind: str, block_d: int, tma: bool) -> List[KernelConfig]:
 
 def preprocess_block_m(block_d: int) -> int:
     return 16 if INTERPRETING else PREPROCESS_BLOCK_M[block_d_class(block_d)]
+
+
+def dq_atomic(block_d: int, deterministic: bool) -> bool:
+    """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC)."""
+    return not deterministic and DQ_ATOMIC[block_d_class(block_d)]
 
 
 def _descriptor_hook(names: Tuple[str, ...], block: str):
@@ -129,12 +151,19 @@ DESCRIPTORS = {
 }
 
 
+def config_of(config: triton.Config) -> KernelConfig:
+    """The KernelConfig of an autotuner's triton.Config."""
+    kwargs = config.kwargs
+    return KernelConfig(kwargs["BLOCK_M"], kwargs["BLOCK_N"], config.num_warps, config.num_stages, kwargs["USE_TMA"])
+
+
 @functools.cache
 def autotuned_kernel(kind: str, block_d: int, tma: bool):
-    """`kind`'s kernel under an autotuner over candidate_configs (built on first use)."""
+    """`kind`'s kernel under an autotuner over candidate_configs (built on first use). The
+    launchers run it once per launch plan, to pick the config; later launches go around it."""
     hook = _descriptor_hook(*DESCRIPTORS[kind]) if tma else None
     configs = [
         triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
         for c in candidate_configs(kind, block_d, tma)
     ]
-    return triton.autotune(configs=configs, key=AUTOTUNE_KEY)(KERNELS[kind])
+    return triton.autotune(configs=configs, key=AUTOTUNE_KEY[kind], reset_to_zero=RESET_TO_ZERO[kind])(KERNELS[kind])

@@ -1,31 +1,58 @@
-"""Launchers of the attention kernels: allocate outputs, read strides, pick configs, launch.
+"""Launchers of the attention kernels: allocate outputs, look up the launch plan, launch.
 
 Inputs are already validated (see `attention.py`). Tensors are addressed through their strides
 as (batch, position, head, dim) with a unit-stride head dim; a packed varlen batch is a
 (total, heads, dim) tensor plus cu_seqlens. Nothing here copies an input.
+
+The host path is short because it is paid once per layer per step, and at short sequences it
+used to be longer than the kernels. Everything a launch needs that the call's shapes, strides,
+dtype, pointer alignment and options decide is computed once and cached as a launch plan:
+the config (autotuned once per plan, then never consulted again), the grid, every integer
+argument, the constexprs, the TMA descriptor templates. A call then builds one key, allocates
+its outputs and launches. After a plan's first launch (through Triton's JIT, which compiles)
+the compiled kernel is launched directly where `_compat.direct_launch` allows it (Triton >= 3.4,
+no launch hooks installed): the JIT's per-call argument binding and specialization, which the
+plan key has already decided, are skipped.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
-import triton
 
-from .._compat import HAS_TENSOR_DESCRIPTOR, INTERPRETING, UPCAST_DOTS, TensorDescriptor, device_capability
-from ..kernels.attention_bwd import _attn_bwd_preprocess_kernel
-from .configs import KERNELS, PREPROCESS_WARPS, KernelConfig, autotuned_kernel, preprocess_block_m
+from .._compat import (
+    HAS_TENSOR_DESCRIPTOR,
+    INTERPRETING,
+    UPCAST_DOTS,
+    TensorDescriptor,
+    current_device_index,
+    descriptor_like,
+    device_capability,
+    direct_launcher,
+)
+from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
+from .configs import (
+    KERNELS,
+    PREPROCESS_WARPS,
+    KernelConfig,
+    autotuned_kernel,
+    candidate_configs,
+    config_of,
+    dq_atomic,
+    preprocess_block_m,
+)
 
 
-@dataclass(frozen=True)
-class AttentionSpec:
+class AttentionSpec(NamedTuple):
     """Everything about one attention call except the tensors' data.
 
     Dense: tensors are (B, S, H, D) (`bhsd=False`) or (B, H, S, D) (`bhsd=True`). Varlen
     (`varlen=True`): (total, H, D) with cu_seqlens; max_seqlen_* bound every sequence.
-    window_left/right: -1 for no bound; causal is window_right = 0.
+    window_left/right: -1 for no bound; causal is window_right = 0. deterministic: the backward
+    computes dQ without atomics (bit-reproducible, slower). A tuple, so that it hashes fast as
+    part of a launch plan key.
     """
 
     batch: int
@@ -40,22 +67,23 @@ class AttentionSpec:
     has_alibi: bool
     varlen: bool
     bhsd: bool
+    deterministic: bool = False
 
     def to_op_args(self) -> Tuple[List[int], float]:
         """The fields as (ints, softmax_scale): what a torch custom op can take."""
-        ints = [getattr(self, name) for name in _INT_FIELDS]
-        return [int(x) if isinstance(x, bool) else x for x in ints], self.softmax_scale
+        return [int(getattr(self, name)) for name in _INT_FIELDS], self.softmax_scale
 
     @classmethod
     def from_op_args(cls, ints: List[int], softmax_scale: float) -> AttentionSpec:
         fields = dict(zip(_INT_FIELDS, ints), softmax_scale=softmax_scale)
-        for name in ("has_alibi", "varlen", "bhsd"):
+        for name in ("has_alibi", "varlen", "bhsd", "deterministic"):
             fields[name] = bool(fields[name])
         return cls(**fields)
 
     @property
     def block_d(self) -> int:
-        return triton.next_power_of_2(self.head_dim)
+        """The head dim padded to a power of two (the tile's width)."""
+        return 1 << (self.head_dim - 1).bit_length()
 
     @property
     def alibi_mode(self) -> int:
@@ -64,20 +92,16 @@ class AttentionSpec:
             return 0
         return 1 if self.window_right == 0 else 2
 
-    def meta(self) -> dict:
-        """The constexprs every main kernel shares (the block shape comes from a KernelConfig)."""
-        return {
-            "HEAD_DIM": self.head_dim,
-            "BLOCK_D": self.block_d,
-            "IS_VARLEN": self.varlen,
-            "HAS_LEFT": self.window_left >= 0,
-            "HAS_RIGHT": self.window_right >= 0,
-            "ALIBI": self.alibi_mode,
-            "UPCAST": UPCAST_DOTS,
-        }
+
+_INT_FIELDS = tuple(name for name in AttentionSpec._fields if name != "softmax_scale")
 
 
-_INT_FIELDS = tuple(name for name in AttentionSpec.__dataclass_fields__ if name != "softmax_scale")
+def _main_constexprs(spec: AttentionSpec) -> tuple:
+    """HEAD_DIM, BLOCK_D, IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI: the leading constexprs of the
+    three main kernels, in their parameter order."""
+    return (
+        spec.head_dim, spec.block_d, spec.varlen, spec.window_left >= 0, spec.window_right >= 0, spec.alibi_mode,
+    )  # fmt: skip
 
 
 def seq_strides(t: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int, int]:
@@ -94,6 +118,22 @@ def lse_shape(spec: AttentionSpec, total_q: int) -> Tuple[int, ...]:
     if spec.varlen:
         return (spec.n_heads, total_q)
     return (spec.batch, spec.n_heads, spec.max_seqlen_q)
+
+
+def _dq_accum_shape(spec: AttentionSpec, total_q: int) -> Tuple[int, ...]:
+    """The backward's fp32 dQ accumulator, (B, H, D, S_q) or (H, D, total_q) for varlen: positions
+    innermost (a key block's transposed dQ share, [D, positions], adds along contiguous memory,
+    with vector atomics), padded to a multiple of 16 so that every row starts 64-byte aligned."""
+    if spec.varlen:
+        return (spec.n_heads, spec.head_dim, -(-total_q // 16) * 16)
+    return (spec.batch, spec.n_heads, spec.head_dim, -(-spec.max_seqlen_q // 16) * 16)
+
+
+def _dq_accum_strides(dq_accum: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int, int]:
+    """(batch, head, dim) strides of the dQ accumulator (positions have unit stride)."""
+    if spec.varlen:
+        return 0, dq_accum.stride(0), dq_accum.stride(1)
+    return dq_accum.stride(0), dq_accum.stride(1), dq_accum.stride(2)
 
 
 def _lse_strides(lse: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int]:
@@ -114,6 +154,16 @@ def _slope_strides(alibi_slopes: Optional[torch.Tensor]) -> Tuple[int, int]:
     if alibi_slopes.dim() == 1:
         return 0, alibi_slopes.stride(0)
     return alibi_slopes.stride(0), alibi_slopes.stride(1)
+
+
+def _aligned(*tensors: Optional[torch.Tensor]) -> bool:
+    """Every given tensor's data starts on a 16-byte boundary (what Triton specializes pointers
+    on, and what TMA needs)."""
+    bits = 0
+    for t in tensors:
+        if t is not None:
+            bits |= t.data_ptr()
+    return bits % 16 == 0
 
 
 def _descriptor_view(t: torch.Tensor, spec: AttentionSpec) -> Optional[Tuple[List[int], List[int], bool]]:
@@ -170,43 +220,119 @@ def _descriptor(t: torch.Tensor, spec: AttentionSpec, block_rows: int) -> Tensor
 
 
 # Position of the two descriptor arguments in each kernel's argument list.
-DESCRIPTOR_POSITION = {"fwd": 8, "dkdv": 11, "dq": 10}
+DESCRIPTOR_POSITION = {"fwd": 8, "dkdv": 12, "dq": 10}
+# The config field that splits each main kernel's grid rows, and the one its descriptors tile.
+_ROW_BLOCK = {"fwd": "block_m", "dkdv": "block_n", "dq": "block_m"}
+_DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
 
 
-def _launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
-            args: tuple, tiled: Tuple[torch.Tensor, torch.Tensor]) -> None:  # fmt: skip
-    """Launch `kind` with a fixed config, or through its autotuner when config is None.
+class _Launch:
+    """One kernel launch as a plan fixes it: kernel, grid, launch options and the trailing
+    arguments (integers, constexprs) that the plan key decides; each call passes the tensors.
 
-    n_rows positions (split in blocks) x n_row_groups (batch x heads) programs. `tiled` are the two
-    tensors its inner loop streams (K, V; or Q, dO for dK/dV): with TMA the kernel gets descriptors
-    over them, else the same tensors as plain pointers, which it ignores.
+    The first call goes through Triton's JIT (which compiles, and returns the compiled kernel);
+    later calls use the compiled kernel's launcher directly where `_compat.direct_launcher`
+    gives one (and fall back to the JIT while it declines, e.g. with launch hooks installed).
     """
+
+    __slots__ = ("kernel", "grid", "trailing", "options", "direct")
+
+    def __init__(self, kernel, grid: tuple, trailing: tuple, num_warps: int, num_stages: Optional[int] = None):
+        self.kernel = kernel
+        self.grid = grid
+        self.trailing = trailing
+        self.options = {"num_warps": num_warps}
+        if num_stages is not None:
+            self.options["num_stages"] = num_stages
+        self.direct: Optional[Callable] = None
+
+    def __call__(self, *tensors) -> None:
+        direct = self.direct
+        if direct is not None and direct(self.grid, tensors, self.trailing):
+            return
+        compiled = self.kernel[self.grid](*tensors, *self.trailing, **self.options)
+        if direct is None:
+            self.direct = direct_launcher(compiled)
+
+
+class _MainLaunch(NamedTuple):
+    """A main kernel's launch, and the TMA descriptor templates its two streamed tensors become
+    (None: they are passed as plain pointers, which the kernel ignores)."""
+
+    launch: _Launch
+    descriptors: Optional[Tuple[TensorDescriptor, TensorDescriptor]]
+
+    def __call__(self, head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor]) -> None:
+        descriptors = self.descriptors
+        if descriptors is not None:
+            tiled = (descriptor_like(descriptors[0], tiled[0]), descriptor_like(descriptors[1], tiled[1]))
+        self.launch(*head, *tiled)
+
+
+def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
+                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple) -> _MainLaunch:  # fmt: skip
+    """The plan of main kernel `kind` for this call, after launching it once.
+
+    config None: the candidates of `configs.candidate_configs` (TMA ones on Hopper), the
+    autotuner choosing among several (it times them the first time its key is seen); the plan
+    keeps the winner. n_rows positions (split in blocks) x n_row_groups (batch x heads)
+    programs. `head` are the tensor arguments before the descriptor pair, `tiled` the two
+    tensors the inner loop streams (K, V; or Q, dO for dK/dV), `ints` the arguments after them
+    up to the constexprs.
+    """
+    constexprs = _main_constexprs(spec)
+    if kind == "dkdv":
+        constexprs += (dq_atomic(spec.block_d, spec.deterministic),)
+    constexprs += (UPCAST_DOTS,)
     if config is None:
-        heads_outer = _tma_layout(spec, tiled) if _tma_by_default(tiled[0].device) else None
-    elif config.use_tma:
-        heads_outer = _tma_layout(spec, tiled)
-        if heads_outer is None:
+        candidates = candidate_configs(kind, spec.block_d, _tma_by_default(head[0].device))
+    else:
+        candidates = [config]
+    heads_outer = _tma_layout(spec, tiled) if candidates[0].use_tma else None
+    if candidates[0].use_tma and heads_outer is None:
+        if config is not None:
             raise ValueError(f"{config} asks for TMA, but these tensors cannot be described by TMA descriptors")
-    else:
-        heads_outer = None
+        candidates = candidate_configs(kind, spec.block_d, False)
     tma = heads_outer is not None
-    if tma:
-        # The rows a descriptor block spans; the autotuner's pre-hook sets it for each config.
-        rows = 16 if config is None else config.meta()["BLOCK_M" if kind == "dkdv" else "BLOCK_N"]
-        tiled = tuple(_descriptor(t, spec, rows) for t in tiled)
-    split = DESCRIPTOR_POSITION[kind]
-    args = (*args[:split], *tiled, *args[split:])
-    meta = dict(spec.meta(), HEADS_OUTER=bool(heads_outer))
-    row_block = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"
-    if config is None:
-
-        def grid(launch_meta):
-            return (triton.cdiv(n_rows, launch_meta[row_block]) * n_row_groups,)
-
-        autotuned_kernel(kind, spec.block_d, tma)[grid](*args, **meta)
+    constexprs += (bool(heads_outer),)
+    compiled = None
+    if len(candidates) > 1:
+        # The autotuner's pre-hook gives the descriptors each config's block shape.
+        block = _ROW_BLOCK[kind].upper()
+        autotuned = autotuned_kernel(kind, spec.block_d, tma)
+        streamed = tuple(_descriptor(t, spec, 16) for t in tiled) if tma else tiled
+        compiled = autotuned[lambda meta: (-(-n_rows // meta[block]) * n_row_groups,)](
+            *head, *streamed, *ints, *constexprs
+        )
+        config = config_of(autotuned.best_config)
     else:
-        grid = (triton.cdiv(n_rows, config.meta()[row_block]) * n_row_groups,)
-        KERNELS[kind][grid](*args, **meta, **config.meta(), num_warps=config.num_warps, num_stages=config.num_stages)
+        config = candidates[0]
+    templates = tuple(_descriptor(t, spec, getattr(config, _DESCRIPTOR_ROWS[kind])) for t in tiled) if tma else None
+    grid = (-(-n_rows // getattr(config, _ROW_BLOCK[kind])) * n_row_groups,)
+    trailing = (*ints, *constexprs, config.block_m, config.block_n, config.use_tma)
+    main = _MainLaunch(_Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages), templates)
+    if compiled is None:
+        main(head, tiled)
+    else:
+        main.launch.direct = direct_launcher(compiled)
+    return main
+
+
+# Launch plans by key (see the module docstring); bounded, cleared when full.
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (the next calls rebuild them, choosing configs again)."""
+    _PLANS.clear()
+
+
+def _remember(key, plan):
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
 
 
 def attention_fwd(
@@ -220,21 +346,43 @@ def attention_fwd(
     config: Optional[KernelConfig] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE): O like q (contiguous in the call's layout), LSE fp32 natural-log."""
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape(spec, q.shape[0]), dtype=torch.float32, device=q.device)
+    device = q.device
+    o = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty(lse_shape(spec, q.shape[0]), dtype=torch.float32, device=device)
     if o.numel() == 0:
         return o, lse
-    placeholder = _placeholder_int32(q.device)
-    args = (
-        q, k, v, o, lse, lse if alibi_slopes is None else alibi_slopes,
-        placeholder if cu_seqlens_q is None else cu_seqlens_q, placeholder if cu_seqlens_k is None else cu_seqlens_k,
+    slopes = lse if alibi_slopes is None else alibi_slopes
+    if cu_seqlens_q is None:
+        cu_seqlens_q = cu_seqlens_k = _placeholder_int32(device)
+    key = (
+        "fwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), q.shape[0], k.shape[0],
+        None if alibi_slopes is None else alibi_slopes.stride(),
+        _aligned(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k), device, current_device_index(), config,
+    )  # fmt: skip
+    head = (q, k, v, o, lse, slopes, cu_seqlens_q, cu_seqlens_k)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        plan(head, (k, v))
+        return o, lse
+    ints = (
         *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(o, spec),
         *_lse_strides(lse, spec), *_slope_strides(alibi_slopes),
         spec.n_heads, spec.n_heads // spec.n_kv_heads, spec.max_seqlen_q, spec.max_seqlen_k, spec.softmax_scale,
         spec.window_left, spec.window_right,
     )  # fmt: skip
-    _launch("fwd", spec, config, spec.max_seqlen_q, spec.batch * spec.n_heads, args, (k, v))
+    _remember(key, _main_launch("fwd", spec, config, spec.max_seqlen_q, spec.batch * spec.n_heads, head, (k, v), ints))
     return o, lse
+
+
+class _BackwardPlan(NamedTuple):
+    """The backward's launches (None: not launched, for empty query or key sets): the pre-pass
+    (delta; with dq_atomic it also zeroes the fp32 dQ accumulator), the dK/dV kernel, then the dQ
+    conversion (dq_atomic) or the dQ kernel."""
+
+    dq_atomic: bool
+    pre: Optional[_Launch]
+    dkdv: Optional[_MainLaunch]
+    post: Optional[object]
 
 
 def attention_bwd(
@@ -253,50 +401,104 @@ def attention_bwd(
     dq_config: Optional[KernelConfig] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout."""
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    device = q.device
+    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
     if dq.numel() == 0 and dk.numel() == 0:
         return dq, dk, dv
-    delta = torch.empty_like(lse)
-    placeholder = _placeholder_int32(q.device)
-    cu_q = placeholder if cu_seqlens_q is None else cu_seqlens_q
-    cu_k = placeholder if cu_seqlens_k is None else cu_seqlens_k
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=device)
     slopes = lse if alibi_slopes is None else alibi_slopes
-    # Both main kernels end their arguments with: lse strides, slope strides, heads, group, sizes, options.
+    if cu_seqlens_q is None:
+        cu_seqlens_q = cu_seqlens_k = _placeholder_int32(device)
+    key = (
+        "bwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), q.shape[0], k.shape[0],
+        None if dlse is None else dlse.stride(), None if alibi_slopes is None else alibi_slopes.stride(),
+        _aligned(q, k, v, do, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k), device, current_device_index(),
+        dkdv_config, dq_config,
+    )  # fmt: skip
+    plan = _PLANS.get(key)
+    atomic = dq_atomic(spec.block_d, spec.deterministic) if plan is None else plan.dq_atomic
+    # Without atomics the dK/dV kernel's dQ accumulator argument is only a stand-in (dK, which it
+    # overwrites anyway).
+    dq_accum = torch.empty(_dq_accum_shape(spec, q.shape[0]), dtype=torch.float32, device=device) if atomic else dk
+    pre_args = (o, do, lse if dlse is None else dlse, delta, dq_accum, cu_seqlens_q)
+    dkdv_head = (q, k, v, do, dk, dv, dq_accum, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k)
+    dq_head = (q, k, v, do, dq, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k)
+    if plan is None:
+        _remember(key, _backward_plan(spec, atomic, pre_args, dkdv_head, dq_head, dkdv_config, dq_config))
+        return dq, dk, dv
+    if plan.pre is not None:
+        plan.pre(*pre_args)
+    if plan.dkdv is not None:
+        plan.dkdv(dkdv_head, (q, do))
+    if plan.post is not None:
+        if atomic:
+            plan.post(dq_accum, dq, cu_seqlens_q)
+        else:
+            plan.post(dq_head, (k, v))
+    return dq, dk, dv
+
+
+def _backward_plan(
+    spec: AttentionSpec, atomic: bool, pre_args: tuple, dkdv_head: tuple, dq_head: tuple,
+    dkdv_config: Optional[KernelConfig], dq_config: Optional[KernelConfig],
+) -> _BackwardPlan:  # fmt: skip
+    """Build the backward's plan for these tensors, launching each kernel once on the way."""
+    o, do, dlse_or_lse, delta, dq_accum, cu_seqlens_q = pre_args
+    q, k, v, _, dk, dv, _, lse, _, slopes, _, _ = dkdv_head
+    dq = dq_head[4]
+    has_queries, has_keys = dq.numel() > 0, dk.numel() > 0
+    alibi_slopes = None if slopes is lse else slopes
     group = spec.n_heads // spec.n_kv_heads
     options = (spec.max_seqlen_q, spec.max_seqlen_k, spec.softmax_scale, spec.window_left, spec.window_right)
     lse_and_slope_strides = (*_lse_strides(lse, spec), *_slope_strides(alibi_slopes))
+    zero = (0, 0, 0)
+    block_m = preprocess_block_m(spec.block_d)
+    rows_grid = (-(-spec.max_seqlen_q // block_m) * spec.batch * spec.n_heads,)
+    rows_constexprs = (spec.head_dim, spec.block_d, block_m, spec.varlen)
 
-    if dq.numel():
-        if dlse is None:
-            dlse_strides = (0, 0, 0)
+    pre = dkdv = post = None
+    if has_queries:
+        if dlse_or_lse is lse:
+            dlse_strides = zero
         elif spec.varlen:
-            dlse_strides = (0, dlse.stride(0), dlse.stride(1))
+            dlse_strides = (0, dlse_or_lse.stride(0), dlse_or_lse.stride(1))
         else:
-            dlse_strides = dlse.stride()
-        block_m = preprocess_block_m(spec.block_d)
-        grid = (triton.cdiv(spec.max_seqlen_q, block_m) * spec.batch * spec.n_heads,)
-        _attn_bwd_preprocess_kernel[grid](
-            o, do, lse if dlse is None else dlse, delta, cu_q,
-            *seq_strides(o, spec), *seq_strides(do, spec), *dlse_strides, *_lse_strides(lse, spec),
-            spec.n_heads, spec.max_seqlen_q,
-            HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, BLOCK_M=block_m, IS_VARLEN=spec.varlen,
-            HAS_DLSE=dlse is not None, num_warps=PREPROCESS_WARPS,
+            dlse_strides = dlse_or_lse.stride()
+        pre = _Launch(
+            _attn_bwd_preprocess_kernel, rows_grid,
+            (
+                *seq_strides(o, spec), *seq_strides(do, spec), *dlse_strides, *_lse_strides(lse, spec),
+                *(_dq_accum_strides(dq_accum, spec) if atomic else zero), spec.n_heads, spec.max_seqlen_q,
+                *rows_constexprs, dlse_or_lse is not lse, atomic,
+            ),
+            PREPROCESS_WARPS,
         )  # fmt: skip
-
-    if dk.numel():
-        args = (
-            q, k, v, do, dk, dv, lse, delta, slopes, cu_q, cu_k,
+        pre(*pre_args)
+    if has_keys:
+        ints = (
             *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(do, spec),
-            *seq_strides(dk, spec), *seq_strides(dv, spec), *lse_and_slope_strides, spec.n_kv_heads, group, *options,
+            *seq_strides(dk, spec), *seq_strides(dv, spec), *(_dq_accum_strides(dq_accum, spec) if atomic else zero),
+            *lse_and_slope_strides, spec.n_kv_heads, group, *options,
         )  # fmt: skip
-        _launch("dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, args, (q, do))
-    if dq.numel():
-        args = (
-            q, k, v, do, dq, lse, delta, slopes, cu_q, cu_k,
+        dkdv = _main_launch(
+            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints
+        )
+    if has_queries and atomic:
+        post = _Launch(
+            _attn_bwd_dq_convert_kernel, rows_grid,
+            (
+                *_dq_accum_strides(dq_accum, spec), *seq_strides(dq, spec), spec.n_heads, spec.max_seqlen_q,
+                spec.softmax_scale, *rows_constexprs, UPCAST_DOTS,
+            ),
+            PREPROCESS_WARPS,
+        )  # fmt: skip
+        post(dq_accum, dq, cu_seqlens_q)
+    elif has_queries:
+        ints = (
             *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(do, spec),
             *seq_strides(dq, spec), *lse_and_slope_strides, spec.n_heads, group, *options,
         )  # fmt: skip
-        _launch("dq", spec, dq_config, spec.max_seqlen_q, spec.batch * spec.n_heads, args, (k, v))
-    return dq, dk, dv
+        post = _main_launch("dq", spec, dq_config, spec.max_seqlen_q, spec.batch * spec.n_heads, dq_head, (k, v), ints)
+    return _BackwardPlan(atomic, pre, dkdv, post)
