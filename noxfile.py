@@ -40,8 +40,9 @@ MATRIX = {
 }
 # On a CPU-only machine: the CPU build (this project's CPU machines keep its wheel locally).
 CPU_TORCH = "torch==2.13.0"
-# Besides torch and Triton: what the test sessions install.
-TEST_TOOLS = ["pytest>=7", "pytest-benchmark"]
+# Besides torch and Triton: what the test sessions install (transformers: the model's Hugging Face
+# GPT-2 interop tests, on a randomly initialized config, nothing downloaded).
+TEST_TOOLS = ["pytest>=7", "pytest-benchmark", "transformers>=4.40"]
 # Triton 3.9 warns that its fp-fusion default will change; keep today's behaviour, quietly.
 TRITON_ENV = {"TRITON_DEFAULT_FP_FUSION": "1"}
 
