@@ -256,6 +256,37 @@ def test_large_vocabularies(helpers, shape, reduction):
           lse_square_scale=1e-4)  # fmt: skip
 
 
+@pytest.mark.gpu(reason="CUDA graphs need a CUDA device")
+def test_forward_and_backward_capture_in_a_cuda_graph():
+    """Under capture there is no host read (no label check): the step replays with the mean's
+    divisor read on the device, as a CUDA-graph training step needs."""
+    logits, target = _inputs(64, 1000, torch.float32, "cuda")
+    leaf = logits.clone().requires_grad_(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile) outside the capture, as torch requires
+        for _ in range(2):
+            leaf.grad = None
+            cross_entropy(leaf, target).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    leaf.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = cross_entropy(leaf, target)
+        loss.backward()
+    target.copy_(_inputs(64, 1000, torch.float32, "cuda")[1])  # new labels, replayed
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_leaf = logits.double().requires_grad_(True)
+    ref = F.cross_entropy(ref_leaf, target)
+    (ref_grad,) = torch.autograd.grad(ref, ref_leaf)
+    low_leaf = logits.clone().requires_grad_(True)
+    low = F.cross_entropy(low_leaf, target)
+    (low_grad,) = torch.autograd.grad(low, low_leaf)
+    assert_close_to_reference(loss.detach(), ref.detach(), low.detach(), name="loss")
+    assert_close_to_reference(leaf.grad, ref_grad, low_grad, name="dlogits")
+
+
 def test_autocast_gives_an_fp32_loss(device):
     """As F.cross_entropy under autocast: the loss is fp32, the logits keep their dtype and
     gradient dtype (torch.autocast("cpu") takes the same path when interpreting)."""

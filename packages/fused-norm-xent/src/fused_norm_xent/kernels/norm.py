@@ -329,8 +329,12 @@ def _norm_bwd_kernel(
 
 
 @triton.jit
-def _accumulate_partial(partial_ptr, cols, mask_n, value):
-    tl.store(partial_ptr + cols, tl.load(partial_ptr + cols, mask=mask_n, other=0.0) + value, mask=mask_n)
+def _accumulate_partial(partial_ptr, cols, mask_n, value, first):
+    """partial[cols] += value, or = value on the program's first tile (the buffer is not zeroed)."""
+    if first:
+        tl.store(partial_ptr + cols, value, mask=mask_n)
+    else:
+        tl.store(partial_ptr + cols, tl.load(partial_ptr + cols, mask=mask_n, other=0.0) + value, mask=mask_n)
 
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
@@ -344,7 +348,7 @@ def _norm_bwd_chunked_kernel(
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     offs_n = tl.arange(0, BLOCK_N)
-    # This program's own row of the zero-initialized partial buffers.
+    # This program's own row of the partial buffers (every program has at least one tile).
     partial_offset = pid.to(tl.int64) * n_cols
     n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
     for tile in range(pid, n_tiles, n_programs):
@@ -365,6 +369,7 @@ def _norm_bwd_chunked_kernel(
         mean_xhat_wdy = _row_mean(sum_xhat_wdy, n_cols)
         mean_wdy = _row_mean(sum_wdy, n_cols)
         # Pass 2: the input gradient, and this tile's share of the parameter gradients.
+        first = tile == pid
         for start in range(0, n_cols, BLOCK_N):
             cols = start + offs_n
             mask_n = cols < n_cols
@@ -380,9 +385,9 @@ def _norm_bwd_chunked_kernel(
                 IS_RMS_NORM, HAS_DRES_OUT, STORE_DRES, HAS_DROPOUT,
             )  # fmt: skip
             if HAS_WEIGHT:
-                _accumulate_partial(partial_dw_ptr + partial_offset, cols, mask_n, tl.sum(dy * xhat, axis=0))
+                _accumulate_partial(partial_dw_ptr + partial_offset, cols, mask_n, tl.sum(dy * xhat, axis=0), first)
             if HAS_BIAS:
-                _accumulate_partial(partial_db_ptr + partial_offset, cols, mask_n, tl.sum(dy, axis=0))
+                _accumulate_partial(partial_db_ptr + partial_offset, cols, mask_n, tl.sum(dy, axis=0), first)
 
 
 @triton.jit

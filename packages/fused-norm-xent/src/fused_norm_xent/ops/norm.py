@@ -215,10 +215,9 @@ def norm_backward(
         return dx, dresidual, dw, db
     cfg = norm_config(n_cols, True)
     programs = _bwd_programs(n_rows, n_cols, s.device.index or 0)
-    # The chunked kernel adds into its partial row chunk by chunk: it starts from zeros.
-    partial = torch.zeros if cfg.chunked else torch.empty
-    partial_dw = None if weight is None else partial((programs, n_cols), dtype=torch.float32, device=s.device)
-    partial_db = None if bias is None else partial((programs, n_cols), dtype=torch.float32, device=s.device)
+    # One fp32 row per program, written by it (every program has at least one row tile).
+    partial_dw = None if weight is None else torch.empty((programs, n_cols), dtype=torch.float32, device=s.device)
+    partial_db = None if bias is None else torch.empty((programs, n_cols), dtype=torch.float32, device=s.device)
     rng = dropout_rng_args(dropout_p, int(seed), seed_offset) if dropout_p > 0.0 else NO_DROPOUT
     kernel = _norm_bwd_chunked_kernel if cfg.chunked else _norm_bwd_kernel
     kernel[(programs,)](
