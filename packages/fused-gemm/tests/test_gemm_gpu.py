@@ -79,8 +79,8 @@ EVERY_CONFIG = [
 @pytest.mark.gpu(reason="every autotune config runs compiled once")
 @pytest.mark.parametrize("path, index", EVERY_CONFIG)
 def test_every_config(path, index, pin, monkeypatch):
-    """Each config of each matmul kernel, pinned, on one launch that exercises the most: transposed A
-    and B (as in dW), bias, GELU and z (the split epilogue), 3-D operands, edges in every dim."""
+    """Each config of each matmul kernel, pinned, on one launch that exercises the most: transposed A,
+    B and C (as in dW), bias, GELU and z (the split epilogue), 3-D operands, edges in every dim."""
     if path == "tma" and not supports_tma(torch.device("cuda")):
         pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU")
     pin(monkeypatch, _matmul_tma_kernel if path == "tma" else _matmul_kernel, index)
@@ -88,8 +88,8 @@ def test_every_config(path, index, pin, monkeypatch):
     a = torch.randn(batch, k, m, device="cuda", dtype=dtype).transpose(1, 2)
     b = (torch.randn(batch, n, k, device="cuda") / k**0.5).to(dtype).transpose(1, 2)
     bias = torch.randn(n, device="cuda", dtype=dtype)
-    c = torch.empty(batch, m, n, device="cuda", dtype=dtype)
-    z = torch.empty_like(c)
+    c = torch.empty(batch, n, m, device="cuda", dtype=dtype).transpose(1, 2)
+    z = torch.empty_like(c)  # laid out like c
     assert launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES["gelu"], z=z, path=path) == path
     z64 = torch.bmm(a.double(), b.double()) + bias.double()
     z_low = torch.bmm(a, b) + bias

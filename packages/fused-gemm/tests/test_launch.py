@@ -10,10 +10,13 @@ same computation in torch's low precision (the project's tolerance rule).
 
 import pytest
 import torch
+import triton
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
 from fused_gemm._compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING, supports_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
+from fused_gemm.kernels.configs import tma_configs
+from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
 from fused_gemm.ops.launch import launch_activation_grad, launch_matmul, tma_plan
 from fused_gemm.reference import activation_reference
 
@@ -50,6 +53,7 @@ CASES = [
     ("fwd-row-major-gelu-tanh", 1, 40, False, False, False, True, "gelu_tanh", False),
     ("fwd-relu", 1, 40, False, True, False, False, "relu", False),
     ("fwd-bias", 1, 40, False, True, False, True, None, False),
+    ("transposed-out-gelu-z", 1, 40, True, True, True, True, "gelu", True),
     ("dx", 1, 40, False, False, False, False, None, False),
     ("dw", 1, 40, True, False, False, False, None, False),
     ("dw-transposed-out", 1, 40, True, False, True, False, None, False),
@@ -175,3 +179,25 @@ def test_kernel_choice(device):
     assert launch_matmul(a, b, c) == ("tma" if tma else "portable")
     assert launch_matmul(a[:, :, 1:], b[:, 1:], c) == "portable"  # 16-byte misaligned rows
     assert launch_matmul(a.float(), b.float(), c.float()) == "portable"
+
+
+def test_tma_split_epilogue_without_activation(device, monkeypatch):
+    """A config whose epilogue is staged in halves (EPILOGUE_SPLIT) on plain outputs: 2-D and 3-D,
+    row-major and transposed. Interpreted: the interpreter's tile with the split; compiled: the
+    four-stage config that has it."""
+    if not supports_tma(torch.device(device)):
+        pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
+    (config,) = [c for c in _matmul_tma_kernel.configs if INTERPRETING] or [
+        c for c in tma_configs(interpreting=False) if c.kwargs["EPILOGUE_SPLIT"]
+    ]
+    split = triton.Config(dict(config.kwargs, EPILOGUE_SPLIT=True), num_warps=config.num_warps,
+                          num_stages=config.num_stages, pre_hook=config.pre_hook)  # fmt: skip
+    monkeypatch.setattr(_matmul_tma_kernel, "configs", [split])
+    m, k, n, dtype = 40, 48, 24, torch.bfloat16
+    for batch, c_t in [(1, False), (1, True), (3, False), (3, True)]:
+        a = _matrix(batch, m, k, False, device, dtype)
+        b = _matrix(batch, k, n, True, device, dtype, scale=k**-0.5)
+        with poisoned_allocations():
+            c = _empty_matrix(batch, m, n, c_t, device, dtype)
+        assert launch_matmul(a, b, c, path="tma") == "tma"
+        assert_close_to_reference(c, torch.bmm(a.double(), b.double()), torch.bmm(a, b), name=f"c {batch} {c_t}")
