@@ -88,9 +88,11 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, element_size, has_bias, activation, num_sms):
+def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, dtype, has_bias, activation, num_sms):
     """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
-    portable kernel: a descriptor cannot have a zero-sized dim)."""
+    portable kernel: a descriptor cannot have a zero-sized dim). The dtype is part of the key: the
+    autotuner may choose differently per dtype."""
+    element_size = dtype.itemsize
     batch, m, k = a_shape
     n = b_shape[2]
     c_shape = (batch, m, n)
@@ -122,8 +124,8 @@ def tma_plan(a, b, c, z=None, bias=None, activation: int = 0) -> Optional[_Plan]
     if z is not None and (z.data_ptr() % 16 or z.stride() != c.stride()):
         return None
     return _tma_plan(
-        a.shape, a.stride(), b.shape, b.stride(), c.stride(), z is not None, a.element_size(), bias is not None,
-        activation, multiprocessor_count(a.device),
+        a.shape, a.stride(), b.shape, b.stride(), c.stride(), z is not None, a.dtype, bias is not None, activation,
+        multiprocessor_count(a.device),
     )  # fmt: skip
 
 
@@ -163,7 +165,9 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _portable_plan(a_stride, b_stride, c_stride, batch, m, n, k, has_bias, activation, z, allow_tf32):
+def _portable_plan(a_stride, b_stride, c_stride, batch, m, n, k, dtype, has_bias, activation, z, allow_tf32):
+    """The portable kernel's plan: its stride arguments, and the tuned config (whose shared memory
+    depends on the dtype: fp32 doubles it)."""
     return _Plan(None, (*a_stride, *b_stride, *c_stride))
 
 
@@ -171,8 +175,8 @@ def _launch_portable(a, b, c, z, bias, activation: int, allow_tf32: bool) -> Non
     batch, m, k = a.shape
     n = b.shape[2]
     has_bias = bias is not None
-    plan = _portable_plan(a.stride(), b.stride(), c.stride(), batch, m, n, k, has_bias, activation, z is not None,
-                          allow_tf32)  # fmt: skip
+    plan = _portable_plan(a.stride(), b.stride(), c.stride(), batch, m, n, k, a.dtype, has_bias, activation,
+                          z is not None, allow_tf32)  # fmt: skip
     tensors = (a, b, c, z if z is not None else c, bias if has_bias else c)
     args = (*plan.args, bias.stride(0) if has_bias else 0, m, n, k, has_bias, activation, z is not None, allow_tf32,
             INTERPRETING)  # fmt: skip
