@@ -123,7 +123,7 @@ def compare(ours, ref, twin, names=("out", "lse", *GRADS)) -> None:
 
 
 def check_attention(
-    q, k, v, *, with_dlse=False, layout="bshd", fn=flash_attention, **options
+    q, k, v, *, with_dlse=False, layout="bshd", fn=flash_attention, deterministic=False, **options
 ) -> Dict[str, torch.Tensor]:
     """Run flash_attention (or `fn` with its signature) on q, k, v and check out, lse and every gradient."""
     dout = torch.randn(q.shape, device=q.device).to(q.dtype)
@@ -131,7 +131,7 @@ def check_attention(
     if with_dlse:
         lse_shape = (q.shape[0], q.shape[2 if layout == "bshd" else 1], q.shape[1 if layout == "bshd" else 2])
         dlse = torch.randn(lse_shape, device=q.device)
-    ours = run_ours(fn, q, k, v, dout, dlse, layout=layout, **options)
+    ours = run_ours(fn, q, k, v, dout, dlse, layout=layout, deterministic=deterministic, **options)
     ref = reference(q, k, v, dout, dlse, layout=layout, **options)
     twin = lowp_twin(q, k, v, dout, dlse, layout=layout, **options)
     compare(ours, ref, twin)

@@ -36,6 +36,9 @@ CASES = {
     "window-empty-rows": (1, 60, 20, 2, 2, 64, {"window_size": (2, 1)}, (FP16,)),
     "window-one-key-q": (1, 33, 1, 2, 2, 64, {"window_size": (5, 3)}, (BF16,)),
     "softmax-scale": (1, 29, 35, 2, 2, 64, {"softmax_scale": 0.3, "causal": True}, (FP16,)),
+    # Full range of 4 query blocks, 3 key blocks: the middle one starts its query loop mid-range
+    # (atomic dQ), the last one is ragged (all its query blocks masked).
+    "full-rotated-start": (1, 70, 80, 2, 1, 32, {}, (BF16,)),
 }
 DTYPE_IDS = {FP16: "fp16", BF16: "bf16"}
 
@@ -132,3 +135,28 @@ def test_rows_that_see_no_key(attn, device):
     assert torch.all(ours["out"][:, empty] == 0)
     assert torch.all(ours["lse"][:, :, empty] == -float("inf"))
     assert torch.all(ours["dq"][:, empty] == 0)
+
+
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options",
+    [
+        (2, 37, 50, 4, 2, 64, {"causal": True, "alibi": "heads"}),
+        (1, 70, 80, 2, 1, 32, {"window_size": (20, 9)}),
+        (1, 50, 20, 2, 2, 128, {"causal": True}),
+    ],
+    ids=["gqa-causal-alibi", "window", "empty-rows-d128"],
+)
+def test_deterministic_backward(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options, attn, device):
+    """deterministic=True: dQ from its own kernel (no atomics), as checked as the default path."""
+    q, k, v = attn.random_qkv(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, FP16, device)
+    attn.check_attention(q, k, v, with_dlse=True, deterministic=True, **_options(options, batch, n_heads, device))
+
+
+def test_very_negative_scores_with_ragged_keys(attn, device):
+    """Every score about -200 (LSE far below 0) and a ragged last key block: the missing keys' zero
+    rows would score 0, whose exp2(0 - LSE) overflows; they must not reach dQ (as inf * 0)."""
+    q = torch.full((1, 40, 2, 32), 6.0, device=device).to(BF16)
+    k = torch.full((1, 45, 2, 32), -6.0, device=device).to(BF16)
+    v = torch.randn(1, 45, 2, 32, device=device).to(BF16)
+    ours = attn.check_attention(q, k, v)
+    assert torch.isfinite(ours["dq"]).all()

@@ -30,35 +30,39 @@ def _run(q, k, v, dout, spec, slopes, fwd_cfg, dkdv_cfg, dq_cfg, cu_q=None, cu_k
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-def _dense_spec(q, k, bhsd, causal, window, has_alibi):
+def _dense_spec(q, k, bhsd, causal, window, has_alibi, deterministic):
     seq, heads = (2, 1) if bhsd else (1, 2)
     left, right = window
     if causal:
         right = 0
     return AttentionSpec(
         q.shape[0], q.shape[heads], k.shape[heads], q.shape[3], q.shape[seq], k.shape[seq],
-        1.0 / math.sqrt(q.shape[3]), left, right, has_alibi, False, bhsd,
+        1.0 / math.sqrt(q.shape[3]), left, right, has_alibi, False, bhsd, deterministic,
     )  # fmt: skip
 
 
 C = KernelConfig
+# The first block set runs the default backward (dQ by atomics in the dK/dV kernel), the second the
+# deterministic one (the dQ kernel with its own config).
 BLOCKS = [
-    pytest.param(C(16, 32, 4, 1), C(32, 16, 4, 1), C(16, 32, 4, 1), id="fwd16x32-dkdv32x16-dq16x32"),
-    pytest.param(C(64, 16, 4, 1), C(16, 64, 4, 1), C(64, 16, 4, 1), id="fwd64x16-dkdv16x64-dq64x16"),
+    pytest.param(C(16, 32, 4, 1), C(32, 16, 4, 1), None, False, id="fwd16x32-dkdv32x16-atomic-dq"),
+    pytest.param(C(64, 16, 4, 1), C(16, 64, 4, 1), C(64, 16, 4, 1), True, id="fwd64x16-dkdv16x64-dq64x16"),
 ]
 
 
 @pytest.mark.parametrize("tma", [False, pytest.param(True, marks=needs_descriptors)], ids=["pointers", "tma"])
-@pytest.mark.parametrize("fwd_cfg, dkdv_cfg, dq_cfg", BLOCKS)
+@pytest.mark.parametrize("fwd_cfg, dkdv_cfg, dq_cfg, deterministic", BLOCKS)
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_block_shapes_dense(layout, fwd_cfg, dkdv_cfg, dq_cfg, tma, attn, device):
+def test_block_shapes_dense(layout, fwd_cfg, dkdv_cfg, dq_cfg, deterministic, tma, attn, device):
     if tma:
-        fwd_cfg, dkdv_cfg, dq_cfg = (dataclasses.replace(c, use_tma=True) for c in (fwd_cfg, dkdv_cfg, dq_cfg))
+        fwd_cfg, dkdv_cfg, dq_cfg = (
+            None if c is None else dataclasses.replace(c, use_tma=True) for c in (fwd_cfg, dkdv_cfg, dq_cfg)
+        )
     q, k, v = attn.random_qkv(2, 45, 50, 4, 2, 64, torch.bfloat16, device, layout=layout)
     dout = torch.randn(q.shape, device=device).to(q.dtype)
     slopes = alibi_slopes(4, device=device)
     options = {"causal": True, "window_size": (20, -1), "alibi_slopes": slopes}
-    spec = _dense_spec(q, k, layout == "bhsd", True, (20, -1), True)
+    spec = _dense_spec(q, k, layout == "bhsd", True, (20, -1), True, deterministic)
     ours = _run(q, k, v, dout, spec, slopes, fwd_cfg, dkdv_cfg, dq_cfg)
     attn.compare(
         ours,
@@ -70,7 +74,8 @@ def test_block_shapes_dense(layout, fwd_cfg, dkdv_cfg, dq_cfg, tma, attn, device
 @pytest.mark.parametrize("tma", [False, pytest.param(True, marks=needs_descriptors)], ids=["pointers", "tma"])
 def test_block_shapes_varlen(tma, attn, device):
     """Packed sequences: with TMA the descriptors span the whole packed tensor, so only fully visible
-    blocks (which never cross a sequence end) may use them; the edges stay masked pointer loads."""
+    blocks (which never cross a sequence end) may use them; the edges stay masked pointer loads.
+    Pointers run the deterministic backward, TMA the atomic one."""
     fwd_cfg, dkdv_cfg, dq_cfg = C(16, 16, 4, 1), C(16, 16, 4, 1), C(16, 16, 4, 1)
     if tma:
         fwd_cfg, dkdv_cfg, dq_cfg = (dataclasses.replace(c, use_tma=True) for c in (fwd_cfg, dkdv_cfg, dq_cfg))
@@ -80,6 +85,6 @@ def test_block_shapes_varlen(tma, attn, device):
     v = torch.randn(sum(lengths), 2, 32, device=device).to(torch.float16)
     dout = torch.randn(q.shape, device=device).to(q.dtype)
     cu = attn.cu_seqlens(lengths, device)
-    spec = AttentionSpec(3, 2, 2, 32, 49, 49, 32**-0.5, 7, 3, False, True, False)
+    spec = AttentionSpec(3, 2, 2, 32, 49, 49, 32**-0.5, 7, 3, False, True, False, not tma)
     ours = _run(q, k, v, dout, spec, None, fwd_cfg, dkdv_cfg, dq_cfg, cu, cu)
     attn.compare(ours, *attn.varlen_expected(q, k, v, dout, None, cu, cu, window_size=(7, 3)))

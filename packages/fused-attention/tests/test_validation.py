@@ -15,6 +15,7 @@ from fused_attention import (
     flash_attention_varlen,
 )
 from fused_attention._compat import KERNEL_DEVICE_TYPE
+from fused_attention.ops.attention import _dense_spec
 
 BF16 = torch.bfloat16
 
@@ -82,6 +83,21 @@ def test_rejects_bad_options():
         flash_attention(q, k, v, softmax_scale=-0.5)
     with pytest.raises(TypeError, match=r"^softmax_scale must be a float or None"):
         flash_attention(q, k, v, softmax_scale="0.1")
+    with pytest.raises(TypeError, match=r"^deterministic must be a bool, got int"):
+        flash_attention(q, k, v, deterministic=1)
+
+
+@pytest.mark.kernels
+def test_cached_checks_still_reject(device):
+    """The checks' outcome is cached per argument combination; an equal-comparing argument of the
+    wrong type (1 for True, (True, 0) for (1, 0)) is still rejected after the valid one passed."""
+    q, k, v = qkv(device=device)
+    valid = dict(causal=True, softmax_scale=1.0, window_size=(1, 0), layout="bshd", deterministic=False)
+    spec = _dense_spec(q, k, v, alibi_slopes=None, **valid)
+    assert _dense_spec(q, k, v, alibi_slopes=None, **valid) is spec
+    for name, bad in [("causal", 1), ("softmax_scale", True), ("window_size", (True, 0)), ("deterministic", 0)]:
+        with pytest.raises(TypeError, match=rf"^{name} must be"):
+            _dense_spec(q, k, v, alibi_slopes=None, **dict(valid, **{name: bad}))
 
 
 def test_rejects_bad_alibi_slopes():
@@ -143,6 +159,10 @@ def test_module_and_helper_arguments():
         MultiheadSelfAttention(128, 8, 3)
     with pytest.raises(ValueError, match=r"^layout must be 'bshd' or 'bhsd'"):
         FlashAttention(layout="bsh")
+    with pytest.raises(TypeError, match=r"^deterministic must be a bool"):
+        FlashAttention(deterministic="yes")
+    with pytest.raises(TypeError, match=r"^deterministic must be a bool"):
+        MultiheadSelfAttention(128, 8, deterministic=None)
     with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0"):
         alibi_slopes(0)
     with pytest.raises(TypeError, match=r"^n_heads must be an int"):

@@ -108,6 +108,14 @@ def device_capability(index: int) -> tuple:
 DIRECT_LAUNCH = not INTERPRETING and (3, 4) <= TRITON_VERSION <= (3, 9)
 
 
+@functools.cache
+def multiprocessor_count(index: int) -> int:
+    """SMs of CUDA device `index`; 0 when interpreting."""
+    if INTERPRETING:
+        return 0
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def current_device_index() -> Optional[int]:
     """The current CUDA device (what Triton's JIT compiles and launches for); None when interpreting."""
     if INTERPRETING:

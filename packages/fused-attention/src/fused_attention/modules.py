@@ -7,7 +7,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from ._validation import check_layout, check_window
+from ._validation import check_bool, check_layout, check_window
 from .alibi import alibi_slopes
 from .ops.attention import flash_attention
 
@@ -19,7 +19,7 @@ class FlashAttention(nn.Module):
     """
 
     def __init__(self, causal: bool = False, softmax_scale: Optional[float] = None, window_size=(-1, -1),
-                 layout: str = "bshd"):  # fmt: skip
+                 layout: str = "bshd", deterministic: bool = False):  # fmt: skip
         super().__init__()
         check_layout(layout)
         check_window(window_size, causal, 2**31, 2**31)
@@ -27,17 +27,18 @@ class FlashAttention(nn.Module):
         self.softmax_scale = softmax_scale
         self.window_size = tuple(window_size)
         self.layout = layout
+        self.deterministic = check_bool("deterministic", deterministic)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor] = None):
         return flash_attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, alibi_slopes=alibi_slopes,
-            window_size=self.window_size, layout=self.layout,
+            window_size=self.window_size, layout=self.layout, deterministic=self.deterministic,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, softmax_scale={self.softmax_scale}, window_size={self.window_size}, "
-            f"layout={self.layout!r}"
+            f"layout={self.layout!r}, deterministic={self.deterministic}"
         )
 
 
@@ -47,7 +48,8 @@ class MultiheadSelfAttention(nn.Module):
     Parameters (nn.Linear modules, so state dicts load like any Linear):
       q_proj: d_model -> n_head * head_dim;  k_proj, v_proj: d_model -> n_kv_head * head_dim;
       out_proj: n_head * head_dim -> d_model;  head_dim = d_model // n_head.
-    Buffer (not saved): alibi_slopes, fp32 (n_head,), when alibi=True.
+    Buffer (not saved): alibi_slopes, fp32 (n_head,), when alibi=True. deterministic: as
+    flash_attention's (bit-reproducible dQ in the backward, slower).
 
     forward(x, qk_transform=None): x (B, S, d_model) -> (B, S, d_model). qk_transform, if given,
     maps (q, k) in (B, S, heads, head_dim) to new (q, k) before attention, e.g. rotary embeddings.
@@ -65,6 +67,7 @@ class MultiheadSelfAttention(nn.Module):
         alibi: bool = False,
         window_size: Tuple[int, int] = (-1, -1),
         softmax_scale: Optional[float] = None,
+        deterministic: bool = False,
         device=None,
         dtype=None,
     ):
@@ -78,6 +81,7 @@ class MultiheadSelfAttention(nn.Module):
         self.d_model, self.n_head, self.n_kv_head = d_model, n_head, n_kv_head
         self.head_dim = d_model // n_head
         self.causal, self.window_size, self.softmax_scale = causal, tuple(window_size), softmax_scale
+        self.deterministic = check_bool("deterministic", deterministic)
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(d_model, n_head * self.head_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(d_model, n_kv_head * self.head_dim, bias=bias, **factory)
@@ -99,7 +103,7 @@ class MultiheadSelfAttention(nn.Module):
         slopes = None if self.alibi_slopes is None else self.alibi_slopes.float()
         out = flash_attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, alibi_slopes=slopes,
-            window_size=self.window_size,
+            window_size=self.window_size, deterministic=self.deterministic,
         )  # fmt: skip
         return self.out_proj(out.reshape(batch, seqlen, self.n_head * self.head_dim))  # (B, S, d_model)
 

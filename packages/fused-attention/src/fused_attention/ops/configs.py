@@ -127,9 +127,18 @@ def preprocess_block_m(block_d: int) -> int:
     return 16 if INTERPRETING else PREPROCESS_BLOCK_M[block_d_class(block_d)]
 
 
-def dq_atomic(block_d: int, deterministic: bool) -> bool:
-    """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC)."""
-    return not deterministic and DQ_ATOMIC[block_d_class(block_d)]
+def dq_atomic(block_d: int, deterministic: bool, kv_programs: int, group: int, sm_count: int) -> bool:
+    """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC).
+
+    The atomic path moves the dQ work into the dK/dV kernel, whose grid is kv_programs (batch x
+    kv heads x key blocks of ~128) programs, each looping over the `group` query heads of its kv
+    head. When that grid fills under half of the `sm_count` SMs and groups are large (MQA-like
+    GQA at small batch), the separate dQ kernel, with a program per query head, spreads the work
+    better: there the deterministic path is taken. (sm_count 0, when interpreting: no such limit.)
+    """
+    if deterministic or not DQ_ATOMIC[block_d_class(block_d)]:
+        return False
+    return 2 * kv_programs >= sm_count or group < 4
 
 
 def _descriptor_hook(names: Tuple[str, ...], block: str):

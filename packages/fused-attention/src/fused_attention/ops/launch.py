@@ -31,6 +31,7 @@ from .._compat import (
     descriptor_like,
     device_capability,
     direct_launcher,
+    multiprocessor_count,
 )
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
 from .configs import (
@@ -270,7 +271,8 @@ class _MainLaunch(NamedTuple):
 
 
 def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
-                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple) -> _MainLaunch:  # fmt: skip
+                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple,
+                 atomic: bool = False) -> _MainLaunch:  # fmt: skip
     """The plan of main kernel `kind` for this call, after launching it once.
 
     config None: the candidates of `configs.candidate_configs` (TMA ones on Hopper), the
@@ -278,11 +280,11 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
     keeps the winner. n_rows positions (split in blocks) x n_row_groups (batch x heads)
     programs. `head` are the tensor arguments before the descriptor pair, `tiled` the two
     tensors the inner loop streams (K, V; or Q, dO for dK/dV), `ints` the arguments after them
-    up to the constexprs.
+    up to the constexprs. atomic: the dK/dV kernel's DQ_ATOMIC.
     """
     constexprs = _main_constexprs(spec)
     if kind == "dkdv":
-        constexprs += (dq_atomic(spec.block_d, spec.deterministic),)
+        constexprs += (atomic,)
     constexprs += (UPCAST_DOTS,)
     if config is None:
         candidates = candidate_configs(kind, spec.block_d, _tma_by_default(head[0].device))
@@ -400,7 +402,10 @@ def attention_bwd(
     dkdv_config: Optional[KernelConfig] = None,
     dq_config: Optional[KernelConfig] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout."""
+    """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout. Deterministic (no atomics)
+    when spec.deterministic or under torch.use_deterministic_algorithms(True)."""
+    if not spec.deterministic and torch.are_deterministic_algorithms_enabled():
+        spec = spec._replace(deterministic=True)
     device = q.device
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=device)
@@ -418,7 +423,12 @@ def attention_bwd(
         dkdv_config, dq_config,
     )  # fmt: skip
     plan = _PLANS.get(key)
-    atomic = dq_atomic(spec.block_d, spec.deterministic) if plan is None else plan.dq_atomic
+    if plan is not None:
+        atomic = plan.dq_atomic
+    else:
+        kv_programs = spec.batch * spec.n_kv_heads * -(-spec.max_seqlen_k // 128)
+        sm_count = multiprocessor_count(device.index or 0)
+        atomic = dq_atomic(spec.block_d, spec.deterministic, kv_programs, spec.n_heads // spec.n_kv_heads, sm_count)
     # Without atomics the dK/dV kernel's dQ accumulator argument is only a stand-in (dK, which it
     # overwrites anyway).
     dq_accum = torch.empty(_dq_accum_shape(spec, q.shape[0]), dtype=torch.float32, device=device) if atomic else dk
@@ -483,7 +493,7 @@ def _backward_plan(
             *lse_and_slope_strides, spec.n_kv_heads, group, *options,
         )  # fmt: skip
         dkdv = _main_launch(
-            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints
+            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints, atomic
         )
     if has_queries and atomic:
         post = _Launch(
