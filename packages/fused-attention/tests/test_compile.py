@@ -28,8 +28,13 @@ pytestmark = pytest.mark.aot
 
 HEAD_DIMS = {64: (16, 32, 64), 128: (80, 96, 128), 256: (160, 192, 256)}
 DTYPES = ("fp16", "bf16")
-# (IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI): causal; full; varlen causal ALiBi (bias vector); window + ALiBi tiles.
-FLAGS = [(False, False, True, 0), (False, False, False, 0), (True, False, True, 1), (False, True, True, 2)]
+# (IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI): causal; full; varlen causal ALiBi; window + ALiBi.
+FLAGS = [
+    (False, False, True, False),
+    (False, False, False, False),
+    (True, False, True, True),
+    (False, True, True, True),
+]
 # Which block dim a kernel's TMA descriptors span.
 DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
 

@@ -88,3 +88,16 @@ def test_block_shapes_varlen(tma, attn, device):
     spec = AttentionSpec(3, 2, 2, 32, 49, 49, 32**-0.5, 7, 3, False, True, False, not tma)
     ours = _run(q, k, v, dout, spec, None, fwd_cfg, dkdv_cfg, dq_cfg, cu, cu)
     attn.compare(ours, *attn.varlen_expected(q, k, v, dout, None, cu, cu, window_size=(7, 3)))
+
+
+def test_alibi_lse_precision_with_tall_query_blocks(attn, device):
+    """Causal ALiBi with slopes near 1 and 128-query blocks (the GPU's): the fp32 LSE holds to
+    PyTorch's fp32 accuracy (scores formed from exact distances, not relative to a block start)."""
+    q, k, v = attn.random_qkv(1, 150, 150, 2, 2, 32, torch.bfloat16, device)
+    dout = torch.randn(q.shape, device=device).to(q.dtype)
+    slopes = torch.tensor([0.97, 0.61], device=device)
+    options = {"causal": True, "alibi_slopes": slopes}
+    spec = _dense_spec(q, k, False, True, (-1, -1), True, False)
+    out, lse = attention_fwd(q, k, v, slopes, None, None, spec, C(128, 32, 4, 1))
+    ref, twin = attn.reference(q, k, v, dout, **options), attn.lowp_twin(q, k, v, dout, **options)
+    attn.compare({"out": out, "lse": lse}, ref, twin, names=("out", "lse"))

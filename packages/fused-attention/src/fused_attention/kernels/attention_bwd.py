@@ -114,16 +114,14 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_update(
     dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
-    window_right, qk_scale, slope2, alibi_ref,
+    window_right, qk_scale, slope2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
     and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
     s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
-    if ALIBI == 1:
-        s_t += (slope2 * (offs_n - alibi_ref).to(tl.float32))[:, None]
-    if ALIBI == 2:
+    if ALIBI:
         s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
     p_t = tl.math.exp2(s_t - lse2[None, :])
     if MASKED:
@@ -154,7 +152,7 @@ def _dkdv_update(
 def _dkdv_blocks(
     dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
     stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
-    slope2, alibi_ref, lo, hi, rotate,
+    slope2, lo, hi, rotate,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr,
     ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
@@ -190,11 +188,9 @@ def _dkdv_blocks(
         else:
             lse2 = tl.load(lse_base + rows) * LOG2E
             delta = tl.load(delta_base + rows)
-        if ALIBI == 1:
-            lse2 += slope2 * (rows + diag - alibi_ref).to(tl.float32)
         dk, dv = _dkdv_update(
             dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d,
-            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, HEAD_DIM, BLOCK_D,
+            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, HEAD_DIM, BLOCK_D,
             MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
@@ -295,19 +291,19 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
                 head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, n0, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                qk_scale, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
                 HAS_RIGHT, ALIBI, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
             head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, n0, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+            qk_scale, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
             ALIBI, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
             head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, n0, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
+            qk_scale, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
             DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
@@ -371,14 +367,12 @@ def _attn_bwd_dq_convert_kernel(
 @triton.jit
 def _dq_update(
     dq, q, do, k, v, lse2, delta, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
-    alibi_ref, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One key block's contribution to a query block's dQ (before the softmax scale)."""
     s = _dot(q, tl.trans(k), UPCAST) * qk_scale
-    if ALIBI == 1:
-        s += (slope2 * (offs_n - alibi_ref).to(tl.float32))[None, :]
-    if ALIBI == 2:
+    if ALIBI:
         s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
@@ -392,7 +386,7 @@ def _dq_update(
 @triton.jit
 def _dq_blocks(
     dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
-    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
     HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
@@ -415,7 +409,7 @@ def _dq_blocks(
         )  # fmt: skip
         dq = _dq_update(
             dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            qk_scale, slope2, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
         )  # fmt: skip
     return dq
 
@@ -480,9 +474,6 @@ def _attn_bwd_dq_kernel(
     delta = tl.load(delta_ptr + lse_offs, mask=offs_m < seqlen_q, other=0.0)
     qk_scale = softmax_scale * LOG2E
     slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
-    alibi_ref = m0 + diag
-    if ALIBI == 1:
-        lse2 += slope2 * offs_r.to(tl.float32)  # undo the row term -slope * (i - m0) folded into the LSE
 
     k_base = k_ptr + batch64 * stride_kb + k_start.to(tl.int64) * stride_ks + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch64 * stride_vb + k_start.to(tl.int64) * stride_vs + kv_head.to(tl.int64) * stride_vh
@@ -494,18 +485,18 @@ def _attn_bwd_dq_kernel(
     if HAS_LEFT:
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start,
             full_start, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_start, full_end,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
         HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, HEADS_OUTER, UPCAST,
     )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end,
         HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
     )  # fmt: skip
 

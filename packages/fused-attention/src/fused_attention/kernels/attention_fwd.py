@@ -42,21 +42,19 @@ from .common import (
 
 @triton.jit
 def _fwd_update(
-    acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref,
+    acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One key block of the online softmax: returns the updated (acc, l_i, m_i)."""
     qk = _dot(q, tl.trans(k), UPCAST)
-    if (ALIBI == 0) and (not MASKED):
+    if (not ALIBI) and (not MASKED):
         # Fully visible block, no bias: the row max of the raw scores, then one FMA per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
     else:
         s = qk * qk_scale
-        if ALIBI == 1:
-            s += (slope2 * (offs_n - alibi_ref).to(tl.float32))[None, :]
-        if ALIBI == 2:
+        if ALIBI:
             s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
         if MASKED:
             visible = _band_mask(offs_m[:, None], offs_n[None, :], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
@@ -77,7 +75,7 @@ def _fwd_update(
 @triton.jit
 def _fwd_blocks(
     acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
-    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, lo, hi,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
     HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
@@ -102,7 +100,7 @@ def _fwd_blocks(
         )  # fmt: skip
         acc, l_i, m_i = _fwd_update(
             acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
-            slope2, alibi_ref, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            slope2, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -161,7 +159,6 @@ def _attn_fwd_kernel(
     )  # fmt: skip
     qk_scale = softmax_scale * LOG2E
     slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
-    alibi_ref = m0 + diag
 
     # TMA descriptors see a packed varlen batch as batch 1.
     if IS_VARLEN:
@@ -179,18 +176,18 @@ def _attn_fwd_kernel(
     if HAS_LEFT:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, start, full_start,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start, full_start,
             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER,
             UPCAST,
         )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_start, full_end,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
         HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, HEADS_OUTER, UPCAST,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, alibi_ref, full_end, end,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end,
         HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
     )  # fmt: skip
 
@@ -198,8 +195,6 @@ def _attn_fwd_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc * (1.0 / l_safe)[:, None]
     lse2 = m_i + tl.math.log2(l_safe)
-    if ALIBI == 1:
-        lse2 -= slope2 * offs_r.to(tl.float32)  # the row term of the bias, -slope * (i - m0)
     _store_tile(
         o_base + offs_r[:, None] * stride_os + offs_d[None, :], _to_dtype(o, o_ptr.dtype.element_ty, UPCAST), offs_m,
         seqlen_q,

@@ -86,13 +86,6 @@ class AttentionSpec(NamedTuple):
         """The head dim padded to a power of two (the tile's width)."""
         return 1 << (self.head_dim - 1).bit_length()
 
-    @property
-    def alibi_mode(self) -> int:
-        """0: none; 1: causal (only keys at or left of the diagonal), a per-key bias vector; 2: bias tiles."""
-        if not self.has_alibi:
-            return 0
-        return 1 if self.window_right == 0 else 2
-
 
 _INT_FIELDS = tuple(name for name in AttentionSpec._fields if name != "softmax_scale")
 
@@ -101,7 +94,7 @@ def _main_constexprs(spec: AttentionSpec) -> tuple:
     """HEAD_DIM, BLOCK_D, IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI: the leading constexprs of the
     three main kernels, in their parameter order."""
     return (
-        spec.head_dim, spec.block_d, spec.varlen, spec.window_left >= 0, spec.window_right >= 0, spec.alibi_mode,
+        spec.head_dim, spec.block_d, spec.varlen, spec.window_left >= 0, spec.window_right >= 0, spec.has_alibi,
     )  # fmt: skip
 
 
