@@ -148,7 +148,7 @@ def test_rows_that_see_no_key(attn, device):
 )
 def test_deterministic_backward(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options, attn, device):
     """deterministic=True: dQ from its own kernel (no atomics), as checked as the default path."""
-    q, k, v = attn.random_qkv(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, FP16, device)
+    q, k, v = attn.random_qkv(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, BF16, device)
     attn.check_attention(q, k, v, with_dlse=True, deterministic=True, **_options(options, batch, n_heads, device))
 
 
