@@ -4,7 +4,8 @@ GPT-2 style 410M at batch 8 and LLaMA style 1.4B at batch 4, context 2048, bf16 
 fp32 weights; one step = forward + backward of the loss on random tokens (`tritonformer-bench`'s
 step, see tritonformer.bench). Providers: ours (`Transformer`, fused linear+cross-entropy
 loss), `TorchTransformer` eager and under torch.compile, and for the LLaMA config Hugging Face
-Llama plain and with Liger-Kernel when they import.
+Llama plain and with Liger-Kernel when they import. Ours is the step with the body replayed from
+CUDA graphs (tritonformer+graph; the eager step is the "tritonformer (eager)" row).
 
 Flops: model flops 6N + 12 * L * d * S per token (N: the matmul parameters, the head
 included, the embedding tables not), times B * S tokens. Measured here (plain-PyTorch GPT):
@@ -22,17 +23,18 @@ from tritonformer.bench import Point, point_config, release_memory, skip_reason,
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
 HEADLINE = [Point("410M", 2048, 8), Point("llama-1.4B", 2048, 4)]
-PROVIDERS = ["tritonformer", "torch", "torch.compile", "hf-llama", "hf-llama+liger"]
+PROVIDERS = ["tritonformer+graph", "tritonformer", "torch", "torch.compile", "hf-llama", "hf-llama+liger"]
+NAMES = {"tritonformer+graph": bench.OURS, "tritonformer": "tritonformer (eager)"}
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("point", HEADLINE, ids=str)
 def test_training_step(benchmark, point, provider):
     config = point_config(point, provider, {})
-    reason = skip_reason(provider, config)
+    device = torch.device("cuda")
+    reason = skip_reason(provider, config, device)
     if reason:
         pytest.skip(reason)
-    device = torch.device("cuda")
     try:
         step = training_step(point, provider, config, device)
     except NotImplementedError as error:
@@ -42,7 +44,7 @@ def test_training_step(benchmark, point, provider):
             benchmark,
             group=f"GPT training step ({point.preset}, batch {point.batch}, context {point.context})",
             shape=str(point),
-            provider=bench.OURS if provider == "tritonformer" else provider,
+            provider=NAMES.get(provider, provider),
             fn=step.fn,
             flops=step.flops,
             memory=True,

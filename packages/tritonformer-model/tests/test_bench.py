@@ -3,28 +3,118 @@
 import csv
 
 import pytest
+import torch
 
 from tritonformer import bench
 
 
-def test_cpu_smoke_run_writes_csv_markdown_and_plot(tmp_path):
+def rows_of(tmp_path):
+    return list(csv.DictReader(open(tmp_path / "bench.csv")))
+
+
+def test_cpu_smoke_run_writes_csv_markdown_and_plot(tmp_path, capsys):
     code = bench.main(
-        ["--config", "tiny:16:2", "--providers", "torch", "hf-llama", "--device", "cpu", "--steps", "1",
+        ["--config", "tiny:16:2", "--providers", "torch,torch+graph", "hf-llama", "--device", "cpu", "--steps", "1",
          "--warmup", "1", "--out-dir", str(tmp_path)]
     )  # fmt: skip
     assert code == 0
-    rows = list(csv.DictReader(open(tmp_path / "bench.csv")))
-    assert [(r["point"], r["provider"]) for r in rows] == [("tiny:16:2", "torch"), ("tiny:16:2", "hf-llama")]
+    rows = rows_of(tmp_path)
+    assert [(r["point"], r["provider"]) for r in rows] == [
+        ("tiny:16:2", "torch"), ("tiny:16:2", "torch+graph"), ("tiny:16:2", "hf-llama")
+    ]  # fmt: skip
     assert rows[0]["status"] == "ok" and float(rows[0]["model_tflops"]) > 0 and float(rows[0]["step_ms"]) > 0
-    assert rows[1]["status"] == "skipped: not a LLaMA-style config (rope, rmsnorm, swiglu)"
+    assert float(rows[0]["seconds"]) > 0
+    assert rows[1]["status"] == "skipped: CUDA graphs need a CUDA GPU"
+    assert rows[2]["status"] == "skipped: not a LLaMA-style config (rope, rmsnorm, swiglu)"
     table = (tmp_path / "bench.md").read_text()
     assert "| tiny:16:2 | torch |" in table and "model TFLOP/s" in table
+    out = capsys.readouterr().out
+    assert "tiny:16:2 torch: ok" in out and "tiny:16:2 torch+graph: skipped: CUDA graphs need a CUDA GPU" in out
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         assert not (tmp_path / "bench.png").exists()
     else:
         assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_time_budget_skips_the_rows_it_leaves_out(tmp_path):
+    args = ["--config", "tiny:16:2,tiny:8:1", "--providers", "torch", "--device", "cpu", "--out-dir", str(tmp_path)]
+    assert bench.main([*args, "--time-budget", "0"]) == 0
+    rows = rows_of(tmp_path)
+    assert [r["point"] for r in rows] == ["tiny:16:2", "tiny:8:1"]
+    assert all(r["status"] == "skipped: time budget of 0 s" for r in rows)
+
+
+def test_time_budget_expects_a_provider_to_take_as_long_as_its_last_row(tmp_path, monkeypatch):
+    def slow_row(point, provider, args, slot):
+        clock[0] += 100.0 if provider == "torch" else 1.0
+        return bench.Result(str(point), provider, "ok", seconds=100.0 if provider == "torch" else 1.0)
+
+    clock = [0.0]
+    monkeypatch.setattr(bench, "run_point", slow_row)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    args = ["--config", "tiny:16:2,tiny:8:1", "--providers", "torch,torch+graph", "--device", "cpu", "--out-dir",
+            str(tmp_path), "--time-budget", "150"]  # fmt: skip
+    assert bench.main(args) == 0
+    # torch's first row (100 s) ends at 100 s; its second would end at 201 s > 150: skipped; torch+graph's run.
+    assert [r["status"] for r in rows_of(tmp_path)] == ["ok", "ok", "skipped: time budget of 150 s", "ok"]
+
+
+def test_a_failing_provider_keeps_the_others(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("capture failed\nsecond line")
+
+    real = bench.training_step
+
+    def training_step(point, provider, *args):
+        return broken() if provider == "torch" else real(point, provider, *args)
+
+    monkeypatch.setattr(bench, "training_step", training_step)
+    args = ["--config", "tiny:16:2", "--providers", "torch", "torch.compile", "--device", "cpu", "--steps", "1",
+            "--warmup", "1", "--out-dir", str(tmp_path)]  # fmt: skip
+    monkeypatch.setattr(bench, "skip_reason", lambda provider, config, device: None)
+    monkeypatch.setattr(bench.torch, "compile", lambda model: model)  # the row's machinery, not the compiler
+    assert bench.main(args) == 0
+    rows = rows_of(tmp_path)
+    assert rows[0]["status"] == "error: RuntimeError: capture failed"
+    assert rows[1]["status"] == "ok"
+
+
+def test_command_line():
+    args = bench.parse_args(["--providers", "tritonformer+graph,torch.compile", "--config", "410M:2048:8"])
+    assert args.providers == ["tritonformer+graph", "torch.compile"]
+    assert [str(p) for p in args.points] == ["410M:2048:8"]
+    args = bench.parse_args(["--config", "410M:2048:8,llama-1.4B:2048:4", "160M:1024:1", "--providers", "all"])
+    assert [str(p) for p in args.points] == ["410M:2048:8", "llama-1.4B:2048:4", "160M:1024:1"]
+    assert args.providers == list(bench.PROVIDERS)
+    defaults = bench.parse_args([])
+    assert defaults.providers == list(bench.DEFAULT_PROVIDERS) and (defaults.warmup, defaults.steps) == (2, 5)
+    assert [str(p) for p in defaults.points] == list(bench.HEADLINE)
+    for bad in (["--providers", "tritonformer,jax"], ["--config", "410M:2048"], ["--warmup", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    with pytest.raises(ValueError, match="unknown provider 'jax'"):
+        bench.parse_providers(["jax"])
+
+
+def test_run_order_puts_liger_last():
+    points = [bench.Point("llama-160M", 128, 1), bench.Point("llama-410M", 128, 1)]
+    order = bench.run_order(points, ["hf-llama+liger", "tritonformer", "torch"])
+    assert [(str(p), v) for p, v in order] == [
+        ("llama-160M:128:1", "tritonformer"), ("llama-160M:128:1", "torch"),
+        ("llama-410M:128:1", "tritonformer"), ("llama-410M:128:1", "torch"),
+        ("llama-160M:128:1", "hf-llama+liger"), ("llama-410M:128:1", "hf-llama+liger"),
+    ]  # fmt: skip
+
+
+def test_providers_share_one_model_per_point():
+    slot, cpu = bench.ModelSlot(), torch.device("cpu")
+    config = bench.point_config(bench.Point("tiny", 16, 1), "torch", {})
+    model = slot.get("torch", config, cpu)
+    assert slot.get("torch", config, cpu) is model  # torch, torch+graph, torch.compile at one point
+    assert slot.get("torch", config.replace(n_layer=1), cpu) is not model
+    assert bench.model_kind("tritonformer+graph") == "triton" and bench.model_kind("torch.compile") == "torch"
 
 
 def test_points_and_flops():
@@ -36,5 +126,9 @@ def test_points_and_flops():
     point = bench.Point("410M", 4096, 2)
     config = bench.point_config(point, "tritonformer", {})
     assert config.max_seq_len == 4096 and config.fused_loss
+    assert bench.point_config(point, "tritonformer+graph", {}).fused_loss
     assert not bench.point_config(point, "torch.compile", {}).fused_loss
     assert bench.point_config(point, "torch", {}, fused_loss="all").fused_loss
+    cpu = torch.device("cpu")
+    assert bench.skip_reason("tritonformer+graph", config, cpu) == "CUDA graphs need a CUDA GPU"
+    assert bench.skip_reason("tritonformer", config, cpu) is None

@@ -47,11 +47,16 @@ class CausalLM(nn.Module):
         targets that are not ignore_index, or None without targets. With config.fused_loss and
         targets, logits are never materialized and None is returned in their place.
         """
-        h = self.hidden_states(idx)  # (B, S, d)
+        return self.output(self.hidden_states(idx), targets)
+
+    def output(
+        self, h: torch.Tensor, targets: Optional[torch.Tensor] = None
+    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """forward's tail: (logits, loss) of the final hidden states h (B, S, d) (see forward)."""
         if targets is None:
             return self.lm_head(h), None
-        if targets.shape != idx.shape:
-            raise ValueError(f"targets has shape {tuple(targets.shape)}; expected idx's {tuple(idx.shape)}")
+        if targets.shape != h.shape[:2]:
+            raise ValueError(f"targets has shape {tuple(targets.shape)}; expected idx's {tuple(h.shape[:2])}")
         if self.config.fused_loss:
             return None, self.linear_cross_entropy(h.flatten(0, 1), targets.flatten())  # (B*S, d), (B*S,)
         logits = self.lm_head(h)  # (B, S, V)
@@ -69,9 +74,14 @@ class CausalLM(nn.Module):
         """state = block(*state, position) for each block; with activation checkpointing each
         block is recomputed in backward (its RNG state, hence its dropout masks, replayed)."""
         checkpointing = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
+        # Only dropout draws random numbers: without it there is no RNG state to stash and replay
+        # (reading the CUDA RNG state is also not allowed while a CUDA graph is being captured).
+        preserve_rng_state = self.config.dropout > 0
         for block in blocks:
             if checkpointing:
-                state = torch.utils.checkpoint.checkpoint(block, *state, position, use_reentrant=False)
+                state = torch.utils.checkpoint.checkpoint(
+                    block, *state, position, use_reentrant=False, preserve_rng_state=preserve_rng_state
+                )
             else:
                 state = block(*state, position)
             if not isinstance(state, tuple):

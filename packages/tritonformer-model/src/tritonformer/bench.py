@@ -1,8 +1,8 @@
 """tritonformer-bench: training-step throughput of the GPT against PyTorch, on a CUDA GPU.
 
     tritonformer-bench                                   # the issue's two headline configs
+    tritonformer-bench --providers tritonformer+graph,torch.compile --config 410M:2048:8
     tritonformer-bench --sweep seed                      # the seed's table (model size x context)
-    tritonformer-bench --config 410M:2048:8 llama-1.4B:2048:4 --out-dir bench-out
 
 For each config (PRESET:CONTEXT:BATCH) and provider, one training step (forward + backward of
 the loss on random tokens, bf16 autocast, fp32 weights; `--optimizer` adds a fused AdamW step)
@@ -10,15 +10,26 @@ is timed over `--steps` steps after `--warmup` steps, with CUDA events:
 
 - tritonformer: `Transformer` (the kernel packages), with its fused linear+cross-entropy loss
   (`--fused-loss` says which providers use it);
+- tritonformer+graph: the same, its forward and backward replayed from CUDA graphs
+  (tritonformer.cuda_graph; the loss and the optimizer eager);
 - tritonformer+compile: the same under torch.compile (kernels as custom ops);
-- torch: `TorchTransformer` eager (cuBLAS, SDPA); torch.compile: the same compiled;
+- torch: `TorchTransformer` eager (cuBLAS, SDPA); torch+graph, torch.compile: the same, graphed
+  or compiled;
 - hf-llama, hf-llama+liger: Hugging Face `LlamaForCausalLM` (SDPA) of the same shape, plain
   and with Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`)
   import.
 
+Each row is printed as soon as it is measured, and bench.csv and bench.md (in --out-dir) are
+rewritten after each row, so an interrupted run keeps what it measured; bench.png (if
+matplotlib imports) is drawn at the end. Providers that share a model at a point (tritonformer
+and its +graph / +compile variants; torch and its variants) share one build; memory is released
+between providers. `--time-budget` skips the rows that would end after that many seconds (a
+provider's row is expected to take as long as its previous one; its first row, only to start).
+
 Model flops per token: 6N + 12 * L * d * S (N the parameters of the matmuls, the tied or
-untied head included, the embedding tables not). Writes bench.csv, bench.md and bench.png (if
-matplotlib imports) to --out-dir.
+untied head included, the embedding tables not). Peak GiB: torch.cuda.max_memory_allocated
+over the timed steps; for the +graph providers over the capture too (the graphs' memory pool
+is allocated while capturing).
 """
 
 from __future__ import annotations
@@ -30,14 +41,21 @@ import gc
 import pathlib
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+import traceback
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .config import PRESETS, TransformerConfig
+from .cuda_graph import GraphedModel
 from .train import build_model, parse_value
 
-PROVIDERS = ("tritonformer", "tritonformer+compile", "torch", "torch.compile", "hf-llama", "hf-llama+liger")
+PROVIDERS = (
+    "tritonformer", "tritonformer+graph", "tritonformer+compile", "torch", "torch+graph", "torch.compile", "hf-llama",
+    "hf-llama+liger",
+)  # fmt: skip
+# The default run, in this order at each point (Liger's rows after all others: it patches classes).
+DEFAULT_PROVIDERS = ("tritonformer+graph", "tritonformer", "torch", "torch.compile", "hf-llama", "hf-llama+liger")
 HEADLINE = ("410M:2048:8", "llama-1.4B:2048:4")
 # The seed's table (GPT-2 style, no linear biases), plus its LLaMA-style counterparts.
 SEED_SWEEP = (
@@ -45,6 +63,9 @@ SEED_SWEEP = (
     "llama-410M:2048:8", "llama-1.4B:2048:4",
 )  # fmt: skip
 ANCHOR = "torch.compile"
+# Eager runs of the body that make_graphed_callables does before capturing (the bench's own
+# eager warm-up steps have compiled and autotuned every kernel by then).
+GRAPH_WARMUP = 2
 
 
 @dataclasses.dataclass
@@ -79,6 +100,16 @@ class Result:
     model_tflops: Optional[float] = None
     peak_gib: Optional[float] = None
     loss: Optional[str] = None  # "fused" (no full logits) or "logits"
+    seconds: Optional[float] = None  # wall time of the row: build, warm-up (compiles), capture, timing
+
+
+def model_kind(provider: str) -> str:
+    """The model a provider runs: triton (Transformer), torch (TorchTransformer), or the provider (HF)."""
+    if provider.startswith("tritonformer"):
+        return "triton"
+    if provider.startswith("torch"):
+        return "torch"
+    return provider
 
 
 def hf_llama(config: TransformerConfig, liger: bool) -> torch.nn.Module:
@@ -123,26 +154,6 @@ def hf_skip_reason(config: TransformerConfig, liger: bool) -> Optional[str]:
     return None
 
 
-def time_training_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device) -> tuple:
-    """(ms per step, peak GiB allocated during the timed steps); on a CPU (a smoke test) no peak."""
-    for _ in range(warmup):
-        step()
-    if device.type != "cuda":
-        started = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return (time.perf_counter() - started) / steps * 1e3, None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**30
-
-
 def point_config(point: Point, provider: str, overrides: dict, fused_loss: str = "ours") -> TransformerConfig:
     """The config a provider runs at a point: the preset, the context, the loss mode, the overrides."""
     overrides = dict(overrides)
@@ -152,20 +163,53 @@ def point_config(point: Point, provider: str, overrides: dict, fused_loss: str =
     return TransformerConfig.preset(point.preset, **overrides)
 
 
-def skip_reason(provider: str, config: TransformerConfig) -> Optional[str]:
+def skip_reason(provider: str, config: TransformerConfig, device: torch.device) -> Optional[str]:
     """Why a provider cannot run here (None: it can)."""
     if provider.startswith("hf-llama"):
         return hf_skip_reason(config, liger=provider.endswith("liger"))
     if "compile" in provider and not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
+    if provider.endswith("+graph"):
+        if device.type != "cuda":
+            return "CUDA graphs need a CUDA GPU"
+        if config.dropout > 0:
+            return "CUDA graphs need dropout=0 (fused_norm_xent draws dropout seeds on the host)"
     return None
+
+
+class ModelSlot:
+    """The model of the last provider, reused by the next one when it needs the same (kind, config)."""
+
+    def __init__(self):
+        self.key: Optional[Tuple[str, TransformerConfig]] = None
+        self.model: Optional[torch.nn.Module] = None
+
+    def get(self, kind: str, config: TransformerConfig, device: torch.device) -> torch.nn.Module:
+        if self.model is not None and self.key == (kind, config):
+            self.model.zero_grad(set_to_none=True)
+            return self.model
+        self.clear(device)
+        torch.manual_seed(0)
+        with device:
+            if kind.startswith("hf-llama"):
+                self.model = hf_llama(config, liger=kind.endswith("liger"))
+            else:
+                self.model = build_model(kind, config)
+        self.key = (kind, config) if not kind.startswith("hf-llama") else None  # HF models are not shared
+        return self.model
+
+    def clear(self, device: torch.device) -> None:
+        self.key, self.model = None, None
+        release_memory(device)
 
 
 @dataclasses.dataclass
 class TrainingStep:
     """One provider's training step at one point, ready to time."""
 
-    fn: Callable[[], None]
+    fn: Callable[[], None]  # the timed step
+    warm: Callable[[], None]  # a warm-up step (compiles and autotunes)
+    prepare: Optional[Callable[[], None]]  # run once after warm-up, before timing (graph capture)
     loss: str  # how the loss is computed
     params_millions: float
     flops: float  # model flops of one step: tokens * (6N + 12 L d S)
@@ -173,36 +217,48 @@ class TrainingStep:
 
 
 def training_step(
-    point: Point, provider: str, config: TransformerConfig, device: torch.device, optimizer: bool = False
+    point: Point,
+    provider: str,
+    config: TransformerConfig,
+    device: torch.device,
+    optimizer: bool = False,
+    model: Optional[torch.nn.Module] = None,
 ) -> TrainingStep:
-    """Build the provider's model at the point and return its training step (forward + backward
-    under bf16 autocast, then zero_grad; with optimizer, a fused AdamW step too). Raises
-    NotImplementedError when the Triton model lacks a kernel API the config needs."""
+    """The provider's training step at the point (forward + backward under bf16 autocast, then
+    zero_grad; with optimizer, a fused AdamW step too), on `model` (built here when None).
+    Raises NotImplementedError when the Triton model lacks a kernel API the config needs."""
     hf = provider.startswith("hf-llama")
-    torch.manual_seed(0)
-    with device:
-        if hf:
-            model = hf_llama(config, liger=provider.endswith("liger"))
-        else:
-            model = build_model("triton" if provider.startswith("tritonformer") else "torch", config)
-    forward = torch.compile(model) if "compile" in provider else model
+    if model is None:
+        model = ModelSlot().get(model_kind(provider), config, device)
     idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
     targets = torch.roll(idx, -1, dims=1)
     fused_adam = {"fused": True} if device.type == "cuda" else {}
     adam = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused_adam) if optimizer else None
 
-    def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = forward(input_ids=idx, labels=idx).loss if hf else forward(idx, targets)[1]
-        loss.backward()
-        if adam is not None:
-            adam.step()
-        model.zero_grad(set_to_none=True)
+    def make_step(forward):
+        def step():
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = forward(input_ids=idx, labels=idx).loss if hf else forward(idx, targets)[1]
+            loss.backward()
+            if adam is not None:
+                adam.step()
+            model.zero_grad(set_to_none=True)
 
+        return step
+
+    eager = make_step(model)
+    if provider.endswith("+graph"):
+        fn = make_step(GraphedModel(model, warmup=GRAPH_WARMUP))
+        warm, prepare = eager, fn  # the first graphed step captures
+    else:
+        fn = make_step(torch.compile(model)) if "compile" in provider else eager
+        warm, prepare = fn, None
     loss = {"hf-llama": "logits (HF)", "hf-llama+liger": "fused (Liger)"}.get(provider)
     tokens = point.batch * point.context
     return TrainingStep(
-        fn=step,
+        fn=fn,
+        warm=warm,
+        prepare=prepare,
         loss=loss or ("fused" if config.fused_loss else "logits"),
         params_millions=config.num_params(matmul_only=False) / 1e6,  # the same for every provider
         flops=config.flops_per_token(point.context) * tokens,
@@ -210,8 +266,33 @@ def training_step(
     )
 
 
+def time_training_steps(step: TrainingStep, warmup: int, steps: int, device: torch.device) -> tuple:
+    """(ms per step, peak GiB allocated during prepare and the timed steps); on a CPU (a smoke
+    test) no peak."""
+    for _ in range(warmup):
+        step.warm()
+    if device.type != "cuda":
+        if step.prepare is not None:
+            step.prepare()
+        started = time.perf_counter()
+        for _ in range(steps):
+            step.fn()
+        return (time.perf_counter() - started) / steps * 1e3, None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    if step.prepare is not None:
+        step.prepare()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step.fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**30
+
+
 def release_memory(device: torch.device) -> None:
-    """Free what the last provider held (its models are unreferenced by now) and reset dynamo."""
+    """Free what the last provider held (unreferenced by now) and reset dynamo."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -219,28 +300,39 @@ def release_memory(device: torch.device) -> None:
         torch._dynamo.reset()
 
 
-def run_point(point: Point, provider: str, args: argparse.Namespace) -> Result:
+def run_point(point: Point, provider: str, args: argparse.Namespace, slot: Optional[ModelSlot] = None) -> Result:
+    """Measure one row; any failure becomes the row's status (the run goes on)."""
+    started = time.perf_counter()
+    slot = slot or ModelSlot()
     config = point_config(point, provider, args.overrides, args.fused_loss)
     result = Result(str(point), provider, "ok")
-    reason = skip_reason(provider, config)
+    device = torch.device(args.device)
+    reason = skip_reason(provider, config, device)
     if reason:
         result.status = f"skipped: {reason}"
         return result
-    device = torch.device(args.device)
+    step = None
     try:
-        step = training_step(point, provider, config, device, args.optimizer)
+        model = slot.get(model_kind(provider), config, device)
+        step = training_step(point, provider, config, device, args.optimizer, model)
         result.loss, result.params_millions = step.loss, step.params_millions
-        ms, peak = time_training_steps(step.fn, args.warmup, args.steps, device)
+        ms, peak = time_training_steps(step, args.warmup, args.steps, device)
         result.step_ms, result.peak_gib = ms, peak
         result.tokens_per_s = step.tokens / ms * 1e3
         result.model_tflops = step.flops / ms / 1e9
     except torch.cuda.OutOfMemoryError:
         result.status = "OOM"
+        slot.clear(device)
     except NotImplementedError as error:  # a kernel package API the Triton model needs is missing
         result.status = f"skipped: {error}"
+    except Exception as error:  # noqa: BLE001 - one failing provider must not lose the others' rows
+        result.status = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        traceback.print_exc(file=sys.stderr)
+        slot.clear(device)
     finally:
         step = None
         release_memory(device)
+        result.seconds = time.perf_counter() - started
     return result
 
 
@@ -312,34 +404,69 @@ def environment_line(device: torch.device) -> str:
     return f"{where}, torch {torch.__version__}, triton {triton.__version__}, bf16 autocast, fp32 weights"
 
 
+def split_list(values: Optional[Iterable[str]]) -> List[str]:
+    """Values given space- or comma-separated, or both ("a,b c" -> [a, b, c])."""
+    return [item for value in values or () for item in value.split(",") if item]
+
+
+def parse_providers(values: Optional[Iterable[str]]) -> List[str]:
+    names = split_list(values)
+    if not names:
+        return list(DEFAULT_PROVIDERS)
+    if names == ["all"]:
+        return list(PROVIDERS)
+    unknown = [name for name in names if name not in PROVIDERS]
+    if unknown:
+        raise ValueError(f"unknown provider {unknown[0]!r}; choose from {', '.join(PROVIDERS)} (or all)")
+    return list(dict.fromkeys(names))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tritonformer-bench",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--config", nargs="*", default=None, metavar="PRESET:CONTEXT:BATCH",
-                   help=f"points to time (default: {' '.join(HEADLINE)})")  # fmt: skip
+    p.add_argument("--config", "--configs", dest="config", nargs="+", action="extend", metavar="PRESET:CONTEXT:BATCH",
+                   help=f"points to time, space- or comma-separated (default: {' '.join(HEADLINE)})")  # fmt: skip
     p.add_argument("--sweep", choices=("headline", "seed"), default="headline", help="a named set of points")
-    p.add_argument("--providers", nargs="*", default=list(PROVIDERS), choices=PROVIDERS)
+    p.add_argument("--providers", "--provider", dest="providers", nargs="+", action="extend", metavar="PROVIDER",
+                   help=f"space- or comma-separated, run in this order, or 'all' "
+                   f"(default: {','.join(DEFAULT_PROVIDERS)}; all: {','.join(PROVIDERS)})")  # fmt: skip
     p.add_argument("--fused-loss", choices=("ours", "all", "none"), default="ours",
                    help="which providers compute the loss with fused linear+cross-entropy")  # fmt: skip
-    p.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="OPTION=VALUE",
+    p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="OPTION=VALUE",
                    help="TransformerConfig options for every point, e.g. activation_checkpointing=true")  # fmt: skip
     p.add_argument("--optimizer", action="store_true", help="include a fused AdamW step in each timed step")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first compiles and autotunes)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="skip the rows expected to end after this many seconds: those starting later, and "
+                   "those whose provider's previous row took longer than what is left")  # fmt: skip
     p.add_argument("--out-dir", default="bench-out")
     p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this command (no peak memory)")
     args = p.parse_args(argv)
+    try:
+        args.providers = parse_providers(args.providers)
+        names = split_list(args.config) or (SEED_SWEEP if args.sweep == "seed" else HEADLINE)
+        args.points = [Point.parse(name) for name in names]
+    except ValueError as error:
+        p.error(str(error))
+    if args.warmup < 1 or args.steps < 1:
+        p.error(f"--warmup and --steps must be >= 1 (got {args.warmup}, {args.steps})")
     overrides = {}
     for item in args.overrides:
         key, _, value = item.partition("=")
         overrides[key] = parse_value(value)
     args.overrides = overrides
-    names = args.config if args.config else (SEED_SWEEP if args.sweep == "seed" else HEADLINE)
-    args.points = [Point.parse(name) for name in names]
     return args
+
+
+def run_order(points: List[Point], providers: List[str]) -> List[Tuple[Point, str]]:
+    """Point by point in the given provider order; Liger's rows last (it patches the Llama
+    classes of the whole process, so every plain row must run before it)."""
+    runs = [(point, provider) for point in points for provider in providers]
+    return sorted(runs, key=lambda run: run[1] == "hf-llama+liger")
 
 
 def main(argv=None) -> int:
@@ -348,25 +475,35 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("tritonformer-bench times training steps on a CUDA GPU; none is available here", file=sys.stderr)
         return 2
+    started = time.perf_counter()
     out = pathlib.Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     environment = environment_line(device)
     print(environment, flush=True)
-    # Liger patches the Llama classes of the whole process: its rows run after every plain one.
-    runs = [(point, provider) for point in args.points for provider in args.providers]
-    runs.sort(key=lambda run: run[1] == "hf-llama+liger")
-    by_run = {}
-    for point, provider in runs:
-        result = by_run[str(point), provider] = run_point(point, provider, args)
-        print(f"{point} {provider}: {result.status} {_fmt(result.model_tflops, '.1f')} TFLOP/s "
-              f"{_fmt(result.peak_gib, '.1f')} GiB", flush=True)  # fmt: skip
+    by_run: Dict[Tuple[str, str], Result] = {}
+    last_seconds: Dict[str, float] = {}  # each provider's last row: what its next row is expected to take
+    slot = ModelSlot()
+    for point, provider in run_order(args.points, args.providers):
+        expected_end = time.perf_counter() - started + last_seconds.get(provider, 0.0)
+        if args.time_budget is not None and expected_end > args.time_budget:
+            result = Result(str(point), provider, f"skipped: time budget of {args.time_budget:g} s")
+        else:
+            result = run_point(point, provider, args, slot)
+            last_seconds[provider] = result.seconds or 0.0
+        by_run[str(point), provider] = result
+        print(f"{point} {provider}: {result.status} {_fmt(result.step_ms, '.1f')} ms "
+              f"{_fmt(result.model_tflops, '.1f')} TFLOP/s {_fmt(result.peak_gib, '.1f')} GiB "
+              f"({_fmt(result.seconds, '.0f')} s)", flush=True)  # fmt: skip
+        measured = [by_run[key] for key in ((str(p), v) for p in args.points for v in args.providers) if key in by_run]
+        write_csv(measured, out / "bench.csv")
+        (out / "bench.md").write_text(markdown(measured, environment))
+    slot.clear(device)
     results = [by_run[str(point), provider] for point in args.points for provider in args.providers]
-    write_csv(results, out / "bench.csv")
     table = markdown(results, environment)
-    (out / "bench.md").write_text(table)
     print(table)
     why_not = plot(results, out / "bench.png", environment)
     print(why_not or f"wrote {out / 'bench.csv'}, {out / 'bench.md'} and {out / 'bench.png'}")
+    print(f"{time.perf_counter() - started:.0f} s in all", flush=True)
     return 0
 
 

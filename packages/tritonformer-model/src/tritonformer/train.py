@@ -30,11 +30,15 @@ from .config import PRESETS, TransformerConfig
 from .progress import ProgressBar
 
 MODELS = ("triton", "torch")
-# The Triton model in Triton's CPU interpreter (no GPU): each kernel launch takes about a second
-# there, so a short run of small batches, that still shows the loss falling from ln(256) = 5.5.
+# The Triton model in Triton's CPU interpreter (no GPU): a training step of the tiny model takes
+# ~10 s of CPU there (2 x 32 tokens; fused_gemm's interpreted matmuls are ~75% of it), so a short
+# run of small batches at a higher learning rate, that still shows the loss falling from
+# ln(256) = 5.5 to ~3.3 (measured with the twin: 10 steps of 2 x 32 at lr 6e-3 match 20 of 4 x 32
+# at 3e-3). The fused loss leaves the head's matmuls to torch (not interpreted).
 INTERPRETER_DEFAULTS = dict(
-    steps=20, batch_size=4, seq_len=32, warmup_steps=2, eval_interval=10, eval_iters=2, sample_tokens=24
+    steps=10, batch_size=2, seq_len=32, lr=6e-3, warmup_steps=2, eval_interval=5, eval_iters=1, sample_tokens=16
 )
+INTERPRETER_OVERRIDES = dict(fused_loss=True)
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 CHECKPOINT_NAME = "ckpt.pt"
 
@@ -58,6 +62,7 @@ class TrainSettings:
     dtype: str = "auto"  # auto: bf16 autocast (fp16 + GradScaler on GPUs without bf16); torch on a CPU: fp32
     device: str = "auto"
     compile: bool = False
+    cuda_graph: bool = False  # replay the model's forward and backward from CUDA graphs (tritonformer.cuda_graph)
     eval_interval: int = 50
     eval_iters: int = 8
     checkpoint_interval: Optional[int] = None  # None: at each eval
@@ -73,6 +78,8 @@ class TrainSettings:
         for name in ("steps", "batch_size", "eval_interval", "eval_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cuda_graph and self.compile:
+            raise ValueError("choose cuda_graph or compile, not both (torch.compile makes its own CUDA graphs)")
 
 
 def interpreting() -> bool:
@@ -158,7 +165,19 @@ class Trainer:
         self.step = 0
         if state is not None:
             self._restore(state)
-        self.forward = torch.compile(self.model) if settings.compile else self.model
+        self.forward = self._forward(settings)
+
+    def _forward(self, settings: TrainSettings):
+        """What a step calls: the model, compiled, or with its body replayed from CUDA graphs."""
+        if settings.compile:
+            return torch.compile(self.model)
+        if settings.cuda_graph:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graph needs a CUDA device; this run is on {self.device}")
+            from .cuda_graph import GraphedModel
+
+            return GraphedModel(self.model)  # captures at the first training step
+        return self.model
 
     def _config(self, state: Optional[Dict[str, Any]]) -> TransformerConfig:
         if state is not None:
@@ -181,6 +200,8 @@ class Trainer:
     def batch(self, split: str, generator: torch.Generator):
         stream = self.data.train if split == "train" else self.data.val
         x, y = data.get_batch(stream, self.settings.batch_size, self.seq_len, generator)
+        if self.device.type == "cuda":  # from pinned memory the copies do not wait for the GPU
+            x, y = x.pin_memory(), y.pin_memory()
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def train_step(self) -> float:
@@ -345,12 +366,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=None,
                    help=f"tokens per sequence (default: max_seq_len; {interpreted} in the interpreter)")  # fmt: skip
     p.add_argument("--checkpoint-interval", type=int, default=None, help="steps between saves (default: eval)")
-    for name in ("lr", "weight_decay", "grad_clip"):
+    interpreted = INTERPRETER_DEFAULTS["lr"]
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (default {defaults.lr:g}; {interpreted:g} interpreted)")  # fmt: skip
+    for name in ("weight_decay", "grad_clip"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     p.add_argument("--min-lr", type=float, default=None, help="final learning rate (default: lr / 10)")
     p.add_argument("--dtype", default=defaults.dtype, choices=DTYPES, help="fp16 uses a GradScaler")
     p.add_argument("--device", default=defaults.device, help="auto: cuda if present (and not interpreting), else cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="replay the model's forward and backward from CUDA graphs (GPU, dropout 0)")  # fmt: skip
     p.add_argument("--out-dir", default=defaults.out_dir, help="where checkpoints go")
     p.add_argument("--resume", action="store_true", help=f"continue from OUT_DIR/{CHECKPOINT_NAME}")
     return p.parse_args(argv)
@@ -367,7 +393,7 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     values["overrides"] = overrides
     if values.get("model", "triton") == "triton" and runs_in_interpreter(values.get("device", "auto")):
-        values = {**INTERPRETER_DEFAULTS, **values}
+        values = {**INTERPRETER_DEFAULTS, **values, "overrides": {**INTERPRETER_OVERRIDES, **overrides}}
     return TrainSettings(**values)
 
 
