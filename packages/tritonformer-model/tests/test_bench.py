@@ -48,8 +48,9 @@ def test_time_budget_skips_the_rows_it_leaves_out(tmp_path):
 
 def test_time_budget_expects_a_provider_to_take_as_long_as_its_last_row(tmp_path, monkeypatch):
     def slow_row(point, provider, args, slot):
-        clock[0] += 100.0 if provider == "torch" else 1.0
-        return bench.Result(str(point), provider, "ok", seconds=100.0 if provider == "torch" else 1.0)
+        seconds = 100.0 if provider == "torch" else 1.0
+        clock[0] += seconds
+        return bench.Result(str(point), provider, "ok", 1.0, 10.0, 1e3, 1.0, None, "logits", seconds)
 
     clock = [0.0]
     monkeypatch.setattr(bench, "run_point", slow_row)
