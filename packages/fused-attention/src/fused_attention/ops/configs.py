@@ -4,10 +4,12 @@ Each kernel has a short list of block shapes per padded head dim (BLOCK_D of 64 
 256) and per load path, chosen for the H100 (132 SMs, 227 KB of shared memory per block, 255
 registers per thread) from `ptxas -v` register and spill counts of sm_90 builds (Triton 3.9):
 the forward is spill-free; the dK/dV kernel at BLOCK_D 128 holds two [128, 128] fp32
-accumulators (128 registers a thread) and spills a little (TMA, 32x128: about 80 bytes without
-the atomic dQ, 180 with it; 16x128: 90 with it), at 64 it is spill-free, at 256 it spills (its
-[64, 256] accumulators). Lists are short because each entry is a compile on first use (and the
-dQ kernel, which only the deterministic backward runs below BLOCK_D 256, has one entry there).
+accumulators (128 registers a thread) and spills a little (TMA, causal, atomic dQ: 32x128 about
+180-230 bytes, 16x128 about 90, 32x64 about 60; without the atomic dQ 32x128 spills about 80),
+at 64 it is spill-free, at 256 it spills (its [64, 256] accumulators). K and V stay in shared
+memory as the A operands of their products; P^T and dS^T feed theirs from registers. Lists are
+short because each entry is a compile on first use (and the dQ kernel, which only the
+deterministic backward runs below BLOCK_D 256, has one entry there).
 The autotuner keys on the head dim, the mask/bias specialization and the dQ mode (and the
 dtypes), not on sequence lengths, so a varlen batch never re-tunes; the launchers consult it
 once per launch plan. When interpreting, each kernel runs one small config instead, so that tiny
@@ -74,7 +76,7 @@ TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
     },
     "dkdv": {
         64: [C(32, 128, 8, 2, True), C(64, 128, 8, 2, True)],
-        128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True)],
+        128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True), C(32, 64, 8, 2, True)],
         256: [C(16, 64, 8, 2, True)],
     },
     "dq": {

@@ -405,13 +405,13 @@ def attention_bwd(
     dv = torch.empty(v.shape, dtype=v.dtype, device=device)
     if dq.numel() == 0 and dk.numel() == 0:
         return dq, dk, dv
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=device)
+    delta = torch.empty_like(lse)  # the kernels index delta with the LSE's strides
     slopes = lse if alibi_slopes is None else alibi_slopes
     if cu_seqlens_q is None:
         cu_seqlens_q = cu_seqlens_k = _placeholder_int32(device)
     key = (
-        "bwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), q.shape[0], k.shape[0],
-        None if dlse is None else dlse.stride(), None if alibi_slopes is None else alibi_slopes.stride(),
+        "bwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), lse.stride(), q.shape[0],
+        k.shape[0], None if dlse is None else dlse.stride(), None if alibi_slopes is None else alibi_slopes.stride(),
         _aligned(q, k, v, do, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k), device, current_device_index(),
         dkdv_config, dq_config,
     )  # fmt: skip
