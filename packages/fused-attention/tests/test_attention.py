@@ -16,8 +16,9 @@ pytestmark = pytest.mark.kernels
 FP16, BF16 = torch.float16, torch.bfloat16
 
 # (batch, seqlen_q, seqlen_k, heads, kv heads, head dim, options, dtypes): each mask/bias/length case
-# once, the first three in both dtypes, the others alternating (every kernel specialization is a
-# compile when the suite runs on a GPU).
+# once, the first three in both dtypes, the others alternating so that cases with the same
+# mask/bias flags share a dtype (every kernel specialization is a compile when the suite runs on a
+# GPU; sizes are not specialized, so equal flags, dtype and head dim share one).
 BOTH = (FP16, BF16)
 CASES = {
     "plain": (2, 37, 50, 2, 2, 64, {}, BOTH),
@@ -33,8 +34,8 @@ CASES = {
     "window-both-sides": (1, 40, 47, 2, 2, 64, {"window_size": (5, 3)}, (BF16,)),
     "window-right-only": (1, 33, 33, 2, 2, 64, {"window_size": (-1, 4)}, (FP16,)),
     "window-left-only": (1, 33, 40, 2, 1, 64, {"window_size": (6, -1)}, (BF16,)),
-    "window-empty-rows": (1, 60, 20, 2, 2, 64, {"window_size": (2, 1)}, (FP16,)),
-    "window-one-key-q": (1, 33, 1, 2, 2, 64, {"window_size": (5, 3)}, (BF16,)),
+    "window-empty-rows": (1, 60, 20, 2, 2, 64, {"window_size": (2, 1)}, (BF16,)),
+    "window-one-key-q": (1, 33, 1, 2, 2, 64, {"window_size": (5, 3)}, (FP16,)),
     "softmax-scale": (1, 29, 35, 2, 2, 64, {"softmax_scale": 0.3, "causal": True}, (FP16,)),
     # Full range of 4 query blocks, 3 key blocks: the middle one starts its query loop mid-range
     # (atomic dQ), the last one is ragged (all its query blocks masked).
@@ -152,6 +153,7 @@ def test_deterministic_backward(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, 
     attn.check_attention(q, k, v, with_dlse=True, deterministic=True, **_options(options, batch, n_heads, device))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2")  # the interpreter, in lanes it then discards
 def test_very_negative_scores_with_ragged_keys(attn, device):
     """Every score about -200 (LSE far below 0) and a ragged last key block: the missing keys' zero
     rows would score 0, whose exp2(0 - LSE) overflows; they must not reach dQ (as inf * 0)."""
