@@ -199,7 +199,11 @@ _MAX_SPECS = 4096
 
 def _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> AttentionSpec:
     """flash_attention's checks and spec, cached by everything they read (the option types too,
-    so that a bool where an int belongs is not let through by an equal cached key)."""
+    so that a bool where an int belongs is not let through by an equal cached key). While
+    torch.compile traces, the checks run as they are (traced once; Dynamo cannot key a dict on
+    types)."""
+    if is_compiling():
+        return _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
     try:
         key = (
             q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
