@@ -7,7 +7,9 @@ lengths, and with use_tma=True, so the descriptor loads of the Hopper path are c
 """
 
 import dataclasses
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -101,3 +103,16 @@ def test_alibi_lse_precision_with_tall_query_blocks(attn, device):
     out, lse = attention_fwd(q, k, v, slopes, None, None, spec, C(128, 32, 4, 1))
     ref, twin = attn.reference(q, k, v, dout, **options), attn.lowp_twin(q, k, v, dout, **options)
     attn.compare({"out": out, "lse": lse}, ref, twin, names=("out", "lse"))
+
+
+@needs_descriptors
+def test_launch_plans_keep_no_tensors(attn, device):
+    """A plan's TMA descriptor templates drop the tensors they were built on: the first call's
+    inputs are freed when the caller lets go of them."""
+    q, k, v = attn.random_qkv(1, 40, 40, 2, 2, 32, torch.bfloat16, device)
+    spec = _dense_spec(q, k, False, True, (-1, -1), False, False)
+    attention_fwd(q, k, v, None, None, None, spec, C(16, 16, 4, 1, True))
+    alive = weakref.ref(k)
+    del k
+    gc.collect()
+    assert alive() is None

@@ -303,6 +303,8 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
     else:
         config = candidates[0]
     templates = tuple(_descriptor(t, spec, getattr(config, _DESCRIPTOR_ROWS[kind])) for t in tiled) if tma else None
+    for template in templates or ():
+        template.base = None  # each call's copy gets its own tensor; the plan must not keep this one alive
     grid = (-(-n_rows // getattr(config, _ROW_BLOCK[kind])) * n_row_groups,)
     trailing = (*ints, *constexprs, config.block_m, config.block_n, config.use_tma)
     main = _MainLaunch(_Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages), templates)
