@@ -3,6 +3,7 @@
 # then the benchmarks, logs under $OUT. Run from the repository root:
 #   TESTS="packages/fused-rope/tests" BENCH="packages/fused-rope/benchmarks" \
 #     bash tools/gpu/session.sh tests3 tests22 bench
+# Steps: tests3 (= small3 gpu3), tests22 (= small22 gpu22), bench.
 # TESTS / BENCH default to every package. Tests that fit beside each other run in XDIST (default
 # 8) processes, compiling in parallel; the `gpu`-marked ones (large shapes) in XDIST_GPU (default
 # 2) so that they do not run out of memory together; the benchmarks always run alone. Carried in .carry/ (never committed): triton22-cp312.tar.xz
@@ -14,8 +15,11 @@ TESTS=${TESTS:-packages}
 BENCH=${BENCH:-$(ls -d packages/*/benchmarks)}
 XDIST=${XDIST:-8}
 XDIST_GPU=${XDIST_GPU:-2}
+# Seconds each pytest run may take (the lent machine's calls are time-limited): a run cut short
+# still leaves its per-test log lines and, for benchmarks, the rows measured so far.
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-0}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 TRITONFORMER_BENCH_ROWS="$OUT/bench_rows.jsonl"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
@@ -28,27 +32,32 @@ if [ -f .carry/triton22-cp312.tar.xz ] && [ ! -d /tmp/t22/triton ]; then
   mkdir -p /tmp/t22 && tar -xJf .carry/triton22-cp312.tar.xz -C /tmp/t22
 fi
 
-# The suite in two pytest runs (small shapes in many processes, `gpu` tests in few); AOT
-# compiling is the CPU machines' job. $1: log name; the rest: extra environment.
+# One pytest run of the suite: `small` (small shapes, many processes) or `gpu` (the `gpu`-marked
+# large shapes, few processes); AOT compiling is the CPU machines' job.
+# $1: log name; $2: small|gpu; the rest: extra environment.
 run_suite() {
-  local log=$1; shift
+  local log=$1 part=$2; shift 2
+  local marks="not aot and not gpu" procs=$XDIST
+  if [ "$part" = gpu ]; then marks="gpu"; procs=$XDIST_GPU; fi
   # shellcheck disable=SC2086
-  env "$@" python3 -m pytest -q -n "$XDIST" -m "not aot and not gpu" --durations=8 $TESTS 2>&1 | tee "$OUT/$log-small.log" \
-    | grep -E "passed|failed|FAILED|ERROR|Error|s call|s setup" | tail -40
-  # shellcheck disable=SC2086
-  env "$@" python3 -m pytest -q -n "$XDIST_GPU" -m "gpu" --durations=8 $TESTS 2>&1 | tee "$OUT/$log-gpu.log" \
-    | grep -E "passed|failed|FAILED|ERROR|Error|s call|s setup" | tail -40
+  timeout "$STAGE_TIMEOUT" env "$@" python3 -m pytest -v -n "$procs" -m "$marks" --durations=8 $TESTS 2>&1 \
+    | tee "$OUT/$log-$part.log" | grep -E " passed| failed|FAILED|ERROR|s call|s setup" | tail -40
+  echo "$log $part: $(grep -c ' PASSED ' "$OUT/$log-$part.log") PASSED lines"
 }
 
+T22="PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH}"
 for step in "$@"; do
+  [ "$STAGE_TIMEOUT" = 0 ] || echo "== $step (each run at most ${STAGE_TIMEOUT}s) =="
   case "$step" in
-    tests3) run_suite tests-3x ;;
-    tests22) run_suite tests-22 "PYTHONPATH=/tmp/t22${PYTHONPATH:+:$PYTHONPATH}" ;;
+    tests3) run_suite tests-3x small; run_suite tests-3x gpu ;;
+    small3|gpu3) run_suite tests-3x "${step%3}" ;;
+    tests22) run_suite tests-22 small "$T22"; run_suite tests-22 gpu "$T22" ;;
+    small22|gpu22) run_suite tests-22 "${step%22}" "$T22" ;;
     bench)
       # shellcheck disable=SC2086
-      python3 -m pytest -q -p no:xdist $BENCH --bench-table "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" \
-        | grep -E "passed|failed|FAILED|ERROR|Error" | tail -20
-      cat "$OUT/bench.md" ;;
+      timeout "$STAGE_TIMEOUT" python3 -m pytest -q -p no:xdist $BENCH --bench-table "$OUT/bench.md" 2>&1 \
+        | tee "$OUT/bench.log" | grep -E " passed| failed|FAILED|ERROR" | tail -20
+      PYTHONPATH=tools/testkit/src python3 tools/gpu/rows_to_tables.py "$OUT/bench_rows.jsonl" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -11,6 +11,8 @@ time and nears the host time, the Python launch path is what is being measured.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -112,6 +114,7 @@ def measure(
     if memory:
         row.peak_mib = peak_extra_mib(fn)
     ROWS.append(row)
+    _log_row(row)
     if benchmark is not None:
         benchmark.extra_info.update({k: v for k, v in dataclasses.asdict(row).items() if v is not None})
 
@@ -121,6 +124,21 @@ def measure(
 
         benchmark.pedantic(synchronized, rounds=5, warmup_rounds=1)
     return row
+
+
+def _log_row(row: BenchRow) -> None:
+    """Append the row to $TRITONFORMER_BENCH_ROWS (JSON lines) as soon as it is measured: a run cut
+    short by a time limit keeps what it measured (the tables are written only at the end)."""
+    path = os.environ.get("TRITONFORMER_BENCH_ROWS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+
+
+def load_rows(path: str) -> List[BenchRow]:
+    """The rows a $TRITONFORMER_BENCH_ROWS file holds."""
+    with open(path) as f:
+        return [BenchRow(**json.loads(line)) for line in f if line.strip()]
 
 
 def _fmt(value: Optional[float], spec: str) -> str:
