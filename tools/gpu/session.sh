@@ -11,7 +11,7 @@
 # liger-kernel) installed to /tmp/site.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-TESTS=${TESTS:-packages}
+TESTS=${TESTS:-$(ls -d packages/*/tests)}
 BENCH=${BENCH:-$(ls -d packages/*/benchmarks)}
 XDIST=${XDIST:-8}
 XDIST_GPU=${XDIST_GPU:-2}
