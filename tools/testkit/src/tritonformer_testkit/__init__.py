@@ -9,7 +9,7 @@ from .runtime import (
     kernel_device,
     triton_version,
 )
-from .tolerance import assert_close_to_reference
+from .tolerance import assert_close_to_reference, assert_rms_close_to_reference
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "LOW_PRECISION_DTYPES",
     "assert_close_to_reference",
+    "assert_rms_close_to_reference",
     "can_execute_kernels",
     "dtype_params",
     "gpu_available",

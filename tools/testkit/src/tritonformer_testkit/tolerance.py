@@ -40,6 +40,21 @@ def _max_abs_error(x: torch.Tensor, reference: torch.Tensor, finite: torch.Tenso
     return float((x.double() - reference)[finite].abs().max())
 
 
+def _check_non_finite(actual: torch.Tensor, reference: torch.Tensor, name: str) -> None:
+    """NaN where the reference has NaN, inf of the same sign where it has inf."""
+    ref_nan, act_nan = reference.isnan(), actual.isnan()
+    if not torch.equal(ref_nan, act_nan):
+        missing = int((ref_nan & ~act_nan).sum())
+        extra = int((act_nan & ~ref_nan).sum())
+        raise AssertionError(
+            f"{name}: NaN positions differ from the reference ({extra} NaN where the reference has "
+            f"none, e.g. an unwritten element; {missing} missing where the reference has NaN)"
+        )
+    ref_inf = reference.isinf()
+    if not torch.equal(ref_inf, actual.isinf()) or not torch.equal(reference[ref_inf], actual[ref_inf].double()):
+        raise AssertionError(f"{name}: inf positions or signs differ from the reference")
+
+
 def assert_close_to_reference(
     actual: torch.Tensor,
     reference: torch.Tensor,
@@ -63,17 +78,7 @@ def assert_close_to_reference(
     if atol is None:
         atol = DEFAULT_ATOL[actual.dtype]
 
-    ref_nan, act_nan = reference.isnan(), actual.isnan()
-    if not torch.equal(ref_nan, act_nan):
-        missing = int((ref_nan & ~act_nan).sum())
-        extra = int((act_nan & ~ref_nan).sum())
-        raise AssertionError(
-            f"{name}: NaN positions differ from the reference ({extra} NaN where the reference has "
-            f"none, e.g. an unwritten element; {missing} missing where the reference has NaN)"
-        )
-    ref_inf = reference.isinf()
-    if not torch.equal(ref_inf, actual.isinf()) or not torch.equal(reference[ref_inf], actual[ref_inf].double()):
-        raise AssertionError(f"{name}: inf positions or signs differ from the reference")
+    _check_non_finite(actual, reference, name)
 
     finite = reference.isfinite()
     kernel_error = _max_abs_error(actual, reference, finite)
@@ -92,4 +97,39 @@ def assert_close_to_reference(
             f"{name} ({actual.dtype}): max abs error {kernel_error:.3e} > bound {bound:.3e} "
             f"(= {factor} x PyTorch's {torch_error:.3e} + atol {atol:.1e}){allowance}; worst at flat index "
             f"{worst}: got {actual.flatten()[worst].item():.6g}, reference {reference.flatten()[worst].item():.6g}"
+        )
+
+
+def assert_rms_close_to_reference(
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    torch_lowp: torch.Tensor,
+    *,
+    atol: Optional[float] = None,
+    factor: float = 2.0,
+    name: str = "output",
+) -> None:
+    """The same rule on the root-mean-square error: for results of long chains of kernels (a
+    whole model's parameter gradients), where the largest error of a small tensor is one draw of
+    an extreme-value statistic. Measured on the H100 (tiny GPT-2 and Llama twins, bf16 autocast,
+    8 seeds): per parameter the max-error ratio to PyTorch had medians 0.83-1.24 but single
+    draws up to 2.01; the RMS error averages the draw out and still exposes a systematic excess."""
+    if actual.shape != reference.shape:
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != reference {tuple(reference.shape)}")
+    actual = actual.detach().cpu()
+    reference = reference.detach().cpu().double()
+    torch_lowp = torch_lowp.detach().cpu()
+    if atol is None:
+        atol = DEFAULT_ATOL[actual.dtype]
+    _check_non_finite(actual, reference, name)
+    finite = reference.isfinite() & torch_lowp.isfinite()
+    if not bool(finite.any()):
+        return
+    kernel_rms = float((actual.double() - reference)[finite].square().mean().sqrt())
+    torch_rms = float((torch_lowp.double() - reference)[finite].square().mean().sqrt())
+    bound = factor * torch_rms + atol
+    if kernel_rms > bound:
+        raise AssertionError(
+            f"{name} ({actual.dtype}): RMS error {kernel_rms:.3e} > bound {bound:.3e} "
+            f"(= {factor} x PyTorch's {torch_rms:.3e} + atol {atol:.1e})"
         )

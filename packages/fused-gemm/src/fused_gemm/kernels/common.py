@@ -41,29 +41,49 @@ def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _rcp(x, INTERPRETED: tl.constexpr):
+def _rcp(x, INTERPRETED: tl.constexpr, PRECISE: tl.constexpr):
     """1 / x in fp32: compiled, rcp.approx.ftz (one special-function op, <= 1 ulp) where `1.0 / x`
     compiles to div.full.f32 with four more instructions of denormal range checks; the
-    interpreter cannot run inline PTX and divides."""
+    interpreter cannot run inline PTX and divides. PRECISE (fp32 results): one Newton step on
+    top, so that an fp32 GELU gradient summed over many rows (d(bias)) keeps torch's accuracy."""
     if INTERPRETED:
         r = 1.0 / x
     else:
         r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+        if PRECISE:
+            r = r + r * (1.0 - x * r)  # fused into FMAs: the residual 1 - x r is exact
     return r
 
 
 @triton.jit
-def _exp2(x, INTERPRETED: tl.constexpr):
-    """2^x in fp32: compiled, ex2.approx.ftz (tl.math.exp2 adds two instructions of denormal scaling)."""
+def _exp2(x, INTERPRETED: tl.constexpr, PRECISE: tl.constexpr):
+    """2^x in fp32 for x <= 0: compiled, ex2.approx.ftz (tl.math.exp2 adds two instructions of
+    denormal scaling), ~2 ulp. PRECISE (fp32 results): 2^n 2^f with n = round(x), |f| <= 1/2, 2^f
+    by its Taylor series to degree 7 (relative error < 5.2e-9, under fp32 rounding) and 2^n from
+    the exponent bits; below 2^-126 it flushes to zero like the .ftz instruction."""
     if INTERPRETED:
         r = tl.math.exp2(x)
+    elif PRECISE:
+        # round to nearest by the 1.5 * 2^23 shifter (tl.floor is not in Triton 2.2's core)
+        n = (tl.maximum(x, -127.0) + 12582912.0) - 12582912.0
+        f = x - n
+        p = 1.5252733804059838e-05  # ln(2)^k / k!, k = 7 .. 0
+        p = p * f + 0.00015403530393381606
+        p = p * f + 0.0013333558146428441
+        p = p * f + 0.009618129107628477
+        p = p * f + 0.055504108664821576
+        p = p * f + 0.2402265069591007
+        p = p * f + 0.6931471805599453
+        p = p * f + 1.0
+        scale = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+        r = tl.where(x < -126.0, 0.0, p * scale)
     else:
         r = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
     return r
 
 
 @triton.jit
-def _normal_pdf_cdf(z, INTERPRETED: tl.constexpr):
+def _normal_pdf_cdf(z, INTERPRETED: tl.constexpr, PRECISE: tl.constexpr):
     """(phi(z), Phi(z)) of the standard normal, fp32, from basic ops: GELU = z Phi(z), GELU' = Phi + z phi.
 
     Phi from phi through the Mills ratio, as Abramowitz & Stegun 26.2.17 does, one degree higher:
@@ -75,9 +95,9 @@ def _normal_pdf_cdf(z, INTERPRETED: tl.constexpr):
     negative z. About 15 instructions and two special-function ops (a reciprocal, an exp) per
     element compiled, against about 75 for libdevice's erff; no libdevice call.
     """
-    t = _rcp(1.0 + 0.275 * tl.abs(z), INTERPRETED)
+    t = _rcp(1.0 + 0.275 * tl.abs(z), INTERPRETED, PRECISE)
     # phi(z) = exp(-z^2/2) / sqrt(2 pi) = 2^(z^2 * -log2(e)/2 + log2(1/sqrt(2 pi))): one mul, one fma, one ex2.
-    pdf = _exp2(z * z * -0.7213475204444817 - 1.3257480647361593, INTERPRETED)
+    pdf = _exp2(z * z * -0.7213475204444817 - 1.3257480647361593, INTERPRETED, PRECISE)
     poly = -0.2879068620
     poly = poly * t + 1.132991917
     poly = poly * t - 0.8296765249
@@ -90,7 +110,7 @@ def _normal_pdf_cdf(z, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _tanh_gate(z, INTERPRETED: tl.constexpr):
+def _tanh_gate(z, INTERPRETED: tl.constexpr, PRECISE: tl.constexpr):
     """(s, ds) of the tanh-approximate GELU, fp32: GELU = z s, GELU' = s + z ds.
 
     With u = sqrt(2/pi) * (z + 0.044715 z^3): 0.5 * (1 + tanh(u)) = sigmoid(2u) = s, and
@@ -100,8 +120,8 @@ def _tanh_gate(z, INTERPRETED: tl.constexpr):
     """
     z2 = z * z
     # 2|u| log2(e) = |z (1 + 0.044715 z^2)| * 2 sqrt(2/pi) log2(e); u has the sign of z.
-    t = _exp2(tl.abs(z * (1.0 + 0.044715 * z2)) * -2.302208198144325, INTERPRETED)
-    r = _rcp(1.0 + t, INTERPRETED)
+    t = _exp2(tl.abs(z * (1.0 + 0.044715 * z2)) * -2.302208198144325, INTERPRETED, PRECISE)
+    r = _rcp(1.0 + t, INTERPRETED, PRECISE)
     s = tl.where(z >= 0.0, r, t * r)
     du = 0.7978845608028654 + 0.10703222440890037 * z2  # sqrt(2/pi) * (1 + 3 * 0.044715 z^2)
     return s, 2.0 * (t * r * r) * du
@@ -117,15 +137,15 @@ def _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _activation(z, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr):
-    """act(z) in fp32."""
+def _activation(z, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr, PRECISE: tl.constexpr):
+    """act(z) in fp32; PRECISE: full fp32 accuracy (fp32 results), else special-function ops."""
     if ACTIVATION == ACT_RELU:
         y = tl.where(z < 0.0, 0.0, z)  # NaN stays NaN, as torch.relu
     elif ACTIVATION == ACT_GELU:
-        _, cdf = _normal_pdf_cdf(z, INTERPRETED)
+        _, cdf = _normal_pdf_cdf(z, INTERPRETED, PRECISE)
         y = z * cdf
     elif ACTIVATION == ACT_GELU_TANH:
-        s, _ = _tanh_gate(z, INTERPRETED)
+        s, _ = _tanh_gate(z, INTERPRETED, PRECISE)
         y = z * s
     else:
         y = z
@@ -133,16 +153,16 @@ def _activation(z, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _activation_grad(dy, saved, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr):
+def _activation_grad(dy, saved, ACTIVATION: tl.constexpr, INTERPRETED: tl.constexpr, PRECISE: tl.constexpr):
     """dz = dy * act'(z), fp32: `saved` is z for the GELUs, the output y for ReLU, unused without activation."""
     if ACTIVATION == ACT_RELU:
         # torch's threshold_backward: zero where the output is <= 0 (a NaN output passes dy on).
         dz = tl.where(saved <= 0.0, 0.0, dy)
     elif ACTIVATION == ACT_GELU:
-        pdf, cdf = _normal_pdf_cdf(saved, INTERPRETED)
+        pdf, cdf = _normal_pdf_cdf(saved, INTERPRETED, PRECISE)
         dz = dy * (cdf + saved * pdf)
     elif ACTIVATION == ACT_GELU_TANH:
-        s, ds = _tanh_gate(saved, INTERPRETED)
+        s, ds = _tanh_gate(saved, INTERPRETED, PRECISE)
         dz = dy * (s + saved * ds)
     else:
         dz = dy

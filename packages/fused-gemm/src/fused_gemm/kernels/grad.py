@@ -65,7 +65,7 @@ def _activation_grad_kernel(
         offs = (batch * M + rows64)[:, None] * N + cols64[None, :]
         if ACTIVATION != 0:
             saved = tl.load(saved_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            dz = _activation_grad(dy, saved, ACTIVATION, UPCAST)
+            dz = _activation_grad(dy, saved, ACTIVATION, UPCAST, dy_ptr.dtype.element_ty == tl.float32)
         else:
             dz = dy
         if WRITE_DZ:

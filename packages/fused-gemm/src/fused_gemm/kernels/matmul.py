@@ -157,7 +157,7 @@ def _matmul_kernel(
                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)  # fmt: skip
 
     z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
-    y = _activation(z, ACTIVATION, UPCAST)
+    y = _activation(z, ACTIVATION, UPCAST, c_ptr.dtype.element_ty == tl.float32)
     mask = row_in[:, None] & col_in[None, :]
     c_offs = batch * stride_c_batch + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn
     tl.store(c_ptr + c_offs, _cast(y, c_ptr.dtype.element_ty, UPCAST), mask=mask)

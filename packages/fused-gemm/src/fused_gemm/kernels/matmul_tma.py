@@ -83,7 +83,7 @@ def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N
     z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
     if STORE_Z:
         _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
-    y = _activation(z, ACTIVATION, UPCAST)
+    y = _activation(z, ACTIVATION, UPCAST, False)  # 16-bit results only
     _store_tile(c_desc, batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, BATCHED)
 
 
