@@ -48,6 +48,15 @@ def _load_k_tiles(a_ptrs, b_ptrs, k, K, offs_k, row_in, col_in, BLOCK_K: tl.cons
 
 
 @triton.jit
+def _round_to_tf32(x):
+    """fp32 rounded to TF32's 10 mantissa bits, to nearest (ties away, as cvt.rna.tf32.f32): the
+    tensor cores read fp32 operands by dropping the low 13 bits, a truncation whose bias doubled
+    the error against cuBLAS (which rounds) on the H100."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _accumulate(a_ptrs, b_ptrs, stride_ak, stride_bk, K, offs_k, row_in, col_in, ALLOW_TF32: tl.constexpr,
                 UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 EVEN_K: tl.constexpr):  # fmt: skip
@@ -57,6 +66,9 @@ def _accumulate(a_ptrs, b_ptrs, stride_ak, stride_bk, K, offs_k, row_in, col_in,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a, b = _load_k_tiles(a_ptrs, b_ptrs, k, K, offs_k, row_in, col_in, BLOCK_K, EVEN_K)
+        if ALLOW_TF32:  # fp32 operands only
+            a = _round_to_tf32(a)
+            b = _round_to_tf32(b)
         if UPCAST:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, allow_tf32=ALLOW_TF32)
         else:
