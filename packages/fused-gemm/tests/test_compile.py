@@ -216,7 +216,8 @@ GRAD_TILE = {"BLOCK_M": 32, "BLOCK_N": 256}  # configs.GRAD_TILE when compiled
 @pytest.mark.parametrize("activation, write_dz, column_sum, dtype, unit_stride", GRAD_CASES)
 def test_activation_grad_kernel_compiles(activation, write_dz, column_sum, dtype, unit_stride, arch):
     ints = ("stride_dy_batch", "stride_dy_m", "stride_dy_n", "M", "N", "ROWS")
-    signature = {"dy_ptr": f"*{dtype}", "saved_ptr": f"*{dtype}", "dz_ptr": f"*{dtype}", "partial_ptr": "*fp32"}
+    partial = "*fp64" if dtype == "fp32" else "*fp32"  # fp32 gradients sum their columns in fp64
+    signature = {"dy_ptr": f"*{dtype}", "saved_ptr": f"*{dtype}", "dz_ptr": f"*{dtype}", "partial_ptr": partial}
     signature.update({name: "i32" for name in ints if name != unit_stride})
     compile_to_cubin(
         _activation_grad_kernel,

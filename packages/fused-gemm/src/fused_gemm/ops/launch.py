@@ -248,7 +248,9 @@ def launch_activation_grad(
     batch, m, n = dy.shape
     dz = torch.empty((batch, m, n), dtype=dy.dtype, device=dy.device) if write_dz else dy
     tile, rows, grid, partial_rows = _grad_plan(batch, m, n, multiprocessor_count(dy.device))
-    partial = torch.empty((partial_rows, n), dtype=torch.float32, device=dy.device) if column_sum else None
+    # Column sums in fp64 for fp32 gradients (see kernels.grad), fp32 for 16-bit ones.
+    partial_dtype = torch.float64 if dy.dtype == torch.float32 else torch.float32
+    partial = torch.empty((partial_rows, n), dtype=partial_dtype, device=dy.device) if column_sum else None
     if batch * m * n:
         _activation_grad_kernel[grid](
             dy, saved if saved is not None else dy, dz, partial if column_sum else dy,
