@@ -9,6 +9,7 @@ from fused_norm_xent._compat import HAS_CUSTOM_OP
 
 pytestmark = [
     pytest.mark.kernels,
+    pytest.mark.torch_compile,  # skipped with the reason beside a Triton 2.x (torch >= 2.3 needs triton.backends)
     pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4"),
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
 ]
