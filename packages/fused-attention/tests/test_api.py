@@ -56,6 +56,7 @@ def test_autograd_function_path_matches_custom_op(attn, device):
     _assert_identical(_outputs_and_grads(through_custom_op, q, k, v, dout, dlse), expected)
 
 
+@pytest.mark.torch_compile
 @pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
 def test_torch_compile_fullgraph(attn, device):
     """No graph break: the kernels are custom ops with fake implementations and registered autograd."""

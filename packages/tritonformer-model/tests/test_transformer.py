@@ -180,6 +180,7 @@ def test_generate(twins, device):
     assert torch.equal(s1, s2) and int(s1.max()) < 256
 
 
+@pytest.mark.torch_compile
 def test_torch_compile_fullgraph_matches_eager(twins, device):
     """torch.compile(fullgraph=True) traces the whole model through the kernels' custom ops."""
     if not hasattr(torch.library, "custom_op"):
