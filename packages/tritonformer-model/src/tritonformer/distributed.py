@@ -125,6 +125,9 @@ def main(argv=None) -> int:
                 "match": bool(worst <= args.rtol),
             }), flush=True)  # fmt: skip
         dist.broadcast(ok, src=0)
+        # Every rank past its last collective before any tears the group down: without it, a gloo
+        # rank sometimes aborted in teardown ("terminate called without an active exception"; CI).
+        dist.barrier()
         return 0 if ok.item() == 1 else 1
     finally:
         dist.destroy_process_group()
