@@ -55,6 +55,17 @@ def _check_non_finite(actual: torch.Tensor, reference: torch.Tensor, name: str) 
         raise AssertionError(f"{name}: inf positions or signs differ from the reference")
 
 
+def _checked_pair(actual: torch.Tensor, reference: torch.Tensor, atol: Optional[float], name: str):
+    """(actual on the CPU, reference in float64 on the CPU, atol or actual's default), after the
+    checks both rules share: equal shapes, non-finite values where the reference has them."""
+    if actual.shape != reference.shape:
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != reference {tuple(reference.shape)}")
+    actual = actual.detach().cpu()
+    reference = reference.detach().cpu().double()
+    _check_non_finite(actual, reference, name)
+    return actual, reference, DEFAULT_ATOL[actual.dtype] if atol is None else atol
+
+
 def assert_close_to_reference(
     actual: torch.Tensor,
     reference: torch.Tensor,
@@ -71,15 +82,7 @@ def assert_close_to_reference(
     torch_lowp: PyTorch's own result computed in `actual`'s dtype (None: the bound is atol alone).
     atol: absolute slack added to the bound; by default DEFAULT_ATOL[actual.dtype].
     """
-    if actual.shape != reference.shape:
-        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != reference {tuple(reference.shape)}")
-    actual = actual.detach().cpu()
-    reference = reference.detach().cpu().double()
-    if atol is None:
-        atol = DEFAULT_ATOL[actual.dtype]
-
-    _check_non_finite(actual, reference, name)
-
+    actual, reference, atol = _checked_pair(actual, reference, atol, name)
     finite = reference.isfinite()
     kernel_error = _max_abs_error(actual, reference, finite)
     torch_error = 0.0
@@ -114,14 +117,8 @@ def assert_rms_close_to_reference(
     an extreme-value statistic. Measured on the H100 (tiny GPT-2 and Llama twins, bf16 autocast,
     8 seeds): per parameter the max-error ratio to PyTorch had medians 0.83-1.24 but single
     draws up to 2.01; the RMS error averages the draw out and still exposes a systematic excess."""
-    if actual.shape != reference.shape:
-        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != reference {tuple(reference.shape)}")
-    actual = actual.detach().cpu()
-    reference = reference.detach().cpu().double()
+    actual, reference, atol = _checked_pair(actual, reference, atol, name)
     torch_lowp = torch_lowp.detach().cpu()
-    if atol is None:
-        atol = DEFAULT_ATOL[actual.dtype]
-    _check_non_finite(actual, reference, name)
     finite = reference.isfinite() & torch_lowp.isfinite()
     if not bool(finite.any()):
         return
