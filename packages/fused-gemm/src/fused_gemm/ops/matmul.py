@@ -9,7 +9,7 @@ under autocast (_compat.custom_bwd).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -61,6 +61,18 @@ def _check_bias(bias: Optional[torch.Tensor], n_out: int, what: str) -> None:
         raise ValueError(f"bias must have shape ({n_out},) ({what}), got {tuple(bias.shape)}")
 
 
+def _operands(*named: Tuple[str, Optional[torch.Tensor]]) -> Tuple[Optional[torch.Tensor], ...]:
+    """The (name, tensor) operands as the kernels take them: under autocast cast to its dtype,
+    otherwise required to share one dtype; on one device either way."""
+    dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
+    if dtype is not None:
+        named = tuple((name, None if t is None else t.to(dtype)) for name, t in named)
+    else:
+        check_same_dtype(*named)
+    check_device(*named)
+    return tuple(t for _, t in named)
+
+
 def _apply(a, b, bias, activation, allow_tf32):
     """The forward through autograd when it must save for backward (grad mode on and an operand
     requiring grad), else the launcher alone."""
@@ -107,12 +119,7 @@ def matmul(
             f"{tuple(w_shape)} (n = {w_shape[0]}); pass an nn.Linear weight as weight.t()"
         )
     _check_bias(bias, w_shape[1], "w.shape[1]")
-    dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
-    if dtype is not None:
-        x, w, bias = x.to(dtype), w.to(dtype), bias.to(dtype) if bias is not None else None
-    else:
-        check_same_dtype(("x", x), ("w", w), ("bias", bias))
-    check_device(("x", x), ("w", w), ("bias", bias))
+    x, w, bias = _operands(("x", x), ("w", w), ("bias", bias))
     # (1, M, n) view of x (a copy only when its leading dims cannot be flattened into one stride).
     a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
     c = _apply(a, w.unsqueeze(0), bias, activation, tf32)
@@ -151,10 +158,5 @@ def bmm(
             f"{tuple(b_shape)} (n = {b_shape[1]})"
         )
     _check_bias(bias, b_shape[2], "b.shape[2]")
-    dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
-    if dtype is not None:
-        a, b, bias = a.to(dtype), b.to(dtype), bias.to(dtype) if bias is not None else None
-    else:
-        check_same_dtype(("a", a), ("b", b), ("bias", bias))
-    check_device(("a", a), ("b", b), ("bias", bias))
+    a, b, bias = _operands(("a", a), ("b", b), ("bias", bias))
     return _apply(a, b, bias, activation, tf32)
