@@ -42,10 +42,13 @@ RESET_TO_ZERO = {"fwd": None, "dkdv": ["dq_accum_ptr"], "dq": None}
 
 # The backward's dQ: True adds each key block's share into an fp32 accumulator with atomics inside
 # the dK/dV kernel (5 matmuls per block pair; not bit-reproducible), False runs the separate dQ
-# kernel (7 matmuls; deterministic). Per BLOCK_D class: at 256 the dK/dV kernel's registers are
-# already spent on its two [64, 256] accumulators and its query tiles are 16 rows, so it keeps
-# the separate kernel.
-DQ_ATOMIC = {64: True, 128: True, 256: False}
+# kernel (7 matmuls; deterministic). Per BLOCK_D class, as measured (H100, Triton 3.6, bf16,
+# hidden 2048, 16k tokens, forward+backward): at 64 the atomics win at S >= 4096 (causal S = 16384:
+# 341 against 312 TFLOP/s) and tie at 1024; at 128 the dK/dV kernel, already holding two
+# [128, 128] fp32 accumulators, spills more with the dQ work added and loses everywhere (causal
+# S = 4096: 257 against 302; full S = 16384: 276 against 327); at 256 the separate kernel is the
+# only one that fits.
+DQ_ATOMIC = {64: True, 128: False, 256: False}
 
 
 @dataclass(frozen=True)
