@@ -32,6 +32,7 @@ def _assert_identical(actual, expected):
 
 
 @pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
+@pytest.mark.torch_dynamo  # a custom op's autograd path imports torch._dynamo
 def test_autograd_function_path_matches_custom_op(attn, device):
     """FlashAttentionFunction (eager, and torch < 2.4) and the custom op (what torch.compile traces)
     run the same launchers: identical results, through both outputs (deterministic backward: the

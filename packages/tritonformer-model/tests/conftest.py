@@ -7,39 +7,22 @@
 from __future__ import annotations
 
 import copy
-import importlib
 
 import pytest
 import torch
-import triton
-from tritonformer_testkit import assert_close_to_reference, assert_rms_close_to_reference
+from tritonformer_testkit import assert_close_to_reference, assert_rms_close_to_reference, torch_dynamo_blocker
 
 from tritonformer import TorchTransformer, Transformer, TransformerConfig
 from tritonformer.model import check_kernel_apis
 
 
-def _torch_dynamo_blocker():
-    """None when torch._dynamo imports, else why not. torch.optim's optimizers and
-    torch.utils.checkpoint import it; torch >= 2.5 (CPU build) beside Triton 2.2, as the CPU
-    Triton 2.2 session pairs them, fails there (its inductor wants triton.backends, Triton 3)."""
-    try:
-        importlib.import_module("torch._dynamo")
-    except ImportError as error:
-        return (
-            f"torch {torch.__version__} cannot import torch._dynamo beside Triton {triton.__version__} ({error}); "
-            "torch.optim and torch.utils.checkpoint need it: these run under Triton 3 and on the GPU"
-        )
-    return None
-
-
-TORCH_DYNAMO_BLOCKER = _torch_dynamo_blocker()
-
-
 @pytest.fixture
 def torch_dynamo():
-    """Skip, with the reason, where torch._dynamo (optimizers, checkpointing) cannot import."""
-    if TORCH_DYNAMO_BLOCKER:
-        pytest.skip(TORCH_DYNAMO_BLOCKER)
+    """Skip, with the reason, where torch._dynamo (optimizers, checkpointing) cannot import (for
+    tests that need it only in some parametrizations; whole tests carry the torch_dynamo marker)."""
+    blocker = torch_dynamo_blocker()
+    if blocker:
+        pytest.skip(blocker)
 
 
 def require_kernel_apis(config: TransformerConfig) -> None:

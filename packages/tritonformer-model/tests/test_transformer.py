@@ -139,6 +139,7 @@ def test_backward_chain_point_by_point(dtype, twins, device):
         assert_close_to_reference(grads[point], grads64[point], grads_lowp[point], name=f"gradient at {point}")
 
 
+@pytest.mark.torch_dynamo
 def test_dropout_is_seeded_and_replayed_by_activation_checkpointing(twins, device):
     plain, _ = twins(tiny(n_layer=1, dropout=0.2))  # one block: its recomputation replays the masks
     checkpointed = Transformer(plain.config.replace(activation_checkpointing=True)).to(device)
@@ -201,6 +202,7 @@ def test_torch_compile_fullgraph_matches_eager(twins, device):
         torch.testing.assert_close(g_compiled, g_eager)
 
 
+@pytest.mark.torch_dynamo
 def test_hugging_face_gpt2_weights(device):
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not importable here: the GPT-2 interop test needs it"
@@ -222,6 +224,7 @@ def test_hugging_face_gpt2_weights(device):
     assert_close_to_reference(logits, exact, lowp, name="logits")
 
 
+@pytest.mark.torch_dynamo
 def test_training_loop_resumes_bit_exactly(tmp_path):
     settings = TrainSettings(
         model="triton", preset="tiny", steps=3, batch_size=2, seq_len=16, eval_interval=100, sample_tokens=0,
@@ -235,6 +238,7 @@ def test_training_loop_resumes_bit_exactly(tmp_path):
     assert resumed.step == 1 and resumed.train_step() == expected
 
 
+@pytest.mark.torch_dynamo
 def test_fp16_grad_scaler_skips_an_overflowing_step_and_goes_on(tmp_path):
     settings = TrainSettings(
         model="triton", preset="tiny", dtype="fp16", steps=4, batch_size=2, seq_len=16, eval_interval=100,

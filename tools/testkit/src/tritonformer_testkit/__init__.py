@@ -7,6 +7,7 @@ from .runtime import (
     gpu_available,
     interpreting,
     kernel_device,
+    torch_dynamo_blocker,
     triton_version,
 )
 from .tolerance import assert_close_to_reference, assert_rms_close_to_reference
@@ -24,5 +25,6 @@ __all__ = [
     "interpreting",
     "kernel_device",
     "poisoned_allocations",
+    "torch_dynamo_blocker",
     "triton_version",
 ]

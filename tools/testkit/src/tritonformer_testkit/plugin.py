@@ -24,6 +24,7 @@ from .runtime import (
     kernel_device,
     kernel_execution_blocker,
     torch_compile_blocker,
+    torch_dynamo_blocker,
 )
 
 MARKERS = {
@@ -31,6 +32,10 @@ MARKERS = {
     "gpu(reason)": "needs a CUDA GPU (large shapes, int64 offsets, timing); reason says why",
     "aot": "ahead-of-time compile check to cubins for sm_80 and sm_90; needs compiled (not interpreted) kernels",
     "torch_compile": "runs torch.compile: skipped where the loaded Triton cannot serve this torch's compiler",
+    "torch_dynamo": (
+        "calls torch code that imports torch._dynamo (optimizer steps, torch.utils.checkpoint, transformers, "
+        "custom-op autograd): skipped where it cannot import beside the loaded Triton"
+    ),
 }
 
 
@@ -76,6 +81,8 @@ def pytest_collection_modifyitems(config, items):
             reason = compile_reason
         if item.get_closest_marker("torch_compile") and torch_compile_reason and not reason:
             reason = torch_compile_reason
+        if item.get_closest_marker("torch_dynamo") and not reason:
+            reason = torch_dynamo_blocker()  # imported (seconds) only when a marked test is collected
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
 

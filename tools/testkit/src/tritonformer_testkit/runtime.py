@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 from typing import Optional
 
@@ -68,6 +70,25 @@ def torch_compile_blocker() -> Optional[str]:
         return (
             f"torch {torch.__version__}'s torch.compile imports triton.backends, which Triton "
             f"{triton.__version__} lacks (this torch pairs with Triton 3.x)"
+        )
+    return None
+
+
+@functools.cache
+def torch_dynamo_blocker() -> Optional[str]:
+    """None when torch._dynamo imports, else why not (the import error).
+
+    Not only torch.compile needs it: torch.optim's optimizer steps, torch.utils.checkpoint,
+    transformers' models and a custom op's autograd path import it lazily. torch >= 2.3 beside
+    a Triton 2.x (the CPU Triton 2.2 session, the GPU box's Triton 2.2 run) cannot: its inductor
+    imports `triton.backends`, which only Triton 3 has.
+    """
+    try:
+        importlib.import_module("torch._dynamo")
+    except ImportError as error:
+        return (
+            f"torch {torch.__version__} cannot import torch._dynamo beside Triton {triton.__version__} ({error}); "
+            "its optimizers, torch.utils.checkpoint, transformers and custom-op autograd need it"
         )
     return None
 

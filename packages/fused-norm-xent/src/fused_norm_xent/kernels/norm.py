@@ -321,7 +321,10 @@ def _norm_bwd_kernel(
         if HAS_WEIGHT:
             dw += tl.sum(dy * xhat, axis=0)
         if HAS_BIAS:
-            db += tl.sum(dy, axis=0)
+            # dy is already 0 outside the mask; summing the load itself miscompiles on Triton 2.2
+            # (fp32, where no conversion comes between: d(bias) came out wrong on an H100, while
+            # the same sum of a where() was right).
+            db += tl.sum(tl.where(mask, dy, 0.0), axis=0)
     if HAS_WEIGHT:
         tl.store(partial_dw_ptr + pid.to(tl.int64) * n_cols + offs_n, dw, mask=mask_n)
     if HAS_BIAS:
