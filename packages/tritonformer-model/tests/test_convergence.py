@@ -16,6 +16,7 @@ def test_verdict_applies_the_rule_to_loss_curves():
 
 
 @pytest.mark.gpu(reason="300 training steps of three models: seconds on a GPU, hours in the interpreter")
+@pytest.mark.torch_dynamo  # the training loop's AdamW step imports torch._dynamo
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
 def test_transformer_tracks_its_twin(preset):
     curves = convergence.loss_curves(preset, steps=300, batch_size=16, seq_len=64, eval_interval=50)

@@ -153,6 +153,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 @pytest.mark.gpu(reason="CUDA graphs are captured and replayed on a CUDA GPU")
+@pytest.mark.torch_dynamo  # the trainer's AdamW step imports torch._dynamo
 @pytest.mark.parametrize("model", ["triton", "torch"])
 def test_graphed_steps_match_eager_steps(model, tmp_path, require_kernels):
     """Three optimizer steps on new batches: the same losses, gradients and weights as eager steps.
@@ -191,6 +192,7 @@ def test_graphed_steps_match_eager_steps(model, tmp_path, require_kernels):
 
 
 @pytest.mark.gpu(reason="CUDA graphs are captured and replayed on a CUDA GPU")
+@pytest.mark.torch_dynamo  # the trainer's AdamW step imports torch._dynamo
 def test_train_command_with_cuda_graph(tmp_path, require_kernels):
     require_kernels(TransformerConfig.preset("tiny"))
     settings = TrainSettings(
