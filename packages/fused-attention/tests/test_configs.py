@@ -13,6 +13,7 @@ from fused_attention.ops.configs import (
     TMA_CONFIGS,
     autotuned_kernel,
     candidate_configs,
+    length_class,
 )
 from fused_attention.ops.launch import DESCRIPTOR_POSITION, AttentionSpec, _descriptor_view, _tma_layout
 
@@ -78,3 +79,9 @@ def test_tma_views_follow_memory_order():
     assert _descriptor_view(torch.empty(2, 0, 4, 64, dtype=torch.bfloat16), spec) is None
     assert _descriptor_view(torch.empty(1, 128, 1, 64, dtype=torch.bfloat16).expand(2, 128, 4, 64), spec) is None
     assert _tma_layout(spec, (bshd, bhsd.transpose(1, 2))) is None
+
+
+def test_length_classes():
+    """One autotuner per power of two of the longest sequence, 1024 and below sharing one, 8192 and above one."""
+    assert [length_class(n) for n in (0, 1, 512, 1024)] == [10] * 4
+    assert [length_class(n) for n in (1025, 2048, 2049, 4096, 8192, 8193, 65536)] == [11, 11, 12, 12, 13, 13, 13]

@@ -42,6 +42,7 @@ from .configs import (
     candidate_configs,
     config_of,
     dq_atomic,
+    length_class,
     preprocess_block_m,
 )
 
@@ -294,7 +295,8 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
     if len(candidates) > 1:
         # The autotuner's pre-hook gives the descriptors each config's block shape.
         block = _ROW_BLOCK[kind].upper()
-        autotuned = autotuned_kernel(kind, spec.block_d, tma)
+        seq_class = length_class(max(spec.max_seqlen_q, spec.max_seqlen_k))
+        autotuned = autotuned_kernel(kind, spec.block_d, tma, seq_class)
         streamed = tuple(_descriptor(t, spec, 16) for t in tiled) if tma else tiled
         compiled = autotuned[lambda meta: (-(-n_rows // meta[block]) * n_row_groups,)](
             *head, *streamed, *ints, *constexprs
