@@ -10,19 +10,10 @@ import copy
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, assert_rms_close_to_reference, torch_dynamo_blocker
+from tritonformer_testkit import assert_close_to_reference, assert_rms_close_to_reference
 
 from tritonformer import TorchTransformer, Transformer, TransformerConfig
 from tritonformer.model import check_kernel_apis
-
-
-@pytest.fixture
-def torch_dynamo():
-    """Skip, with the reason, where torch._dynamo (optimizers, checkpointing) cannot import (for
-    tests that need it only in some parametrizations; whole tests carry the torch_dynamo marker)."""
-    blocker = torch_dynamo_blocker()
-    if blocker:
-        pytest.skip(blocker)
 
 
 def require_kernel_apis(config: TransformerConfig) -> None:

@@ -52,10 +52,12 @@ def loss_and_grads(forward, model, idx, targets):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("fused_loss", [False, True], ids=["logits", "fused_loss"])
-def test_captures_the_body_once_and_computes_the_models_loss(fake_capture, fused_loss, request):
-    if fused_loss:
-        request.getfixturevalue("torch_dynamo")  # the twin's chunked loss is checkpointed
+@pytest.mark.parametrize(
+    "fused_loss",
+    # the twin's chunked loss is checkpointed
+    [pytest.param(False, id="logits"), pytest.param(True, id="fused_loss", marks=pytest.mark.torch_dynamo)],
+)
+def test_captures_the_body_once_and_computes_the_models_loss(fake_capture, fused_loss):
     torch.manual_seed(0)
     model = TorchTransformer(TransformerConfig(**SMALL, fused_loss=fused_loss, tie_embeddings=False))
     graphed = GraphedModel(model, warmup=2)
@@ -135,7 +137,8 @@ def test_bad_models_and_settings():
         TrainSettings(cuda_graph=True, compile=True)
 
 
-def test_trainer_refuses_cuda_graph_without_a_gpu(tmp_path, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_trainer_refuses_cuda_graph_without_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU: the refusal is for CPU runs")
     settings = TrainSettings(model="torch", cuda_graph=True, device="cpu", out_dir=str(tmp_path), overrides=SMALL)

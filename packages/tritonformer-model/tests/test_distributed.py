@@ -35,7 +35,8 @@ def needs_fsdp2(engine):
         pytest.skip(f"torch {torch.__version__} has no FSDP2 fully_shard (torch >= 2.4)")
 
 
-def test_fsdp2_on_two_cpu_processes(torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_fsdp2_on_two_cpu_processes():
     """The command's own check on 2 CPU processes (gloo), plain-PyTorch model (about 15 s: one
     engine here; both engines run with the Triton model on 2 GPUs below)."""
     needs_fsdp2("fsdp2")

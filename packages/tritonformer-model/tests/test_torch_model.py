@@ -126,7 +126,8 @@ def test_ignore_index_targets_carry_no_loss():
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_fused_loss_gives_the_same_loss_and_gradients_without_logits(tie, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_fused_loss_gives_the_same_loss_and_gradients_without_logits(tie):
     config = tiny(tie_embeddings=tie)
     plain, fused = TorchTransformer(config), TorchTransformer(config.replace(fused_loss=True))
     fused.load_state_dict(plain.state_dict())
@@ -159,7 +160,8 @@ def test_tied_and_untied_heads():
 
 
 @pytest.mark.parametrize("options", VARIANTS[:2])
-def test_activation_checkpointing_gives_the_same_loss_and_gradients(options, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(options):
     plain = TorchTransformer(tiny(dropout=0.1, **options))
     checkpointed = TorchTransformer(tiny(dropout=0.1, activation_checkpointing=True, **options))
     checkpointed.load_state_dict(plain.state_dict())

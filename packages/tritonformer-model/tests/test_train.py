@@ -21,7 +21,8 @@ def quiet(*_):
     pass
 
 
-def test_resume_gives_the_same_next_loss(tmp_path, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_resume_gives_the_same_next_loss(tmp_path):
     s = settings(tmp_path, overrides=dict(SMALL, dropout=0.1))  # dropout: the RNG state matters too
     first = Trainer(s, log=quiet)
     for _ in range(3):
@@ -33,7 +34,8 @@ def test_resume_gives_the_same_next_loss(tmp_path, torch_dynamo):
     assert [resumed.train_step() for _ in range(2)] == expected  # bit for bit
 
 
-def test_run_saves_evaluates_and_samples(tmp_path, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_run_saves_evaluates_and_samples(tmp_path):
     trainer = Trainer(settings(tmp_path, sample_tokens=20), log=quiet)
     summary = trainer.run()
     assert trainer.step == 8 and (tmp_path / "ckpt.pt").is_file()
@@ -46,7 +48,8 @@ def test_run_saves_evaluates_and_samples(tmp_path, torch_dynamo):
     assert more.step == 10
 
 
-def test_fp16_grad_scaler_skips_an_overflowing_step_and_goes_on(tmp_path, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_fp16_grad_scaler_skips_an_overflowing_step_and_goes_on(tmp_path):
     trainer = Trainer(settings(tmp_path, dtype="fp16", grad_clip=1.0), log=quiet)
     assert trainer.scaler.is_enabled()
     for _ in range(2):
@@ -65,7 +68,8 @@ def test_fp16_grad_scaler_skips_an_overflowing_step_and_goes_on(tmp_path, torch_
     assert not torch.equal(weight, before["blocks.0.mlp.fc1.weight"])  # training went on
 
 
-def test_bf16_autocast_trains(tmp_path, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_bf16_autocast_trains(tmp_path):
     trainer = Trainer(settings(tmp_path, dtype="bf16"), log=quiet)
     assert not trainer.scaler.is_enabled()
     losses = [trainer.train_step() for _ in range(3)]
@@ -100,7 +104,8 @@ def test_data_sources(tmp_path):
         data.load_data(str(tmp_path / "missing.txt"))
 
 
-def test_bad_settings(tmp_path, torch_dynamo):
+@pytest.mark.torch_dynamo
+def test_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="unknown model='jax'"):
         TrainSettings(model="jax")
     with pytest.raises(ValueError, match="seq_len=64 exceeds the model's max_seq_len=32"):

@@ -7,7 +7,6 @@ from .runtime import (
     gpu_available,
     interpreting,
     kernel_device,
-    torch_dynamo_blocker,
     triton_version,
 )
 from .tolerance import assert_close_to_reference, assert_rms_close_to_reference
@@ -25,6 +24,5 @@ __all__ = [
     "interpreting",
     "kernel_device",
     "poisoned_allocations",
-    "torch_dynamo_blocker",
     "triton_version",
 ]
