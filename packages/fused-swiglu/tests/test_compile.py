@@ -193,8 +193,9 @@ def test_tma_forward_compiles(config, dtype, constexprs):
         "x_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
         "wg_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
         "wu_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
-        **{p: POINTER[dtype] for p in ("bg_ptr", "bu_ptr", "h_ptr", "g_ptr", "u_ptr")},
-        **{i: "i32" for i in ("stride_hm", "M", "N", "K")},
+        **{d: f"tensordesc<{dtype}[{block_m}, {block_n}]>" for d in ("h_desc", "g_desc", "u_desc")},
+        **{p: POINTER[dtype] for p in ("bg_ptr", "bu_ptr")},
+        **{i: "i32" for i in ("M", "N", "K")},
     }
     compile_to_cubin(
         _swiglu_fwd_tma_kernel,

@@ -44,8 +44,9 @@ def test_tma_forward_is_chosen_only_on_hopper_with_ready_operands(hopper, monkey
     monkeypatch.setattr(launchers, "is_hopper", lambda index: hopper)
     x, w_gate, w_up = (torch.zeros(shape, dtype=torch.bfloat16) for shape in ((8, 64), (64, 64), (64, 64)))
     assert use_tma_forward(x, w_gate, w_up) is hopper
-    assert use_tma_forward(x, w_gate[:, :63], w_up[:, :63]) is hopper  # unaligned width, aligned strides
-    assert not use_tma_forward(x, torch.zeros(64, 63, dtype=torch.bfloat16), w_up[:, :63])  # 126-byte rows
+    assert use_tma_forward(x, w_gate[:, :56], w_up[:, :56]) is hopper  # a view: aligned strides, 112-byte output rows
+    assert not use_tma_forward(x, w_gate[:, :63], w_up[:, :63])  # aligned operands, 126-byte output rows
+    assert not use_tma_forward(x, torch.zeros(64, 64, dtype=torch.bfloat16)[:, 1:57], w_up[:, :56])  # unaligned base
     assert not use_tma_forward(x.float(), w_gate.float(), w_up.float())  # 16-bit operands only
     monkeypatch.setattr(launchers, "HOPPER_TMA_FORWARD", False)  # Triton < 3.4, or interpreting
     assert not use_tma_forward(x, w_gate, w_up)

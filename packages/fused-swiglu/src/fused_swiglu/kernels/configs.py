@@ -49,6 +49,8 @@ def _set_forward_tma_blocks(nargs):
     nargs["x_desc"].block_shape = [block_m, block_k]
     nargs["wg_desc"].block_shape = [block_k, block_n]
     nargs["wu_desc"].block_shape = [block_k, block_n]
+    for name in ("h_desc", "g_desc", "u_desc"):  # g, u may be h's descriptor itself (nothing saved)
+        nargs[name].block_shape = [block_m, block_n]
 
 
 # Shared-A dual matmul (forward: x @ [w_gate, w_up]; weight grads: x^T @ [d_gate, d_up]).
@@ -63,8 +65,8 @@ _DUAL_ROWS = [
     (64, 64, 32, 8, 4, 3),  # 36 KB: anything, fp32 included
 ]
 # The persistent TMA forward (Hopper): PROGRAMS_PER_SM programs per SM walk the tiles; with two,
-# one program's epilogue runs beside the other's main loop. The epilogue's layout conversion
-# takes 16-32 KB of shared memory beside the stages (the next tile's loads are in flight).
+# one program's epilogue runs beside the other's main loop. The epilogue's TMA stores stage one
+# BLOCK_M x BLOCK_N tile (16-32 KB) in shared memory beside the operand stages.
 _TMA_FORWARD_ROWS = [
     # M,   N,   K, group, warps, stages, PROGRAMS_PER_SM   smem; registers
     (128, 128, 64, 8, 8, 3, 1),  # 176 KB, 186 regs: the workhorse

@@ -106,6 +106,37 @@ def _swiglu_fwd_kernel(
     )  # fmt: skip
 
 
+@triton.jit
+def _swiglu_fwd_tma_epilogue(
+    acc_g,
+    acc_u,
+    off_m,
+    off_n,
+    bg_ptr,
+    bu_ptr,
+    h_desc,
+    g_desc,
+    u_desc,
+    N,
+    HAS_BIAS: tl.constexpr,
+    SAVE_GU: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The epilogue of `_swiglu_fwd_epilogue` with TMA stores: each tile goes from registers to
+    shared memory and on to global memory as one asynchronous bulk copy (clipped at the edges),
+    which drains while the program's next tile runs its main loop."""
+    g = acc_g.to(tl.float32)
+    u = acc_u.to(tl.float32)
+    if HAS_BIAS:
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    h_desc.store([off_m, off_n], _swiglu(g, u).to(h_desc.dtype))
+    if SAVE_GU:
+        g_desc.store([off_m, off_n], g.to(g_desc.dtype))
+        u_desc.store([off_m, off_n], u.to(u_desc.dtype))
+
+
 @triton.autotune(
     configs=forward_tma_configs(),
     key=FORWARD_KEY,
@@ -117,12 +148,11 @@ def _swiglu_fwd_tma_kernel(
     x_desc,
     wg_desc,
     wu_desc,
+    h_desc,
+    g_desc,
+    u_desc,
     bg_ptr,
     bu_ptr,
-    h_ptr,
-    g_ptr,
-    u_ptr,
-    stride_hm,
     M,
     N,
     K,
@@ -137,16 +167,15 @@ def _swiglu_fwd_tma_kernel(
     GROUP_M: tl.constexpr,
     PROGRAMS_PER_SM: tl.constexpr,
 ):
-    """The Hopper variant (Triton >= 3.4, 16-bit operands with aligned, unit-stride rows), persistent:
-    P = min(tiles, NUM_SMS * PROGRAMS_PER_SM) programs walk the tiles pid, pid + P, ... in grouped
-    order (with two programs per SM, one's epilogue runs beside the other's main loop).
-    The x and weight tiles arrive by TMA through tensor descriptors (zero-padded past the edges,
-    so no masks and no address registers in the main loop; the pointer kernel's two
-    accumulators leave it at ptxas' 255-register limit). The (tile, k) loops are flattened, so
-    the next tile's first loads are in flight while this tile's epilogue runs, and the
-    epilogue's stores drain behind the next tile's MMAs. Same epilogue as `_swiglu_fwd_kernel`."""
+    """The Hopper variant (Triton >= 3.4, 16-bit operands and outputs with aligned, unit-stride
+    rows), persistent: P = min(tiles, NUM_SMS * PROGRAMS_PER_SM) programs walk the tiles pid,
+    pid + P, ... in grouped order. Operand tiles arrive by TMA (zero-padded past the edges: no
+    masks, no address registers in the main loop) and h, g, u leave by TMA stores, which drain
+    behind the next tile's main loop. Measured at the headline (H100, 16384 x 2048 -> 5632):
+    1.27 ms against 1.36 for the pointer kernel and 1.51 for this kernel with pointer stores and
+    the (tile, k) loops flattened (Triton 3.6); cuBLAS takes 1.07 for the two matmuls alone."""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS * PROGRAMS_PER_SM):
         pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -157,7 +186,6 @@ def _swiglu_fwd_tma_kernel(
             x = x_desc.load([off_m, off_k])
             acc_g = _dot(x, wg_desc.load([off_k, off_n]), acc_g, ACC_FP16, False, UPCAST)
             acc_u = _dot(x, wu_desc.load([off_k, off_n]), acc_u, ACC_FP16, False, UPCAST)
-        _swiglu_fwd_epilogue(
-            acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
-            HAS_BIAS, SAVE_GU, UPCAST, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
+        _swiglu_fwd_tma_epilogue(
+            acc_g, acc_u, off_m, off_n, bg_ptr, bu_ptr, h_desc, g_desc, u_desc, N, HAS_BIAS, SAVE_GU, BLOCK_N
+        )

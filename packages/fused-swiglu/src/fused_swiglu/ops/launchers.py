@@ -63,10 +63,12 @@ def tma_ready(t: Tensor) -> bool:
 
 
 def use_tma_forward(x: Tensor, w_gate: Tensor, w_up: Tensor) -> bool:
-    """The Hopper TMA forward (see _compat) applies: Triton >= 3.4, sm_90, TMA-ready 16-bit operands."""
+    """The Hopper TMA forward (see _compat) applies: Triton >= 3.4, sm_90, TMA-ready 16-bit
+    operands, and outputs (new, contiguous (M, N) tensors) whose rows are a multiple of 16 bytes."""
     return (
         HOPPER_TMA_FORWARD
         and x.dtype in (torch.float16, torch.bfloat16)
+        and w_gate.shape[1] * x.element_size() % 16 == 0
         and all(tma_ready(t) for t in (x, w_gate, w_up))
         and is_hopper(x.device.index)
     )
@@ -92,9 +94,9 @@ def launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu: bool, fp16_a
             return (min(grid(meta)[0], sms * meta["PROGRAMS_PER_SM"]),)
 
         # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
-        descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, w_gate, w_up)]
+        descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, w_gate, w_up, h, g, u)]
         _swiglu_fwd_tma_kernel[persistent_grid](
-            *descriptors, b_gate, b_up, h, g, u, h.stride(0), M, N, K,
+            *descriptors, b_gate, b_up, M, N, K,
             HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING, NUM_SMS=sms,
         )  # fmt: skip
         return
