@@ -29,7 +29,12 @@ from tritonformer_testkit import triton_version
 from tritonformer_testkit.bench import OURS, measure
 
 from fused_swiglu import swiglu, swiglu_mlp
-from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_input_grad_kernel, _swiglu_weight_grad_kernel
+from fused_swiglu.kernels.backward import (
+    _mlp_down_grad_kernel,
+    _swiglu_input_grad_kernel,
+    _swiglu_input_grad_tma_kernel,
+    _swiglu_weight_grad_kernel,
+)
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 from fused_swiglu.ops.launchers import (
     launch_forward,
@@ -37,6 +42,7 @@ from fused_swiglu.ops.launchers import (
     swiglu_input_grad,
     swiglu_weight_grad,
     use_tma_forward,
+    use_tma_input_grad,
 )
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
@@ -179,7 +185,8 @@ def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
         ours = lambda: swiglu_input_grad(t.g, t.u, t.w_gate, t.w_up, False)  # noqa: E731
         d_cat, w_cat = torch.cat([t.g, t.u], 1), torch.cat([t.w_gate, t.w_up], 1)
         cublas = lambda: torch.mm(d_cat, w_cat.t())  # noqa: E731
-        tuned = _swiglu_input_grad_kernel
+        tma = use_tma_input_grad(t.g, t.u, t.w_gate, t.w_up)
+        tuned = _swiglu_input_grad_tma_kernel if tma else _swiglu_input_grad_kernel
     else:
         ours = lambda: swiglu_weight_grad(t.x, t.g, t.u)  # noqa: E731
         d_cat = torch.cat([t.g, t.u], 1)

@@ -21,7 +21,12 @@ import pytest
 import torch
 from tritonformer_testkit import assert_close_to_reference, interpreting, poisoned_allocations
 
-from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_input_grad_kernel, _swiglu_weight_grad_kernel
+from fused_swiglu.kernels.backward import (
+    _mlp_down_grad_kernel,
+    _swiglu_input_grad_kernel,
+    _swiglu_input_grad_tma_kernel,
+    _swiglu_weight_grad_kernel,
+)
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 AUTOTUNED_KERNELS = (
@@ -29,6 +34,7 @@ AUTOTUNED_KERNELS = (
     _swiglu_fwd_tma_kernel,
     _mlp_down_grad_kernel,
     _swiglu_input_grad_kernel,
+    _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
 )
 # Each kernel's own list, before any test pins one.

@@ -16,6 +16,7 @@ from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
+    _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
     _weight_grad_reduce_kernel,
 )
@@ -201,6 +202,49 @@ def test_tma_forward_compiles(config, dtype, constexprs):
         _swiglu_fwd_tma_kernel,
         signature=signature,
         constexprs=dict(constexprs, UPCAST=False, NUM_SMS=NUM_SMS[90], **config),
+        arch=90,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+# The Hopper TMA input gradient: sm_90 only, 16-bit operands, fp16 accumulation where FastAccum asks.
+TMA_INPUT_GRAD_CASES = [
+    ("bf16", dict(ACC_FP16=False)),
+    ("fp16", dict(ACC_FP16=True)),
+    ("bf16", dict(ACC_FP16=False)),
+    ("fp16", dict(ACC_FP16=False)),
+    ("bf16", dict(ACC_FP16=False)),
+]
+
+
+def _tma_input_grad_params():
+    configs = autotune_configs(_swiglu_input_grad_tma_kernel)
+    assert interpreting() or len(configs) == len(TMA_INPUT_GRAD_CASES)
+    for index, (config, (dtype, constexprs)) in enumerate(zip(configs, TMA_INPUT_GRAD_CASES)):
+        yield pytest.param(config, dtype, constexprs, id=f"input_grad_tma-cfg{index}-{dtype}-sm90")
+
+
+@pytest.mark.skipif(
+    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
+)
+@pytest.mark.parametrize("config, dtype, constexprs", list(_tma_input_grad_params()))
+def test_tma_input_grad_compiles(config, dtype, constexprs):
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    block_m, block_k, block_n = config["BLOCK_M"], config["BLOCK_K"], config["BLOCK_N"]
+    signature = {
+        "dg_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
+        "du_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
+        "wg_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
+        "wu_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
+        "dx_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
+        **{i: "i32" for i in ("M", "K", "N")},
+    }
+    compile_to_cubin(
+        _swiglu_input_grad_tma_kernel,
+        signature=signature,
+        constexprs=dict(constexprs, UPCAST=False, **config),
         arch=90,
         num_warps=num_warps,
         num_stages=num_stages,

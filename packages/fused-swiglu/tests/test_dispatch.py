@@ -7,7 +7,7 @@ import torch
 from fused_swiglu.kernels import configs
 from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.ops import launchers
-from fused_swiglu.ops.launchers import tma_ready, use_tma_forward
+from fused_swiglu.ops.launchers import tma_ready, use_tma_forward, use_tma_input_grad
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_tma_needs_aligned_strides_and_base_not_shape(layout, ready):
 def test_tma_forward_is_chosen_only_on_hopper_with_ready_operands(hopper, monkeypatch):
     """The launcher's choice on any machine: the device capability and Triton's support are
     stubbed, so that the off-Hopper case is tested on a Hopper too (and the Hopper case off it)."""
-    monkeypatch.setattr(launchers, "HOPPER_TMA_FORWARD", True)
+    monkeypatch.setattr(launchers, "HOPPER_TMA", True)
     monkeypatch.setattr(launchers, "is_hopper", lambda index: hopper)
     x, w_gate, w_up = (torch.zeros(shape, dtype=torch.bfloat16) for shape in ((8, 64), (64, 64), (64, 64)))
     assert use_tma_forward(x, w_gate, w_up) is hopper
@@ -48,8 +48,23 @@ def test_tma_forward_is_chosen_only_on_hopper_with_ready_operands(hopper, monkey
     assert not use_tma_forward(x, w_gate[:, :63], w_up[:, :63])  # aligned operands, 126-byte output rows
     assert not use_tma_forward(x, torch.zeros(64, 64, dtype=torch.bfloat16)[:, 1:57], w_up[:, :56])  # unaligned base
     assert not use_tma_forward(x.float(), w_gate.float(), w_up.float())  # 16-bit operands only
-    monkeypatch.setattr(launchers, "HOPPER_TMA_FORWARD", False)  # Triton < 3.4, or interpreting
+    monkeypatch.setattr(launchers, "HOPPER_TMA", False)  # Triton < 3.4, or interpreting
     assert not use_tma_forward(x, w_gate, w_up)
+
+
+@pytest.mark.parametrize("hopper", [False, True], ids=["off-hopper", "hopper"])
+def test_tma_input_grad_is_chosen_only_on_hopper_with_ready_operands(hopper, monkeypatch):
+    """As for the forward: d_gate, d_up (M, N), the weights (K, N) and dx's (M, K) rows must suit TMA."""
+    monkeypatch.setattr(launchers, "HOPPER_TMA", True)
+    monkeypatch.setattr(launchers, "is_hopper", lambda index: hopper)
+    d_gate, d_up = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    w_gate, w_up = torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert use_tma_input_grad(d_gate, d_up, w_gate, w_up) is hopper
+    assert not use_tma_input_grad(d_gate, d_up, w_gate[:60], w_up[:60])  # K = 60: 120-byte rows of dx
+    assert not use_tma_input_grad(d_gate, torch.zeros(8, 72, dtype=torch.bfloat16)[:, 1:65], w_gate, w_up)  # unaligned
+    assert not use_tma_input_grad(d_gate.float(), d_up.float(), w_gate.float(), w_up.float())  # 16-bit only
+    monkeypatch.setattr(launchers, "HOPPER_TMA", False)
+    assert not use_tma_input_grad(d_gate, d_up, w_gate, w_up)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +114,7 @@ def test_config_lists():
     offers both epilogue schedules (row slices, and g, u prefetched: EPILOGUE_M ==
     BLOCK_M), and every EPILOGUE_M divides its BLOCK_M."""
     makers = [configs.forward_configs, configs.forward_tma_configs, configs.weight_grad_configs,
-              configs.input_grad_configs, configs.down_grad_configs]  # fmt: skip
+              configs.input_grad_configs, configs.input_grad_tma_configs, configs.down_grad_configs]  # fmt: skip
     assert all(len(make(interpreting=True)) == 1 for make in makers)
     down = configs.down_grad_configs(interpreting=False) + configs.down_grad_configs(interpreting=True)
     assert all(c.kwargs["BLOCK_M"] % c.kwargs["EPILOGUE_M"] == 0 for c in down)

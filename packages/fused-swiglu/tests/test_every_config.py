@@ -1,7 +1,7 @@
 """Every autotune config of every kernel, compiled and run once (the other tests pin one per
 kernel: conftest.py). Config index i of each kernel's list (its last where the list is shorter),
 bf16, on the issue's odd dims at 1000 rows: the MLP at d_intermediate 2760 (16-byte rows: the
-TMA forward on a Hopper; the weight gradient's last wave splits for most tiles) and SwiGLU at
+TMA forward and input gradient on a Hopper; the weight gradient's last wave splits for most tiles) and SwiGLU at
 2730 (unaligned rows: the pointer forward and the elementwise gradient)."""
 
 import pytest
@@ -19,6 +19,7 @@ CONFIG_LISTS = (
     configs.forward_tma_configs,
     configs.down_grad_configs,
     configs.input_grad_configs,
+    configs.input_grad_tma_configs,
     configs.weight_grad_configs,
 )
 MOST_CONFIGS = max(len(make()) for make in CONFIG_LISTS)

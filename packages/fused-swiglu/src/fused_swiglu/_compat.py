@@ -73,12 +73,13 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     return None  # pragma: no cover
 
 
-# Host-side TMA descriptors (triton.tools.tensor_descriptor, Triton >= 3.4), compiled kernels only.
+# Host-side TMA descriptors (triton.tools.tensor_descriptor, Triton >= 3.4), compiled kernels only:
+# the Hopper forward and input-gradient kernels.
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - Triton < 3.4
     TensorDescriptor = None
-HOPPER_TMA_FORWARD = TensorDescriptor is not None and TRITON_VERSION >= (3, 4) and not INTERPRETING
+HOPPER_TMA = TensorDescriptor is not None and TRITON_VERSION >= (3, 4) and not INTERPRETING
 
 
 @functools.cache

@@ -10,7 +10,8 @@
   operand dtype there, as torch's own dh is. Two epilogue schedules (EPILOGUE_M, configs.py):
   row slices after the main loop, or g and u loaded before the main loop and one pass after it.
 - `_swiglu_input_grad_kernel`: dx = d_gate @ w_gate^T + d_up @ w_up^T as ONE matmul over a
-  2 * d_intermediate reduction (one accumulator, one write of dx).
+  2 * d_intermediate reduction (one accumulator, one write of dx); `_swiglu_input_grad_tma_kernel`
+  is the same by TMA on Hopper.
 - `_swiglu_weight_grad_kernel`: dw_gate = x^T @ d_gate and dw_up = x^T @ d_up, reducing over all
   rows (every leading dim) inside the kernel; each x^T tile is loaded once for both. The tiles
   of a last, partial wave split their reduction over `split` programs (configs.weight_grad_split),
@@ -26,13 +27,14 @@ from .activation import _swiglu_backward_store, _swiglu_backward_tile
 from .configs import (
     down_grad_configs,
     input_grad_configs,
+    input_grad_tma_configs,
     prune_down_grad,
     prune_input_grad,
     prune_weight_grad,
     weight_grad_configs,
     weight_grad_plan,
 )
-from .matmul import _grouped_tile, _shared_a_matmul, _store, _sum_of_products_matmul, _wrapped_offsets
+from .matmul import _dot, _grouped_tile, _shared_a_matmul, _store, _sum_of_products_matmul, _wrapped_offsets, _zeros
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -163,6 +165,45 @@ def _swiglu_input_grad_kernel(
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     dx_ptrs = dx_ptr + offs_m.to(tl.int64)[:, None] * stride_dxm + offs_k[None, :]
     _store(dx_ptrs, acc.to(tl.float32), mask, UPCAST)
+
+
+@triton.autotune(
+    configs=input_grad_tma_configs(),
+    key=["M", "K", "N", "ACC_FP16"],
+    prune_configs_by={"early_config_prune": prune_input_grad},
+    **AUTOTUNE_TIMING,
+)
+@triton.jit(do_not_specialize=["M"])
+def _swiglu_input_grad_tma_kernel(
+    dg_desc,
+    du_desc,
+    wg_desc,
+    wu_desc,
+    dx_desc,
+    M,
+    K,
+    N,
+    ACC_FP16: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """The Hopper variant of `_swiglu_input_grad_kernel` (Triton >= 3.4, 16-bit, 16-byte rows):
+    operand tiles by TMA (the weights' (BLOCK_K, BLOCK_N) tiles transposed in shared memory,
+    zeros past every edge, so no masks) and dx by a TMA store. The same two loops, one per pair."""
+    pid_m, pid_k = _grouped_tile(tl.program_id(0), M, K, BLOCK_M, BLOCK_K, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_k = pid_k * BLOCK_K
+    acc = _zeros(BLOCK_M, BLOCK_K, ACC_FP16)
+    for step in range(0, tl.cdiv(N, BLOCK_N)):
+        off_n = step * BLOCK_N
+        acc = _dot(dg_desc.load([off_m, off_n]), wg_desc.load([off_k, off_n]).T, acc, ACC_FP16, False, UPCAST)
+    for step in range(0, tl.cdiv(N, BLOCK_N)):
+        off_n = step * BLOCK_N
+        acc = _dot(du_desc.load([off_m, off_n]), wu_desc.load([off_k, off_n]).T, acc, ACC_FP16, False, UPCAST)
+    dx_desc.store([off_m, off_k], acc.to(dx_desc.dtype))
 
 
 @triton.jit
