@@ -23,10 +23,11 @@ for the whole model, a single-op benchmark once per op).
 Memory-bound: bytes = q and k read once and written once, 4 * (q + k) bytes per direction
 (fwd+bwd: twice that); the cos/sin or angle tables (< 0.5 %) are not counted.
 
-Headline: q, k (4, 32, 4096, 128) fwd and fwd+bwd for every provider. Then a small sweep, one
-point per axis of the seed's sweeps (seq length, head dim, rotary percent, batch, heads,
-margin: extra rows of angles beyond the sequence), fwd and fwd+bwd, ours against Liger (the
-floor to beat at every point). The whole file runs in about a minute on an H100.
+Headline: q, k (4, 32, 4096, 128) fwd and fwd+bwd for every provider. Then the seed's sweeps,
+one axis at a time from the headline (seq length 512-2048, head dim 256 and 512, rotary
+percent 0.5, batch 2-16, heads 8-64, margin 10-77: extra rows of angles beyond the sequence),
+fwd and fwd+bwd, ours against Liger (the floor to beat at every point). The whole file runs in
+about three minutes on an H100.
 """
 
 import pytest
@@ -40,7 +41,12 @@ from fused_rope.reference import apply_rotary_pos_emb_reference
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
 HEADLINE = dict(seq=4096, head_dim=128, rotary_percent=1.0, batch=4, heads=32, margin=0)
-SWEEP = [("seq", 1024), ("head_dim", 256), ("rotary_percent", 0.5), ("batch", 2), ("heads", 8), ("margin", 77)]
+# The seed's sweep axes, each value other than the headline's (head_dim 512 and 64 heads give
+# 1 GiB bf16 tensors).
+SWEEP = [
+    *(("seq", v) for v in (512, 1024, 2048)), *(("head_dim", v) for v in (256, 512)), ("rotary_percent", 0.5),
+    *(("batch", v) for v in (2, 8, 16)), *(("heads", v) for v in (8, 16, 64)), *(("margin", v) for v in (10, 33, 77)),
+]  # fmt: skip
 TE_FUSED = "tritonformer TE-style, q|k one tensor"
 FLOOR = "autograd floor (no kernels)"
 HEADLINE_PROVIDERS = [OURS, "tritonformer inplace", "tritonformer TE-style", TE_FUSED, "torch", "torch.compile",

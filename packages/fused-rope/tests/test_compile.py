@@ -3,9 +3,9 @@
 A covering set, not the cross product: each case is what the launcher's own `launch_plan`
 picks for a representative shape, and together they give every compile-time value (formats,
 start positions, interleaved with and without tl.split, pass-through copied or not, in place,
-position ids) and every dtype at least once, plus tiles from 1 to 8 warps (head dims 64 to
-512, rotary dims 40 to 256). The direction (forward or its transpose) is a runtime argument:
-one kernel serves both.
+position ids, q and k in one program or not) and every dtype at least once, plus tiles from
+1 to 8 warps (head dims 64 to 512, rotary dims 40 to 256). The direction (forward or its
+transpose) is a runtime argument: one kernel serves both.
 """
 
 import pytest
@@ -45,6 +45,7 @@ QK_CASES = [
     ("fp32", "fp32", 256, 256, 8, 2, False, None),
     ("bf16", "fp32", 80, 40, 12, 4, False, "i32"),
     ("bf16", "bf16", 64, 64, 1, 1, False, None),
+    ("bf16", "bf16", 256, 256, 64, 8, False, None),
 ]
 QK_STRIDES = [f"stride_{name}_{dim}" for name in ("q", "k", "q_out", "k_out") for dim in "bhs"]
 QK_INTS = [*QK_STRIDES, "stride_table_b", "stride_table_s", "stride_pos_b", "seq_len", "n_q_heads", "n_k_heads",
@@ -109,6 +110,7 @@ def test_the_covering_set_covers_every_compile_time_value():
     assert {m["SPLIT_PAIRS"] for m in metas} == ({False, True} if SPLIT else {False})
     qk_metas = [_qk_meta(c) for c in QK_CASES]
     assert {m["HAS_POSITION_IDS"] for m in qk_metas} == {False, True}
+    assert {m["QK_TOGETHER"] for m in qk_metas} == {False, True}
     for group in (metas, qk_metas):  # pass-through columns copied (BLOCK_PASS > 1) and not
         assert {m["BLOCK_PASS"] > 1 for m in group} == {False, True}
     assert {m["num_warps"] for m in metas + qk_metas} >= {1, 2, 4}

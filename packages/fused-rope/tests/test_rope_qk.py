@@ -5,6 +5,7 @@ import torch
 from tritonformer_testkit import assert_close_to_reference, dtype_params
 
 from fused_rope import apply_rotary_qk
+from fused_rope.ops import rope_qk as rope_qk_ops
 from fused_rope.reference import rotary_qk_reference
 
 pytestmark = pytest.mark.kernels
@@ -57,11 +58,17 @@ def test_odd_head_dims_and_rotary_dims(head_dim, d2, device, rope_checks):
     rope_checks.check_rope_qk(q, k, *make_tables(1, 3, d2, device))
 
 
-@pytest.mark.parametrize("q_heads, k_heads", [(40, 8), (8, 40), (1, 1), (3, 0)], ids=str)
-def test_head_counts(q_heads, k_heads, device, rope_checks):
-    """GQA with several row blocks for q (or k), MQA-like single heads, and a k with no heads."""
-    q, k = bhsd(1, q_heads, 2, 128, torch.bfloat16, device), bhsd(1, k_heads, 2, 128, torch.bfloat16, device)
-    rope_checks.check_rope_qk(q, k, *make_tables(1, 2, 128, device))
+@pytest.mark.parametrize(
+    "q_heads, k_heads, head_dim", [(40, 8, 256), (8, 40, 256), (40, 8, 128), (1, 1, 128), (3, 0, 128)], ids=str
+)
+def test_head_counts(q_heads, k_heads, head_dim, device, rope_checks):
+    """GQA with several row blocks for q (or k) (32-row tiles at head_dim 256), q and k in one
+    program (every head in one tile at 128), single heads, and a k with no heads."""
+    plan = rope_qk_ops.launch_plan(q_heads, k_heads, head_dim, head_dim, 2, False, False)
+    assert plan.meta["QK_TOGETHER"] == (head_dim == 128 and k_heads > 0)
+    q = bhsd(1, q_heads, 2, head_dim, torch.bfloat16, device)
+    k = bhsd(1, k_heads, 2, head_dim, torch.bfloat16, device)
+    rope_checks.check_rope_qk(q, k, *make_tables(1, 2, head_dim, device))
 
 
 @pytest.mark.parametrize("inplace", INPLACE)

@@ -2,10 +2,13 @@
 
 Grid: (batch x seq tokens, q row blocks + k row blocks). A program takes one token and a block
 of BLOCK_R heads of q (program ids below n_q_blocks) or of k (the rest), so GQA head counts
-need nothing special. The token's cos/sin row is loaded once per program (table row
-`position_ids[b, s]`, or `s` without position ids) and shared by the BLOCK_R heads of the
-tile. Rotate-half pairs (j, j + d2/2), the rest of the head passes through (copied when the
-output is a new tensor, untouched in place). `transpose` = 1 applies the backward transform.
+need nothing special. With QK_TOGETHER (q's and k's heads each fit one block) a program takes
+all of the token's heads of both, grid (tokens, 1): one table row load per token instead of
+two, and twice the bytes per program when the heads are few. The token's cos/sin row is
+loaded once per program (table row `position_ids[b, s]`, or `s` without position ids) and
+shared by the heads of the program. Rotate-half pairs (j, j + d2/2), the rest of the head
+passes through (copied when the output is a new tensor, untouched in place). `transpose` = 1
+applies the backward transform.
 """
 
 import triton
@@ -94,6 +97,7 @@ def _rope_qk_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
+    QK_TOGETHER: tl.constexpr,
 ):
     # The pass-through columns are copied when there is a tile for them (new tensors with
     # d2 < head_dim); in place, or with d2 == head_dim, BLOCK_PASS is 1 and they are not touched.
@@ -118,15 +122,19 @@ def _rope_qk_kernel(
     sin_a, sin_b = sin_a[None, :], sin_b[None, :]
 
     n_q_blocks = tl.cdiv(n_q_heads, BLOCK_R)
-    if pid_r < n_q_blocks:
+    if QK_TOGETHER:
+        k_block = pid_r
+    else:
+        k_block = pid_r - n_q_blocks
+    if (pid_r < n_q_blocks) | QK_TOGETHER:
         _rope_qk_head_block(
             q_ptr, q_out_ptr, batch, index_s, pid_r, stride_q_b, stride_q_h, stride_q_s,
             stride_q_out_b, stride_q_out_h, stride_q_out_s, n_q_heads, cos1, sin_a, cos2, sin_b,
             HALF, HEAD_DIM, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
         )  # fmt: skip
-    else:
+    if (pid_r >= n_q_blocks) | QK_TOGETHER:
         _rope_qk_head_block(
-            k_ptr, k_out_ptr, batch, index_s, pid_r - n_q_blocks, stride_k_b, stride_k_h, stride_k_s,
+            k_ptr, k_out_ptr, batch, index_s, k_block, stride_k_b, stride_k_h, stride_k_s,
             stride_k_out_b, stride_k_out_h, stride_k_out_s, n_k_heads, cos1, sin_a, cos2, sin_b,
             HALF, HEAD_DIM, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
         )  # fmt: skip

@@ -28,6 +28,9 @@ from .._validation import (
 from ..kernels.rope import _rope_kernel
 from ._layout import output_like, unit_last_stride
 from .config import LaunchPlan, launch_config, launch_plan_for
+from .launch import KernelLaunches
+
+_rope_launches = KernelLaunches(_rope_kernel)
 
 TENSOR_FORMATS = ("sbhd", "bshd", "thd")
 # Dims of t holding (sequence, batch, heads) per format (thd: tokens, -, heads).
@@ -89,14 +92,12 @@ def _launch(
         batch_dim is None, n_rows, freqs.shape[-1], t_shape[-1], t.element_size(), interleaved,
         interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None,
     )  # fmt: skip
-    _rope_kernel[(n_groups, plan.n_row_blocks)](
-        t, freqs, out,
-        t if start_positions is None else start_positions,
-        t if cu_seqlens is None else cu_seqlens,
-        t_stride[seq_dim], stride_t_b, t_stride[head_dim_index],
-        out_stride[seq_dim], stride_out_b, out_stride[head_dim_index], freqs.stride(0),
-        n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0, transpose,
-        *plan.constexprs, num_warps=plan.num_warps,
+    _rope_launches(
+        plan, (n_groups, plan.n_row_blocks),
+        (t, freqs, out, t if start_positions is None else start_positions, t if cu_seqlens is None else cu_seqlens),
+        (t_stride[seq_dim], stride_t_b, t_stride[head_dim_index], out_stride[seq_dim], stride_out_b,
+         out_stride[head_dim_index], freqs.stride(0)),
+        (n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0, transpose),
     )  # fmt: skip
     return out
 

@@ -27,7 +27,15 @@ from .._validation import (
 )
 from ..kernels.rope_qk import _rope_qk_kernel
 from ._layout import output_like, unit_last_stride
-from .config import LaunchPlan, launch_config, launch_plan_for
+from .config import MAX_WARPS, LaunchPlan, launch_config, launch_plan_for
+from .launch import KernelLaunches
+
+_rope_qk_launches = KernelLaunches(_rope_qk_kernel)
+
+# One program per token for q and k together when each one's heads fit one tile (see the
+# kernel): the table row is loaded once per token, and few heads still give a program
+# several KiB to move.
+QK_TOGETHER = True
 
 
 @functools.cache
@@ -37,13 +45,18 @@ def launch_plan(
     """Everything about one _rope_qk_kernel launch that the shape decides (cached per shape; the
     forward into new tensors and the backward share it, and their compiled kernel).
 
-    One BLOCK_R for q and k, from the larger head count.
+    One BLOCK_R for q and k, from the larger head count; q and k in one program when both fit
+    one block (with twice the warps: twice the tile).
     """
     cfg = launch_config(max(n_q_heads, n_k_heads), d2 // 2, head_dim - d2, element_size, not in_place, 0)
-    n_row_blocks = -(-n_q_heads // cfg.block_r) - (-n_k_heads // cfg.block_r)
+    together = QK_TOGETHER and n_k_heads > 0 and cfg.block_r >= max(n_q_heads, n_k_heads)
+    if together:
+        n_row_blocks, num_warps = 1, min(MAX_WARPS, 2 * cfg.num_warps)
+    else:
+        n_row_blocks, num_warps = -(-n_q_heads // cfg.block_r) - (-n_k_heads // cfg.block_r), cfg.num_warps
     meta = dict(
         HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, BLOCK_R=cfg.block_r,
-        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, QK_TOGETHER=together, num_warps=num_warps,
     )  # fmt: skip
     return launch_plan_for(_rope_qk_kernel, n_row_blocks, meta)
 
@@ -85,13 +98,10 @@ def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
         position_ids = position_ids.contiguous()
         stride_pos_b = 0 if position_ids.shape[0] == 1 else seq_len
     stride_q, stride_k, stride_q_out, stride_k_out = q.stride(), k.stride(), q_out.stride(), k_out.stride()
-    _rope_qk_kernel[(n_tokens, plan.n_row_blocks)](
-        q, k, cos, sin, position_ids, q_out, k_out,
-        stride_q[0], stride_q[1], stride_q[2], stride_k[0], stride_k[1], stride_k[2],
-        stride_q_out[0], stride_q_out[1], stride_q_out[2], stride_k_out[0], stride_k_out[1], stride_k_out[2],
-        *table_strides(cos), stride_pos_b,
-        seq_len, n_q_heads, n_k_heads, transpose,
-        *plan.constexprs, num_warps=plan.num_warps,
+    _rope_qk_launches(
+        plan, (n_tokens, plan.n_row_blocks), (q, k, cos, sin, position_ids, q_out, k_out),
+        (*stride_q[:3], *stride_k[:3], *stride_q_out[:3], *stride_k_out[:3], *table_strides(cos), stride_pos_b),
+        (seq_len, n_q_heads, n_k_heads, transpose),
     )  # fmt: skip
 
 
