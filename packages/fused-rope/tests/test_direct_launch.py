@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu(reason="direct launches exist only for compiled ker
 
 def qk_inputs(dtype, offset=0):
     """q, k (2, 4, 64, 64) views of a buffer, starting `offset` elements in; cos, sin (64, 64)."""
-    buffer = torch.randn(offset + 2 * 2 * 64 * 8 * 64, device="cuda", dtype=dtype)
+    buffer = torch.randn(offset + 2 * 64 * 8 * 64, device="cuda", dtype=dtype)
     qk = buffer[offset:].view(2, 64, 8, 64).transpose(1, 2)
     angles = torch.rand(64, 64, device="cuda") * 40
     return qk[:, :4], qk[:, 4:], angles.cos(), angles.sin()
