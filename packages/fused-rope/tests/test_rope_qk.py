@@ -59,13 +59,17 @@ def test_odd_head_dims_and_rotary_dims(head_dim, d2, device, rope_checks):
 
 
 @pytest.mark.parametrize(
-    "q_heads, k_heads, head_dim", [(40, 8, 256), (8, 40, 256), (40, 8, 128), (1, 1, 128), (3, 0, 128)], ids=str
-)
-def test_head_counts(q_heads, k_heads, head_dim, device, rope_checks):
-    """GQA with several row blocks for q (or k) (32-row tiles at head_dim 256), q and k in one
-    program (every head in one tile at 128), single heads, and a k with no heads."""
+    "q_heads, k_heads, head_dim, together",
+    [(40, 8, 512, False), (8, 40, 512, False), (40, 8, 128, True), (8, 8, 128, False), (1, 1, 128, False),
+     (3, 0, 128, False)],
+    ids=str,
+)  # fmt: skip
+def test_head_counts(q_heads, k_heads, head_dim, together, device, rope_checks):
+    """GQA with several row blocks for q (or k) (32-row tiles at head_dim 512), q and k in one
+    program (every head in one tile of at least 4 KiB), in separate ones (smaller tiles),
+    single heads, and a k with no heads."""
     plan = rope_qk_ops.launch_plan(q_heads, k_heads, head_dim, head_dim, 2, False, False)
-    assert plan.meta["QK_TOGETHER"] == (head_dim == 128 and k_heads > 0)
+    assert plan.meta["QK_TOGETHER"] == together
     q = bhsd(1, q_heads, 2, head_dim, torch.bfloat16, device)
     k = bhsd(1, k_heads, 2, head_dim, torch.bfloat16, device)
     rope_checks.check_rope_qk(q, k, *make_tables(1, 2, head_dim, device))

@@ -10,7 +10,8 @@ per SM to cover DRAM latency at 3 TB/s):
 - BLOCK_R: as many rows as fit in TILE_BYTES of input, so short heads (or few of them) still
   give each program several KiB to move, and long heads (512) give fewer rows, not bigger
   programs. 16 KiB (H100, q,k (4, 32, 4096, D) bf16 forward): D=256 takes 0.370 ms with 32-row
-  tiles against 0.392 with the 16 rows of 8 KiB (Liger 0.368); D=128 is 0.189-0.190 either way;
+  tiles against 0.392 with the 16 rows of 8 KiB (Liger 0.368); D=128 is 0.189-0.190 either way.
+  The HF-style q,k kernel has its own caps (32 KiB, 16 warps: see ops/rope_qk.py);
 - num_warps: one warp per BYTES_PER_THREAD * 32 bytes of tile (about 4 16-byte vectors per
   thread in flight), 1 to 8;
 - TransformerEngine-style launches compute cos/sin of the angles in the kernel. The compiler
@@ -43,12 +44,14 @@ class LaunchConfig:
     block_p: int
     block_pass: int
     num_warps: int
+    row_bytes: int  # input bytes of one tile row
 
 
 @functools.cache
 def launch_config(
-    n_rows: int, half: int, n_pass: int, element_size: int, copy_pass: bool, angle_lanes_per_pair: int
-) -> LaunchConfig:
+    n_rows: int, half: int, n_pass: int, element_size: int, copy_pass: bool, angle_lanes_per_pair: int,
+    tile_bytes: int = TILE_BYTES, max_warps: int = MAX_WARPS,
+) -> LaunchConfig:  # fmt: skip
     """Tile and warps for rows of `half` pairs and `n_pass` pass-through columns.
 
     n_rows: rows one position's programs share (the tile's height is capped by it).
@@ -57,16 +60,17 @@ def launch_config(
     angle_lanes_per_pair: angles the kernel computes cos/sin of per pair per row vector
     (0: cos/sin are loaded, HF-style; 1: one vector per pair member; 2: one flat vector of
     both members, interleaved pairs split in registers).
+    tile_bytes, max_warps: the caps on a tile's input bytes and its warps.
     """
     block_p = triton.next_power_of_2(half)
     copy_pass = copy_pass and n_pass > 0
     block_pass = max(2, triton.next_power_of_2(n_pass)) if copy_pass else 1
     row_bytes = (2 * block_p + (block_pass if copy_pass else 0)) * element_size
-    block_r = min(triton.next_power_of_2(n_rows), max(1, TILE_BYTES // row_bytes))
-    num_warps = max(1, min(MAX_WARPS, block_r * row_bytes // (BYTES_PER_THREAD * 32)))
+    block_r = min(triton.next_power_of_2(n_rows), max(1, tile_bytes // row_bytes))
+    num_warps = max(1, min(max_warps, block_r * row_bytes // (BYTES_PER_THREAD * 32)))
     if angle_lanes_per_pair:
         num_warps = max(1, min(num_warps, angle_lanes_per_pair * block_p // 32))
-    return LaunchConfig(block_r, block_p, block_pass, num_warps)
+    return LaunchConfig(block_r, block_p, block_pass, num_warps, row_bytes)
 
 
 class LaunchPlan(NamedTuple):

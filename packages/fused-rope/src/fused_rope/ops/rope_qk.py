@@ -27,15 +27,21 @@ from .._validation import (
 )
 from ..kernels.rope_qk import _rope_qk_kernel
 from ._layout import output_like, unit_last_stride
-from .config import MAX_WARPS, LaunchPlan, launch_config, launch_plan_for
+from .config import LaunchPlan, launch_config, launch_plan_for
 from .launch import KernelLaunches
 
 _rope_qk_launches = KernelLaunches(_rope_qk_kernel)
 
-# One program per token for q and k together when each one's heads fit one tile (see the
-# kernel): the table row is loaded once per token, and few heads still give a program
-# several KiB to move.
-QK_TOGETHER = True
+# Tiles of the HF-style kernel (H100, bf16 q, k (4, 4096, H, D) forward, run 24): whole token
+# rows do best, q's and k's in one program: (H, D) = (32, 512) takes 0.728 ms with 32-row tiles
+# of q and k together under 16 warps against 0.799 with 16-row tiles of one tensor under 8
+# (Liger 0.729); (32, 256) 0.362 vs 0.364; (32, 128) 0.184 either way; (64, 128) 0.361 vs
+# 0.363. So tiles of up to 32 KiB per tensor, up to 16 warps. With 2 KiB per tensor (8 heads
+# of 128) separate programs are better (0.0504 ms against 0.0530 together): q and k share a
+# program from 4 KiB per tensor up.
+QK_TILE_BYTES = 32768
+QK_MAX_WARPS = 16
+QK_TOGETHER_MIN_BYTES = 4096
 
 
 @functools.cache
@@ -45,13 +51,16 @@ def launch_plan(
     """Everything about one _rope_qk_kernel launch that the shape decides (cached per shape; the
     forward into new tensors and the backward share it, and their compiled kernel).
 
-    One BLOCK_R for q and k, from the larger head count; q and k in one program when both fit
-    one block (with twice the warps: twice the tile).
+    One BLOCK_R for q and k, from the larger head count; q and k in one program (with twice the
+    warps: twice the tile) when each fits one tile of at least QK_TOGETHER_MIN_BYTES.
     """
-    cfg = launch_config(max(n_q_heads, n_k_heads), d2 // 2, head_dim - d2, element_size, not in_place, 0)
-    together = QK_TOGETHER and n_k_heads > 0 and cfg.block_r >= max(n_q_heads, n_k_heads)
+    n_heads = max(n_q_heads, n_k_heads)
+    cfg = launch_config(
+        n_heads, d2 // 2, head_dim - d2, element_size, not in_place, 0, QK_TILE_BYTES, QK_MAX_WARPS
+    )  # fmt: skip
+    together = n_k_heads > 0 and cfg.block_r >= n_heads and cfg.block_r * cfg.row_bytes >= QK_TOGETHER_MIN_BYTES
     if together:
-        n_row_blocks, num_warps = 1, min(MAX_WARPS, 2 * cfg.num_warps)
+        n_row_blocks, num_warps = 1, min(QK_MAX_WARPS, 2 * cfg.num_warps)
     else:
         n_row_blocks, num_warps = -(-n_q_heads // cfg.block_r) - (-n_k_heads // cfg.block_r), cfg.num_warps
     meta = dict(
