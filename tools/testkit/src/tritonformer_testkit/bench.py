@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -108,7 +109,42 @@ def measure(
     flop conventions), from which GB/s or TFLOP/s are derived. memory: also record peak extra MiB.
     """
     fn()  # compile / autotune outside the timing
-    row = BenchRow(group, shape, provider, median_ms(fn), bytes, flops)
+    return _record(benchmark, BenchRow(group, shape, provider, median_ms(fn), bytes, flops), fn, memory)
+
+
+def measure_paired(
+    benchmark,
+    *,
+    group: str,
+    shape: str,
+    fns: Dict[str, Callable[[], object]],
+    bytes: Optional[float] = None,
+    flops: Optional[float] = None,
+    rounds: int = 5,
+) -> Dict[str, BenchRow]:
+    """Time the providers `fns` of one point in turn, `rounds` short do_bench windows each; each
+    row's ms is the median of its rounds' medians.
+
+    For rows the host bounds (ms near host_us), the host's speed drifts over seconds (the
+    autograd engine's thread hand-offs, other tenants), so two providers timed one after the
+    other, each in one window, can differ by half for the same work; interleaved windows see
+    the same host. pytest-benchmark records the first provider.
+    """
+    for fn in fns.values():
+        fn()  # compile / autotune outside the timing
+    round_ms: Dict[str, List[float]] = {provider: [] for provider in fns}
+    for _ in range(rounds):
+        for provider, fn in fns.items():
+            round_ms[provider].append(median_ms(fn, warmup_ms=10, rep_ms=40))
+    rows = {}
+    for index, (provider, fn) in enumerate(fns.items()):
+        row = BenchRow(group, shape, provider, statistics.median(round_ms[provider]), bytes, flops)
+        rows[provider] = _record(benchmark if index == 0 else None, row, fn, memory=False)
+    return rows
+
+
+def _record(benchmark, row: BenchRow, fn: Callable[[], object], memory: bool) -> BenchRow:
+    """Complete `row` (host time, kernel time, memory), log it, and hand fn to pytest-benchmark."""
     row.host_us = host_us_per_call(fn)
     row.kernel_ms = kernel_ms_per_call(fn)
     if memory:
