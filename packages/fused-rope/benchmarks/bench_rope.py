@@ -10,7 +10,7 @@ bshd to the TransformerEngine-style API. Providers:
 - tritonformer TE-style, q|k one tensor: q and k as the two halves of one (batch, seq,
   2 heads, head_dim) tensor (as a fused projection lays them out), one apply_rotary_pos_emb;
 - torch: TransformerEngine's unfused formula (reference.py) in bf16 on q and k;
-- torch.compile: the same function compiled (headline only: each new shape is a recompile);
+- torch.compile: the same function compiled (after the second shape, one dynamic-shape graph);
 - liger: liger_kernel.transformers.rope.liger_rotary_pos_emb (in place; whole heads only);
 - autograd floor (no kernels): an autograd.Function whose forward and backward only allocate
   their outputs, timed the same way: what any single-op fwd+bwd pays on this host before
@@ -26,10 +26,11 @@ Memory-bound: bytes = q and k read once and written once, 4 * (q + k) bytes per 
 Headline: q, k (4, 32, 4096, 128) fwd and fwd+bwd for every provider. Then the seed's sweeps,
 one axis at a time from the headline (seq length 512-2048, head dim 256 and 512, rotary
 percent 0.5, batch 2-16, heads 8-64, margin 10-77: extra rows of angles beyond the sequence),
-fwd and fwd+bwd, ours against Liger (the floor to beat at every point), timed in turn (five
-interleaved do_bench windows each, median of medians: many sweep rows are host-bound, and the
-host's speed drifts between one provider's window and the next). The whole file runs in about
-three minutes on an H100.
+fwd and fwd+bwd, ours against Liger (the floor to beat at every point), torch and
+torch.compile, timed in turn (five interleaved do_bench windows each, median of medians: many
+sweep rows are host-bound, and the host's speed drifts between one provider's window and the
+next). Run 24c (sweep against Liger alone) took one minute on an H100; the torch providers
+add their compiles and slower rows.
 """
 
 import pytest
@@ -53,6 +54,7 @@ TE_FUSED = "tritonformer TE-style, q|k one tensor"
 FLOOR = "autograd floor (no kernels)"
 HEADLINE_PROVIDERS = [OURS, "tritonformer inplace", "tritonformer TE-style", TE_FUSED, "torch", "torch.compile",
                       "liger", FLOOR]  # fmt: skip
+SWEEP_PROVIDERS = [OURS, "liger", "torch", "torch.compile"]
 CALLING_THREAD_PROVIDERS = [OURS, "tritonformer TE-style", "torch.compile", "liger", FLOOR]
 COMPILED = {}
 
@@ -169,10 +171,10 @@ def test_headline_backward_on_the_calling_thread(benchmark, provider):
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("axis, value", SWEEP, ids=[f"{axis}={value}" for axis, value in SWEEP])
 def test_sweep(benchmark, axis, value, mode):
-    """Ours and Liger timed in turn (measure_paired): many of these rows are host-bound."""
+    """Ours and the anchors timed in turn (measure_paired): many of these rows are host-bound."""
     point = {**HEADLINE, axis: value}
     fns, bytes_ = {}, None
-    for provider in (OURS, "liger"):
+    for provider in SWEEP_PROVIDERS:
         try:
             fns[provider], bytes_ = _timed(point, provider, mode)
         except pytest.skip.Exception as reason:
