@@ -30,6 +30,8 @@ if ls .carry/*.whl >/dev/null 2>&1; then
 fi
 if [ -f .carry/triton22-cp312.tar.xz ] && [ ! -d /tmp/t22/triton ]; then
   mkdir -p /tmp/t22 && tar -xJf .carry/triton22-cp312.tar.xz -C /tmp/t22
+  # A wheel unpacked with Python's zipfile loses the executable bits that Triton's ptxas needs.
+  chmod +x /tmp/t22/triton/third_party/cuda/bin/* 2>/dev/null
 fi
 
 # One pytest run of the suite: `small` (small shapes, many processes) or `gpu` (the `gpu`-marked
