@@ -29,14 +29,15 @@ percent 0.5, batch 2-16, heads 8-64, margin 10-77: extra rows of angles beyond t
 fwd and fwd+bwd, ours against Liger (the floor to beat at every point), torch and
 torch.compile, timed in turn (five interleaved do_bench windows each, median of medians: many
 sweep rows are host-bound, and the host's speed drifts between one provider's window and the
-next). Run 24c (sweep against Liger alone) took one minute on an H100; the torch providers
+next); the headline's providers are timed in turn likewise. Run 24c (sweep against Liger
+alone, headline one provider after the other) took one minute on an H100; the torch providers
 add their compiles and slower rows.
 """
 
 import pytest
 import torch
 from tritonformer_testkit import triton_version
-from tritonformer_testkit.bench import OURS, measure, measure_paired
+from tritonformer_testkit.bench import OURS, measure_paired
 
 from fused_rope import apply_rotary_pos_emb, apply_rotary_qk
 from fused_rope.reference import apply_rotary_pos_emb_reference
@@ -150,33 +151,30 @@ def _timed(point, provider, mode):
     return fwd_bwd, None if provider == FLOOR else 2 * one_direction
 
 
-def _measure(benchmark, point, provider, mode, group):
-    fn, bytes_ = _timed(point, provider, mode)
-    measure(benchmark, group=group, shape=_shape(point), provider=provider, fn=fn, bytes=bytes_)
+def _measure_in_turn(benchmark, point, providers, mode, group):
+    """Every provider of `providers` that runs at `point`, timed in turn (measure_paired)."""
+    fns, sizes = {}, {}
+    for provider in providers:
+        try:
+            fns[provider], sizes[provider] = _timed(point, provider, mode)
+        except pytest.skip.Exception as reason:
+            print(f"{provider} skipped at {_shape(point)}: {reason}")
+    measure_paired(benchmark, group=group, shape=_shape(point), fns=fns, bytes=sizes)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
-@pytest.mark.parametrize("provider", HEADLINE_PROVIDERS)
-def test_headline(benchmark, provider, mode):
-    _measure(benchmark, HEADLINE, provider, mode, f"rope q,k bf16 headline {mode}")
+def test_headline(benchmark, mode):
+    _measure_in_turn(benchmark, HEADLINE, HEADLINE_PROVIDERS, mode, f"rope q,k bf16 headline {mode}")
 
 
-@pytest.mark.parametrize("provider", CALLING_THREAD_PROVIDERS)
-def test_headline_backward_on_the_calling_thread(benchmark, provider):
+def test_headline_backward_on_the_calling_thread(benchmark):
     with torch.autograd.set_multithreading_enabled(False):
         group = "rope q,k bf16 headline fwd+bwd, backward on the calling thread"
-        _measure(benchmark, HEADLINE, provider, "fwd+bwd", group)
+        _measure_in_turn(benchmark, HEADLINE, CALLING_THREAD_PROVIDERS, "fwd+bwd", group)
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("axis, value", SWEEP, ids=[f"{axis}={value}" for axis, value in SWEEP])
 def test_sweep(benchmark, axis, value, mode):
-    """Ours and the anchors timed in turn (measure_paired): many of these rows are host-bound."""
-    point = {**HEADLINE, axis: value}
-    fns, bytes_ = {}, None
-    for provider in SWEEP_PROVIDERS:
-        try:
-            fns[provider], bytes_ = _timed(point, provider, mode)
-        except pytest.skip.Exception as reason:
-            print(f"{provider} skipped at {_shape(point)}: {reason}")
-    measure_paired(benchmark, group=f"rope q,k bf16 {axis} sweep {mode}", shape=_shape(point), fns=fns, bytes=bytes_)
+    """Ours and the anchors timed in turn: many of these rows are host-bound."""
+    _measure_in_turn(benchmark, {**HEADLINE, axis: value}, SWEEP_PROVIDERS, mode, f"rope q,k bf16 {axis} sweep {mode}")

@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 import triton
@@ -118,12 +118,12 @@ def measure_paired(
     group: str,
     shape: str,
     fns: Dict[str, Callable[[], object]],
-    bytes: Optional[float] = None,
+    bytes: Union[None, float, Dict[str, Optional[float]]] = None,
     flops: Optional[float] = None,
     rounds: int = 5,
 ) -> Dict[str, BenchRow]:
     """Time the providers `fns` of one point in turn, `rounds` short do_bench windows each; each
-    row's ms is the median of its rounds' medians.
+    row's ms is the median of its rounds' medians. bytes: one count for all, or per provider.
 
     For rows the host bounds (ms near host_us), the host's speed drifts over seconds (the
     autograd engine's thread hand-offs, other tenants), so two providers timed one after the
@@ -138,7 +138,8 @@ def measure_paired(
             round_ms[provider].append(median_ms(fn, warmup_ms=10, rep_ms=40))
     rows = {}
     for index, (provider, fn) in enumerate(fns.items()):
-        row = BenchRow(group, shape, provider, statistics.median(round_ms[provider]), bytes, flops)
+        moved = bytes.get(provider) if isinstance(bytes, dict) else bytes
+        row = BenchRow(group, shape, provider, statistics.median(round_ms[provider]), moved, flops)
         rows[provider] = _record(benchmark if index == 0 else None, row, fn, memory=False)
     return rows
 
