@@ -8,7 +8,9 @@ Flop counts (the usual 2 flops per multiply-add; the pointwise work is not count
 - SwiGLU MLP (down projection N -> K included): forward 6*M*K*N, forward+backward 18*M*K*N.
 The floor is the matmuls at the bf16 tensor-core ceiling (~795 TFLOP/s on this H100).
 
-Groups (bf16; the file runs in about 90 s on an H100, most of it compiling):
+Groups (bf16; the file runs in about 90 s on an H100, most of it compiling). The providers of a
+row are timed in turn (`measure_paired`: five interleaved do_bench windows each, median of
+medians), so that a drift of the GPU's clocks or the host's speed falls on all of them alike:
 - the headline MLP (16384 x 2048 -> 5632 -> 2048), forward and forward+backward, with peak
   memory, against every anchor;
 - the headline's kernels one by one (the fused forward, the down-projection backward with the
@@ -26,7 +28,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tritonformer_testkit import triton_version
-from tritonformer_testkit.bench import OURS, measure
+from tritonformer_testkit.bench import OURS, measure, measure_paired
 
 from fused_swiglu import swiglu, swiglu_mlp
 from fused_swiglu.kernels.backward import (
@@ -101,17 +103,32 @@ def _inputs(provider, x, weights):
     return [x, *weights]
 
 
-def _run(benchmark, group, shape, provider, fn, inputs, mode, flops_fwd, memory=False):
+def _timed(provider, fn, inputs, mode):
+    """What one timed call of `provider` runs: fn under no_grad, or fn and torch.autograd.grad."""
     x, *weights = inputs = _inputs(provider, inputs[0], inputs[1:])
     if mode == "fwd":
-        with torch.no_grad():
-            measure(benchmark, group=group, shape=shape, provider=provider, fn=lambda: fn(*inputs),
-                    flops=flops_fwd, memory=memory)  # fmt: skip
-        return
+
+        def fwd():
+            with torch.no_grad():
+                return fn(*inputs)
+
+        return fwd
     leaves = [x.requires_grad_(), *(w.requires_grad_() for w in weights)]
     dy = torch.randn_like(fn(*inputs))
-    measure(benchmark, group=group, shape=shape, provider=provider,
-            fn=lambda: torch.autograd.grad(fn(*inputs), leaves, dy), flops=3 * flops_fwd, memory=memory)  # fmt: skip
+    return lambda: torch.autograd.grad(fn(*inputs), leaves, dy)
+
+
+def _run_in_turn(benchmark, group, shape, providers, mlp, inputs, mode, flops_fwd, memory=False):
+    """Every provider that runs here, timed in turn (measure_paired: interleaved windows, so a
+    drift of the GPU's clocks or the host's speed falls on all of them alike)."""
+    fns = {}
+    for provider in providers:
+        try:
+            fns[provider] = _timed(provider, _provider_fn(provider, mlp), inputs, mode)
+        except pytest.skip.Exception as reason:
+            print(f"{provider} skipped at {shape}: {reason}")
+    flops = flops_fwd if mode == "fwd" else 3 * flops_fwd
+    measure_paired(benchmark, group=group, shape=shape, fns=fns, flops=flops, memory=memory)
 
 
 def _linear_weights(shapes):
@@ -120,14 +137,12 @@ def _linear_weights(shapes):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_swiglu_mlp_headline(benchmark, provider, mode):
+def test_swiglu_mlp_headline(benchmark, mode):
     rows, d_model, d_inter = HEADLINE
-    fn = _provider_fn(provider, mlp=True)
     x = torch.randn(rows, d_model, device="cuda", dtype=torch.bfloat16)
     weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)])
-    _run(benchmark, f"swiglu MLP {mode} bf16", f"{rows}x{d_model}->{d_inter}->{d_model}", provider, fn,
-         [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
+    _run_in_turn(benchmark, f"swiglu MLP {mode} bf16", f"{rows}x{d_model}->{d_inter}->{d_model}", PROVIDERS, True,
+                 [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
 
 
 def _config_label(kernel) -> str:
@@ -194,8 +209,7 @@ def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
         tuned = _swiglu_weight_grad_kernel
     ours()  # autotune first: the label names the chosen config
     shape = f"{kernel} ({_config_label(tuned)})"
-    measure(benchmark, group=group, shape=shape, provider=OURS, fn=ours, flops=flops)
-    measure(None, group=group, shape=shape, provider=CUBLAS, fn=cublas, flops=flops)
+    measure_paired(benchmark, group=group, shape=shape, fns={OURS: ours, CUBLAS: cublas}, flops=flops)
     if kernel == "forward" and tma:
         # The portable kernel on its workhorse config only (autotuning it would compile the rest).
         monkeypatch.setattr(_swiglu_fwd_kernel, "configs", _swiglu_fwd_kernel.configs[:1])
@@ -209,12 +223,11 @@ def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", [OURS, "torch", "liger"])
 @pytest.mark.parametrize("d_model", SWEEP_D_MODEL)
-def test_swiglu_sweep(benchmark, d_model, provider, mode):
+def test_swiglu_sweep(benchmark, d_model, mode):
     rows, d_inter = SWEEP_ROWS, 3 * d_model
-    fn = _provider_fn(provider, mlp=False)
     x = torch.randn(4, rows // 4, d_model, device="cuda", dtype=torch.bfloat16)
     w_gate, w_up = _linear_weights([(d_inter, d_model)] * 2)
-    _run(benchmark, f"swiglu {mode} bf16 (batch 4 x seq 2048)", f"{d_model}->{d_inter}", provider, fn,
-         [x, w_gate, w_up], mode, 4 * rows * d_model * d_inter)  # fmt: skip
+    group, shape = f"swiglu {mode} bf16 (batch 4 x seq 2048)", f"{d_model}->{d_inter}"
+    _run_in_turn(benchmark, group, shape, [OURS, "torch", "liger"], False, [x, w_gate, w_up], mode,
+                 4 * rows * d_model * d_inter)  # fmt: skip

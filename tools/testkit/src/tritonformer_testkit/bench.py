@@ -120,10 +120,12 @@ def measure_paired(
     fns: Dict[str, Callable[[], object]],
     bytes: Union[None, float, Dict[str, Optional[float]]] = None,
     flops: Optional[float] = None,
+    memory: bool = False,
     rounds: int = 5,
 ) -> Dict[str, BenchRow]:
     """Time the providers `fns` of one point in turn, `rounds` short do_bench windows each; each
-    row's ms is the median of its rounds' medians. bytes: one count for all, or per provider.
+    row's ms is the median of its rounds' medians. bytes: one count for all, or per provider;
+    flops, memory: as for `measure`.
 
     For rows the host bounds (ms near host_us), the host's speed drifts over seconds (the
     autograd engine's thread hand-offs, other tenants), so two providers timed one after the
@@ -140,7 +142,7 @@ def measure_paired(
     for index, (provider, fn) in enumerate(fns.items()):
         moved = bytes.get(provider) if isinstance(bytes, dict) else bytes
         row = BenchRow(group, shape, provider, statistics.median(round_ms[provider]), moved, flops)
-        rows[provider] = _record(benchmark if index == 0 else None, row, fn, memory=False)
+        rows[provider] = _record(benchmark if index == 0 else None, row, fn, memory)
     return rows
 
 
