@@ -51,6 +51,20 @@ _SIZES = ["kv_group", "max_seqlen_q", "max_seqlen_k", "window_left", "window_rig
 _SMALL_STRIDES = ["stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
 
 
+@triton.jit
+def _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The query block of a program of a (query block, batch, head) grid: batch and head (int64),
+    the first row of its sequence in the tensor (q_start), the sequence's length, and the
+    block's first position in the sequence (m0; past the length for empty varlen blocks)."""
+    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
+    pid = tl.program_id(0)
+    batch_head = pid // num_m_blocks
+    batch = batch_head // n_heads
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    m0 = (pid % num_m_blocks) * BLOCK_M
+    return batch.to(tl.int64), (batch_head % n_heads).to(tl.int64), q_start, seqlen_q, m0
+
+
 @triton.jit(
     do_not_specialize=["stride_dlse_b", "stride_dlse_h", "stride_dlse_s", "stride_delta_b", "stride_delta_h",
                        "n_heads", "max_seqlen_q"]
@@ -70,19 +84,10 @@ def _attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):  # fmt: skip
-    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m_blocks
-    batch_head = pid // num_m_blocks
-    batch = batch_head // n_heads
-    head = batch_head % n_heads
-    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
-    m0 = pid_m * BLOCK_M
+    batch64, head64, q_start, seqlen_q, m0 = _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M, IS_VARLEN)
     if IS_VARLEN:
         if m0 >= seqlen_q:
             return
-    batch64 = batch.to(tl.int64)
-    head64 = head.to(tl.int64)
     row0 = (q_start + m0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_M)
     offs_m = m0 + offs_r
@@ -334,19 +339,10 @@ def _attn_bwd_dq_convert_kernel(
     UPCAST: tl.constexpr,
 ):  # fmt: skip
     """dQ = softmax_scale * the fp32 accumulator, in dQ's dtype; one program per (query block, batch, head)."""
-    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % num_m_blocks
-    batch_head = pid // num_m_blocks
-    batch = batch_head // n_heads
-    head = batch_head % n_heads
-    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
-    m0 = pid_m * BLOCK_M
+    batch64, head64, q_start, seqlen_q, m0 = _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M, IS_VARLEN)
     if IS_VARLEN:
         if m0 >= seqlen_q:
             return
-    batch64 = batch.to(tl.int64)
-    head64 = head.to(tl.int64)
     row0 = (q_start + m0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_M)
     offs_m = m0 + offs_r
