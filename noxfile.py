@@ -6,16 +6,17 @@
     nox -s tests-installed       # the torch and Triton already installed (a GPU box offline)
     nox -s benchmarks            # on a GPU: every package's benchmarks, one table per run
 
-On a CPU-only machine a test session runs two passes: the kernels under Triton's
-interpreter (Triton 3.x; Triton 2.2's interpreter cannot run 2-D kernels, so there only the
-tests that launch nothing run), then the ahead-of-time compile check to cubins for sm_80 and
-sm_90. On a machine with an NVIDIA GPU it runs the whole suite compiled, in one pass.
+On a CPU-only machine a test session runs two passes, each spread over the cores (pytest-xdist):
+the kernels under Triton's interpreter (Triton 3.x; Triton 2.2's interpreter cannot run 2-D
+kernels, so there only the tests that launch nothing run), then the ahead-of-time compile check
+to cubins for sm_80 and sm_90. On a machine with an NVIDIA GPU it runs the whole suite compiled, in one pass.
 Arguments after `--` go to pytest.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -42,7 +43,10 @@ MATRIX = {
 CPU_TORCH = "torch==2.13.0"
 # Besides torch and Triton: what the test sessions install (transformers: the model's Hugging Face
 # GPT-2 interop tests, on a randomly initialized config, nothing downloaded).
-TEST_TOOLS = ["pytest>=7", "pytest-benchmark", "transformers>=4.40"]
+TEST_TOOLS = ["pytest>=7", "pytest-benchmark", "pytest-xdist", "transformers>=4.40"]
+# CPU passes run in this many pytest-xdist workers (one per core, at most four: each
+# interpreter worker holds its own torch and compiled-kernel caches).
+CPU_WORKERS = min(4, os.cpu_count() or 1)
 # Triton 3.9 warns that its fp-fusion default will change; keep today's behaviour, quietly.
 TRITON_ENV = {"TRITON_DEFAULT_FP_FUSION": "1"}
 
@@ -88,9 +92,10 @@ def run_suite(session: nox.Session, interprets: bool) -> None:
     else:
         kernel_env = {"TRITON_INTERPRET": "1" if interprets else "0"}
         kernel_label = "kernels in the interpreter" if interprets else "tests that launch no kernel"
+        workers = ["-n", str(CPU_WORKERS)] if CPU_WORKERS > 1 else []
         passes = [
-            (kernel_label, ["-m", "not aot"], kernel_env),
-            ("ahead-of-time compile", ["-m", "aot"], {"TRITON_INTERPRET": "0"}),
+            (kernel_label, ["-m", "not aot", *workers], kernel_env),
+            ("ahead-of-time compile", ["-m", "aot", *workers], {"TRITON_INTERPRET": "0"}),
         ]
     results = [(label, run_pytest_pass(session, label, [*args, *session.posargs], env)) for label, args, env in passes]
     total = 0

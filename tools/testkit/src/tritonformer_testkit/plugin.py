@@ -117,16 +117,38 @@ def _skip_reasons(terminalreporter) -> collections.Counter:
     return reasons
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """The cubins a test compiles ride on its report (user_properties), so that the summary
+    counts them under pytest-xdist too, whose workers are other processes."""
+    start = len(aot.COMPILED)
+    yield
+    for name, arch in aot.COMPILED[start:]:
+        item.user_properties.append(("cubin", (name, arch)))
+
+
+def _cubins(terminalreporter) -> list:
+    """(kernel, arch) of every cubin the run's tests compiled, from their reports."""
+    return [
+        tuple(value)
+        for key in ("passed", "failed")
+        for report in terminalreporter.stats.get(key, [])
+        for name, value in getattr(report, "user_properties", ())
+        if name == "cubin"
+    ]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     stats = terminalreporter.stats
     counts = {key: len(stats.get(key, [])) for key in ("passed", "failed", "error", "skipped")}
     reasons = _skip_reasons(terminalreporter)
+    cubins = _cubins(terminalreporter)
     terminalreporter.section("tritonformer summary")
     terminalreporter.write_line(_environment_line())
-    archs = sorted({arch for _, arch in aot.COMPILED})
+    archs = sorted({arch for _, arch in cubins})
     terminalreporter.write_line(
         f"ran {counts['passed'] + counts['failed']} tests ({counts['passed']} passed, {counts['failed']} failed, "
-        f"{counts['error']} errors); compiled {len(aot.COMPILED)} kernel cubins ahead of time "
+        f"{counts['error']} errors); compiled {len(cubins)} kernel cubins ahead of time "
         f"(sm_{', sm_'.join(map(str, archs)) or '-'}); skipped {counts['skipped']}"
     )
     for reason, n in reasons.most_common():
@@ -145,7 +167,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             json.dump(
                 dict(
                     counts,
-                    compiled=len(aot.COMPILED),
+                    compiled=len(cubins),
                     skip_reasons=dict(reasons),
                     environment=_environment_line(),
                 ),
