@@ -6,10 +6,11 @@
     nox -s tests-installed       # the torch and Triton already installed (a GPU box offline)
     nox -s benchmarks            # on a GPU: every package's benchmarks, one table per run
 
-On a CPU-only machine a test session runs two passes, each spread over the cores (pytest-xdist):
-the kernels under Triton's interpreter (Triton 3.x; Triton 2.2's interpreter cannot run 2-D
-kernels, so there only the tests that launch nothing run), then the ahead-of-time compile check
-to cubins for sm_80 and sm_90. On a machine with an NVIDIA GPU it runs the whole suite compiled, in one pass.
+On a CPU-only machine a test session runs two passes, each spread over the cores
+(pytest-xdist): the kernels under Triton's interpreter (Triton 3.x; Triton 2.2's interpreter
+cannot run 2-D kernels, so there only the tests that launch nothing run), then the
+ahead-of-time compile check to cubins for sm_80 and sm_90. On a machine with an NVIDIA GPU it
+runs the whole suite compiled, in one pass.
 Arguments after `--` go to pytest.
 """
 
