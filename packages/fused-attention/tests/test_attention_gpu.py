@@ -96,12 +96,15 @@ def test_head_dims(head_dim, attn):
 
 @pytest.mark.gpu(reason="GQA at real sizes needs the compiled kernels")
 @pytest.mark.parametrize(
-    "n_heads, n_kv_heads, causal", [(8, 1, True), (32, 1, False), (8, 4, True)], ids=["8to1", "32to1", "2to1"]
+    "n_heads, n_kv_heads, causal, seqlen",
+    [(8, 1, True, 1000), (32, 1, False, 1000), (8, 4, True, 2100)],
+    ids=["8to1", "32to1", "2to1"],
 )
-def test_grouped_query_heads(n_heads, n_kv_heads, causal, attn):
-    """8:1 and 32:1 at B = 2 fill few SMs with dK/dV programs, so they take the dQ kernel; 2:1 the
-    atomic dQ (configs.dq_atomic). dK and dV sum over the query heads of a group either way."""
-    q, k, v = attn.random_qkv(2, 1000, 1000, n_heads, n_kv_heads, 32, BF16, "cuda")
+def test_grouped_query_heads(n_heads, n_kv_heads, causal, seqlen, attn):
+    """8:1 and 32:1 at B = 2 fill few SMs with dK/dV programs (and are short), so they take the dQ
+    kernel; 2:1 at 2100 positions the atomic dQ (configs.dq_atomic). dK and dV sum over the query
+    heads of a group either way."""
+    q, k, v = attn.random_qkv(2, seqlen, seqlen, n_heads, n_kv_heads, 32, BF16, "cuda")
     attn.check_attention(q, k, v, causal=causal)
 
 
@@ -166,7 +169,7 @@ def test_every_autotune_config(head_dim, attn, full_autotune):
     twin = attn.lowp_twin(q, k, v, dout, alibi_slopes=slopes, **options)
     configs = {kind: candidate_configs(kind, head_dim, _tma_by_default(q.device)) for kind in ("fwd", "dkdv", "dq")}
     first = {kind: candidates[0] for kind, candidates in configs.items()}
-    default_deterministic = not dq_atomic(head_dim, False, 1 << 20, 1, 0)
+    default_deterministic = not dq_atomic(head_dim, False, 801, 1 << 20, 1, 0)
     runs = [(default_deterministic, dict(first, fwd=config)) for config in configs["fwd"]]
     runs += [(default_deterministic, dict(first, dkdv=config)) for config in configs["dkdv"][1:]]
     runs += [(True, dict(first, dq=config)) for config in configs["dq"]]  # the dQ kernel: deterministic path

@@ -51,14 +51,12 @@ def _type(name: str, dtype: str, descriptor: str) -> str:
     return "fp32" if name == "softmax_scale" else "i32"
 
 
-def _dq_modes(kind, block_d, index):
-    """The dK/dV kernel's DQ_ATOMIC values to compile: with atomics for every config of a class
-    that uses them by default, and without (the deterministic backward) for each class's first."""
-    if kind != "dkdv":
+def _dq_modes(kind, block_d):
+    """The dK/dV kernel's DQ_ATOMIC values to compile: both for every config of a class that uses
+    atomics for long sequences (short ones and the deterministic backward run without)."""
+    if kind != "dkdv" or not DQ_ATOMIC[block_d]:
         return (False,)
-    if not DQ_ATOMIC[block_d]:
-        return (False,)
-    return (True, False) if index == 0 else (True,)
+    return (True, False)
 
 
 def _cases():
@@ -66,8 +64,8 @@ def _cases():
     for kind_index, kind in enumerate(KERNELS):
         for tma, table in ((False, POINTER_CONFIGS), (True, TMA_CONFIGS)):
             for block_d, configs in table[kind].items():
-                for i, config in enumerate(configs):
-                    for dq_atomic in _dq_modes(kind, block_d, i):
+                for config in configs:
+                    for dq_atomic in _dq_modes(kind, block_d):
                         n = next(counter)
                         head_dim = HEAD_DIMS[block_d][(n + kind_index) % 3]
                         arch = 90 if tma else (80, 90)[n % 2]

@@ -50,6 +50,14 @@ RESET_TO_ZERO = {"fwd": None, "dkdv": ["dq_accum_ptr"], "dq": None}
 # S = 4096: 257 against 302; full S = 16384: 276 against 327); at 256 the separate kernel is the
 # only one that fits.
 DQ_ATOMIC = {64: True, 128: False, 256: False}
+# ...and at 64 only from this longest sequence on. Below it the separate dQ kernel with 32x64
+# dK/dV tiles wins (H100, D = 64 causal fwd+bwd, hidden 2048, 16k tokens; session 5: S = 512
+# 0.879 ms against 0.918 atomic, S = 1024 1.227 against 1.291, FlashAttention-2 0.887 / 1.286):
+# short sequences give the dK/dV kernel few key blocks per program, and the atomics' traffic
+# then outweighs the dQ kernel's extra matmuls. S = 2048 was not measured; 4096 and up favor
+# the atomics (see above). The interpreter's tiny shapes keep the atomic path, so that the CPU
+# tests cover both.
+DQ_ATOMIC_MIN_SEQLEN = 0 if INTERPRETING else 2048
 
 
 @dataclass(frozen=True)
@@ -74,12 +82,12 @@ C = KernelConfig
 # Hopper with TMA: tiles sit in shared memory, not registers, so larger tiles fit without spills.
 TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
     "fwd": {
-        64: [C(128, 128, 8, 3, True), C(128, 64, 8, 3, True)],
+        64: [C(128, 128, 8, 3, True), C(128, 64, 8, 3, True), C(64, 64, 4, 3, True)],
         128: [C(128, 128, 8, 2, True), C(128, 64, 8, 3, True)],
         256: [C(64, 64, 8, 2, True), C(128, 32, 8, 2, True)],
     },
     "dkdv": {
-        64: [C(32, 128, 8, 2, True), C(64, 128, 8, 2, True)],
+        64: [C(32, 128, 8, 2, True), C(64, 128, 8, 2, True), C(32, 64, 4, 2, True)],
         128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True), C(32, 64, 8, 2, True)],
         256: [C(16, 64, 8, 2, True)],
     },
@@ -133,8 +141,9 @@ def preprocess_block_m(block_d: int) -> int:
     return 16 if INTERPRETING else PREPROCESS_BLOCK_M[block_d_class(block_d)]
 
 
-def dq_atomic(block_d: int, deterministic: bool, kv_programs: int, group: int, sm_count: int) -> bool:
-    """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC).
+def dq_atomic(block_d: int, deterministic: bool, max_seqlen: int, kv_programs: int, group: int, sm_count: int) -> bool:
+    """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC; at
+    BLOCK_D 64 only when the longest sequence, max_seqlen, reaches DQ_ATOMIC_MIN_SEQLEN).
 
     The atomic path moves the dQ work into the dK/dV kernel, whose grid is kv_programs (batch x
     kv heads x key blocks of ~128) programs, each looping over the `group` query heads of its kv
@@ -142,7 +151,7 @@ def dq_atomic(block_d: int, deterministic: bool, kv_programs: int, group: int, s
     GQA at small batch), the separate dQ kernel, with a program per query head, spreads the work
     better: there the deterministic path is taken. (sm_count 0, when interpreting: no such limit.)
     """
-    if deterministic or not DQ_ATOMIC[block_d_class(block_d)]:
+    if deterministic or not DQ_ATOMIC[block_d_class(block_d)] or max_seqlen < DQ_ATOMIC_MIN_SEQLEN:
         return False
     return 2 * kv_programs >= sm_count or group < 4
 
