@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -135,3 +135,47 @@ def library_op(name: str, mutates_args: tuple = ()):
         return call
 
     return wrap
+
+
+# Direct launches (Triton 3.4 to 3.9, compiled; see ops/direct.py): after a launch through the
+# autotuner and the JIT, later launches of the same specialization call the compiled kernel's
+# launcher itself, as torch Inductor does. Its signature in these versions: (grid x, y, z,
+# stream, function, packed metadata, launch metadata, enter hook, exit hook, *every kernel
+# argument), constexprs included, TMA descriptors as host TensorDescriptor objects (the launcher
+# encodes them). Outside these versions the JIT runs every launch.
+DIRECT_LAUNCH = not INTERPRETING and (3, 4) <= TRITON_VERSION <= (3, 9)
+
+
+def _hook_active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def direct_launcher(compiled) -> Optional[Callable]:
+    """launch(grid, args) -> bool for a kernel the JIT compiled and launched, or None.
+
+    It launches `compiled` on the current stream with `args` (every kernel argument in order,
+    constexprs included) over `grid` (1 to 3 dims) and returns True; or launches nothing and
+    returns False (the caller then goes through the JIT) when the current device is not the one
+    the kernel was loaded on, or a launch hook is installed (a profiler wants the launch metadata
+    the JIT computes).
+    """
+    if not DIRECT_LAUNCH or compiled is None:
+        return None
+    run = getattr(compiled, "run", None)
+    function = getattr(compiled, "function", None)
+    metadata = getattr(compiled, "packed_metadata", None)
+    if run is None or function is None or metadata is None:
+        return None
+    runtime = triton.knobs.runtime
+    get_device = torch._C._cuda_getDevice
+    get_stream = torch._C._cuda_getCurrentRawStream
+    device = get_device()
+
+    def launch(grid, args) -> bool:
+        if get_device() != device or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook):
+            return False
+        x, y, z = (*grid, 1, 1)[:3]
+        run(x, y, z, get_stream(device), function, metadata, None, None, None, *args)
+        return True
+
+    return launch

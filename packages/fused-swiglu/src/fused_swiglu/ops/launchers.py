@@ -31,8 +31,17 @@ from ..kernels.backward import (
 )
 from ..kernels.configs import weight_grad_split
 from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
+from .direct import TunedLaunches
 
 Tensor = torch.Tensor
+
+# Every autotuned kernel's launches (through the autotuner once per key, then directly).
+FORWARD = TunedLaunches(_swiglu_fwd_kernel)
+FORWARD_TMA = TunedLaunches(_swiglu_fwd_tma_kernel)
+DOWN_GRAD = TunedLaunches(_mlp_down_grad_kernel)
+INPUT_GRAD = TunedLaunches(_swiglu_input_grad_kernel)
+INPUT_GRAD_TMA = TunedLaunches(_swiglu_input_grad_tma_kernel)
+WEIGHT_GRAD = TunedLaunches(_swiglu_weight_grad_kernel)
 
 # The elementwise gradient kernel: 64 x 128 tiles, 32 elements per thread over 8 warps.
 GRAD_BLOCK_M = 64
@@ -96,13 +105,13 @@ def launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu: bool, fp16_a
 
         # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
         descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, w_gate, w_up, h, g, u)]
-        _swiglu_fwd_tma_kernel[persistent_grid](
-            *descriptors, b_gate, b_up, M, N, K,
+        FORWARD_TMA(
+            persistent_grid, *descriptors, b_gate, b_up, M, N, K,
             HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING, NUM_SMS=sms,
         )  # fmt: skip
         return
-    _swiglu_fwd_kernel[grid](
-        x, w_gate, w_up, b_gate, b_up, h, g, u,
+    FORWARD(
+        grid, x, w_gate, w_up, b_gate, b_up, h, g, u,
         x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1), h.stride(0),
         M, N, K,
         HAS_BIAS=has_bias, SAVE_GU=save_gu, ACC_FP16=fp16_accumulate, ALLOW_TF32=_allow_tf32(x.dtype),
@@ -160,8 +169,8 @@ def mlp_down_grad_(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor) -> Tensor:
     M, N = g.shape
     h = torch.empty_like(g)
     if M > 0:
-        _mlp_down_grad_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
-            dy, w_down, g, u, h,
+        DOWN_GRAD(
+            lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),), dy, w_down, g, u, h,
             dy.stride(0), dy.stride(1), w_down.stride(0), w_down.stride(1), g.stride(0),
             M, N, w_down.shape[1],
             ALLOW_TF32=_allow_tf32(g.dtype), UPCAST=INTERPRETING,
@@ -202,10 +211,10 @@ def swiglu_input_grad(d_gate: Tensor, d_up: Tensor, w_gate: Tensor, w_up: Tensor
     if use_tma_input_grad(d_gate, d_up, w_gate, w_up):
         # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
         descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (d_gate, d_up, w_gate, w_up, dx)]
-        _swiglu_input_grad_tma_kernel[grid](*descriptors, M, K, N, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING)
+        INPUT_GRAD_TMA(grid, *descriptors, M, K, N, ACC_FP16=fp16_accumulate, UPCAST=INTERPRETING)
         return dx
-    _swiglu_input_grad_kernel[grid](
-        d_gate, d_up, w_gate, w_up, dx,
+    INPUT_GRAD(
+        grid, d_gate, d_up, w_gate, w_up, dx,
         d_gate.stride(0), w_gate.stride(0), w_gate.stride(1), w_up.stride(0), w_up.stride(1), dx.stride(0),
         M, K, N,
         ACC_FP16=fp16_accumulate, ALLOW_TF32=_allow_tf32(dx.dtype), UPCAST=INTERPRETING,
@@ -254,13 +263,12 @@ def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor) -> Tuple[Tensor,
         tiles = triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"])
         return (tiles + (tiles % sms) * (meta["split"] - 1),)
 
-    kernel[grid](
-        x, d_gate, d_up, dw_gate, dw_up, workspace,
+    config = WEIGHT_GRAD(
+        grid, x, d_gate, d_up, dw_gate, dw_up, workspace,
         x.stride(0), x.stride(1), d_gate.stride(0), dw_gate.stride(0),
         M, N, K,
         ALLOW_TF32=_allow_tf32(x.dtype), UPCAST=INTERPRETING, NUM_SMS=sms,
-    )  # fmt: skip
-    config = kernel.best_config.kwargs  # the config just launched (the autotuner records it)
+    ).kwargs  # fmt: skip
     tiles = triton.cdiv(K, config["BLOCK_K"]) * triton.cdiv(N, config["BLOCK_N"])
     split = weight_grad_split(tiles, sms, triton.cdiv(M, config["BLOCK_M"]))
     if split > 1:
