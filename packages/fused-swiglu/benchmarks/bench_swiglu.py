@@ -18,8 +18,8 @@ medians), so that a drift of the GPU's clocks or the host's speed falls on all o
   matmuls without the fusion (torch.mm on concatenated operands: the floor our kernel must
   reach), the forward also against the portable pointer kernel on its first config (what runs
   off Hopper); the shape column names the config the autotuner chose;
-- the seed's sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024
-  and 4096, against torch eager and Liger-Kernel: torch.compile runs at the headline only (its
+- the seed's sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024,
+  2048, 4096 and 8192, against torch eager and Liger-Kernel: torch.compile runs at the headline only (its
   compile time per shape and mode would not fit), and so does fp16 (bf16's kernels on fp16
   compile the whole set again).
 """
@@ -50,7 +50,7 @@ from fused_swiglu.ops.launchers import (
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
 PROVIDERS = [OURS, "torch", "torch.compile", "liger"]
-SWEEP_D_MODEL = [1024, 4096]
+SWEEP_D_MODEL = [1024, 2048, 4096, 8192]
 SWEEP_ROWS = 4 * 2048
 HEADLINE = (16384, 2048, 5632)  # rows, d_model, d_intermediate
 MODES = ["fwd", "fwd+bwd"]
