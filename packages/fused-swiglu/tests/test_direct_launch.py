@@ -80,16 +80,17 @@ def test_misaligned_operands_other_dtypes_and_shapes_get_their_own_entries(sw):
 
 @pytest.mark.skipif(not _compat.DIRECT_LAUNCH, reason="direct launches need Triton 3.4-3.9")
 def test_a_replaced_config_list_is_tuned_again(monkeypatch, sw):
+    _clear()
     inputs = _inputs(torch.bfloat16)
     with torch.no_grad():
         swiglu_mlp(*inputs)
         swiglu_mlp(*inputs)
-        for launches in (launchers.FORWARD, launchers.FORWARD_TMA):
-            tuner = launches.tuner
-            if launches.entries:
-                monkeypatch.setattr(tuner, "configs", list(tuner.configs[:1]))
-                swiglu_mlp(*inputs)
-                assert all(entry[0] is tuner.configs for entry in launches.entries.values())
+        launches = launchers.FORWARD_TMA if launchers.FORWARD_TMA.entries else launchers.FORWARD
+        (before,) = launches.entries.values()
+        monkeypatch.setattr(launches.tuner, "configs", list(launches.tuner.configs[:1]))
+        swiglu_mlp(*inputs)
+        (after,) = launches.entries.values()
+    assert before[0] is not launches.tuner.configs and after[0] is launches.tuner.configs
     sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
 
 
