@@ -50,14 +50,15 @@ RESET_TO_ZERO = {"fwd": None, "dkdv": ["dq_accum_ptr"], "dq": None}
 # S = 4096: 257 against 302; full S = 16384: 276 against 327); at 256 the separate kernel is the
 # only one that fits.
 DQ_ATOMIC = {64: True, 128: False, 256: False}
-# ...and at 64 only from this longest sequence on. Below it the separate dQ kernel with 32x64
-# dK/dV tiles wins (H100, D = 64 causal fwd+bwd, hidden 2048, 16k tokens; session 5: S = 512
-# 0.879 ms against 0.918 atomic, S = 1024 1.227 against 1.291, FlashAttention-2 0.887 / 1.286):
-# short sequences give the dK/dV kernel few key blocks per program, and the atomics' traffic
-# then outweighs the dQ kernel's extra matmuls. S = 2048 was not measured; 4096 and up favor
-# the atomics (see above). The interpreter's tiny shapes keep the atomic path, so that the CPU
-# tests cover both.
+# ...and at 64 only from these longest sequences on (causal, and without a mask). Below them the
+# separate dQ kernel, with 32x64 dK/dV tiles, wins: short sequences give each dK/dV program few
+# query blocks, and the atomics' traffic outweighs the dQ kernel's extra matmuls. Measured on the
+# H100 (D = 64 fwd+bwd, hidden 2048, 16k tokens, session 5), dQ kernel against atomics: causal S =
+# 512 0.879 / 0.918 ms, 1024 1.227 / 1.291, 2048 1.928 / 2.039, 4096 3.415 / 3.396 (a tie);
+# without a mask S = 2048 3.342 / 3.252. The interpreter's tiny shapes keep the atomic path, so
+# that the CPU tests cover both.
 DQ_ATOMIC_MIN_SEQLEN = 0 if INTERPRETING else 2048
+DQ_ATOMIC_MIN_SEQLEN_CAUSAL = 0 if INTERPRETING else 4096
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,12 @@ def preprocess_block_m(block_d: int) -> int:
     return 16 if INTERPRETING else PREPROCESS_BLOCK_M[block_d_class(block_d)]
 
 
-def dq_atomic(block_d: int, deterministic: bool, max_seqlen: int, kv_programs: int, group: int, sm_count: int) -> bool:
+def dq_atomic(
+    block_d: int, deterministic: bool, max_seqlen: int, causal: bool, kv_programs: int, group: int, sm_count: int
+) -> bool:
     """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC; at
-    BLOCK_D 64 only when the longest sequence, max_seqlen, reaches DQ_ATOMIC_MIN_SEQLEN).
+    BLOCK_D 64 only when the longest sequence, max_seqlen, reaches DQ_ATOMIC_MIN_SEQLEN, or
+    DQ_ATOMIC_MIN_SEQLEN_CAUSAL for causal attention).
 
     The atomic path moves the dQ work into the dK/dV kernel, whose grid is kv_programs (batch x
     kv heads x key blocks of ~128) programs, each looping over the `group` query heads of its kv
@@ -151,7 +155,8 @@ def dq_atomic(block_d: int, deterministic: bool, max_seqlen: int, kv_programs: i
     GQA at small batch), the separate dQ kernel, with a program per query head, spreads the work
     better: there the deterministic path is taken. (sm_count 0, when interpreting: no such limit.)
     """
-    if deterministic or not DQ_ATOMIC[block_d_class(block_d)] or max_seqlen < DQ_ATOMIC_MIN_SEQLEN:
+    shortest = DQ_ATOMIC_MIN_SEQLEN_CAUSAL if causal else DQ_ATOMIC_MIN_SEQLEN
+    if deterministic or not DQ_ATOMIC[block_d_class(block_d)] or max_seqlen < shortest:
         return False
     return 2 * kv_programs >= sm_count or group < 4
 

@@ -427,7 +427,8 @@ def attention_bwd(
         sm_count = multiprocessor_count(device.index or 0)
         longest = max(spec.max_seqlen_q, spec.max_seqlen_k)
         group = spec.n_heads // spec.n_kv_heads
-        atomic = dq_atomic(spec.block_d, spec.deterministic, longest, kv_programs, group, sm_count)
+        causal = spec.window_right == 0
+        atomic = dq_atomic(spec.block_d, spec.deterministic, longest, causal, kv_programs, group, sm_count)
     # Without atomics the dK/dV kernel's dQ accumulator argument is only a stand-in (dK, which it
     # overwrites anyway).
     dq_accum = torch.empty(_dq_accum_shape(spec, q.shape[0]), dtype=torch.float32, device=device) if atomic else dk
