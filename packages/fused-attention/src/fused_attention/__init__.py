@@ -3,6 +3,8 @@
 Public API (fp16/bf16, head dims 16, 32, 64, 80, 96, 128, 160, 192, 256):
 - flash_attention(q, k, v, causal, softmax_scale, alibi_slopes, window_size, return_lse, layout)
 - flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+- flash_attention_qkvpacked(qkv, n_kv_heads, causal, ...): q, k, v packed in one (B, S, H + 2 H_kv, D)
+  tensor (a fused qkv projection's output); the backward writes the packed gradient directly
 - alibi_slopes(n_heads): the standard ALiBi slopes
 - modules FlashAttention (no parameters) and MultiheadSelfAttention (q/k/v/out projections)
 """
@@ -10,15 +12,18 @@ Public API (fp16/bf16, head dims 16, 32, 64, 80, 96, 128, 160, 192, 256):
 from .alibi import alibi_slopes
 from .modules import FlashAttention, MultiheadSelfAttention
 from .ops.attention import FlashAttentionFunction, flash_attention, flash_attention_varlen
+from .ops.packed import FlashAttentionQKVPackedFunction, flash_attention_qkvpacked
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "FlashAttention",
     "FlashAttentionFunction",
+    "FlashAttentionQKVPackedFunction",
     "MultiheadSelfAttention",
     "alibi_slopes",
     "flash_attention",
+    "flash_attention_qkvpacked",
     "flash_attention_varlen",
     "__version__",
 ]

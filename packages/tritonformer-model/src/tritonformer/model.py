@@ -4,7 +4,9 @@ The same modules under the same names as `TorchTransformer`, so one state_dict l
 both; every computation runs in the kernel packages:
 
     linear layers           fused_gemm.Linear (bias and GELU/ReLU epilogues fused into fc1)
-    attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA)
+    attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA); without
+                            RoPE flash_attention_qkvpacked on the qkv projection's output, whose
+                            backward writes the packed gradient (no concatenation of dq, dk, dv)
     rotary embedding        fused_rope.apply_rotary_qk (q and k in one launch, rotate-half)
     SwiGLU MLP              fused_swiglu.swiglu_mlp (gate, up and activation in one kernel)
     norms                   fused_norm_xent.add_dropout_norm: residual add + dropout + norm
@@ -46,6 +48,7 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
     apis = [
         (fused_gemm, "Linear", "the linear layers"),
         (fused_attention, "flash_attention", "attention"),
+        (fused_attention, "flash_attention_qkvpacked", "attention on the packed qkv projection"),
         (fused_norm_xent, "add_dropout_norm", "the residual + dropout + norm of each block"),
         (fused_norm_xent, "LayerNorm" if config.norm == "layernorm" else "RMSNorm", "the norm parameters"),
         (fused_norm_xent, "cross_entropy", "the loss"),
@@ -105,17 +108,17 @@ class Attention(nn.Module):
         c = self.config
         B, S, _ = x.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
-        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, S, H*D), 2 x (B, S, Hkv*D)
-        q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)  # strided views of qkv
-        slopes = None
+        qkv = self.qkv(x).view(B, S, H + 2 * Hkv, D)  # query heads, then key heads, then value heads
         if c.position == "rope":
+            q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # strided (B, S, heads, D) views of qkv
             cos, sin = position
             # One launch for q and k; (B, H, S, D) views in, results keep the (B, S, H, D) memory.
             q, k = fused_rope.apply_rotary_qk(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H or Hkv, D) views
-        elif c.position == "alibi":
-            (slopes,) = position
-        y = fused_attention.flash_attention(q, k, v, causal=True, alibi_slopes=slopes, layout="bshd")  # (B, S, H, D)
+            y = fused_attention.flash_attention(q, k, v, causal=True, layout="bshd")  # (B, S, H, D)
+        else:
+            slopes = position[0] if c.position == "alibi" else None
+            y = fused_attention.flash_attention_qkvpacked(qkv, Hkv, causal=True, alibi_slopes=slopes)
         return self.proj(y.reshape(B, S, H * D))  # contiguous (B, S, H, D): a free reshape
 
 

@@ -34,6 +34,7 @@ from .._compat import (
     multiprocessor_count,
 )
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
+from . import configs
 from .configs import (
     KERNELS,
     PREPROCESS_WARPS,
@@ -41,6 +42,7 @@ from .configs import (
     autotuned_kernel,
     candidate_configs,
     config_of,
+    dq_accum_block,
     dq_atomic,
     length_class,
     preprocess_block_m,
@@ -129,6 +131,14 @@ def _dq_accum_strides(dq_accum: torch.Tensor, spec: AttentionSpec) -> Tuple[int,
     if spec.varlen:
         return 0, dq_accum.stride(0), dq_accum.stride(1)
     return dq_accum.stride(0), dq_accum.stride(1), dq_accum.stride(2)
+
+
+def _dq_accum_descriptor(dq_accum: torch.Tensor, spec: AttentionSpec, block_m: int) -> TensorDescriptor:
+    """The dense dQ accumulator as (B * H, D, S_q) for the dK/dV kernel's bulk reduce-adds (DQ_TMA):
+    the copy engine drops what falls past the head dim and the sequence (the padding included)."""
+    batch, heads, dim, padded = dq_accum.shape
+    shape = [batch * heads, dim, spec.max_seqlen_q]
+    return TensorDescriptor(dq_accum, shape, [dim * padded, padded, 1], dq_accum_block(spec.block_d, block_m))
 
 
 def _lse_strides(lse: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int]:
@@ -252,21 +262,26 @@ class _Launch:
 
 class _MainLaunch(NamedTuple):
     """A main kernel's launch, and the TMA descriptor templates its two streamed tensors become
-    (None: they are passed as plain pointers, which the kernel ignores)."""
+    (None: they are passed as plain pointers, which the kernel ignores). The dK/dV kernel takes
+    one more tensor after them, the dQ accumulator: as a descriptor of `accumulator`'s template
+    with DQ_TMA, otherwise as the tensor itself (unused without DQ_ATOMIC)."""
 
     launch: _Launch
     descriptors: Optional[Tuple[TensorDescriptor, TensorDescriptor]]
+    accumulator: Optional[TensorDescriptor] = None
 
-    def __call__(self, head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor]) -> None:
+    def __call__(self, head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], *accumulator: torch.Tensor) -> None:
         descriptors = self.descriptors
         if descriptors is not None:
             tiled = (descriptor_like(descriptors[0], tiled[0]), descriptor_like(descriptors[1], tiled[1]))
-        self.launch(*head, *tiled)
+        if self.accumulator is not None:
+            accumulator = (descriptor_like(self.accumulator, accumulator[0]),)
+        self.launch(*head, *tiled, *accumulator)
 
 
 def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
-                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple,
-                 atomic: bool = False) -> _MainLaunch:  # fmt: skip
+                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple, atomic: bool = False,
+                 dq_accum: Optional[torch.Tensor] = None) -> _MainLaunch:  # fmt: skip
     """The plan of main kernel `kind` for this call, after launching it once.
 
     config None: the candidates of `configs.candidate_configs` (TMA ones on Hopper), the
@@ -274,12 +289,9 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
     keeps the winner. n_rows positions (split in blocks) x n_row_groups (batch x heads)
     programs. `head` are the tensor arguments before the descriptor pair, `tiled` the two
     tensors the inner loop streams (K, V; or Q, dO for dK/dV), `ints` the arguments after them
-    up to the constexprs. atomic: the dK/dV kernel's DQ_ATOMIC.
+    up to the constexprs. atomic: the dK/dV kernel's DQ_ATOMIC; dq_accum: its accumulator
+    argument (the dK/dV kernel only).
     """
-    constexprs = _main_constexprs(spec)
-    if kind == "dkdv":
-        constexprs += (atomic,)
-    constexprs += (UPCAST_DOTS,)
     if config is None:
         candidates = candidate_configs(kind, spec.block_d, _tma_by_default(head[0].device))
     else:
@@ -290,7 +302,12 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
             raise ValueError(f"{config} asks for TMA, but these tensors cannot be described by TMA descriptors")
         candidates = candidate_configs(kind, spec.block_d, False)
     tma = heads_outer is not None
-    constexprs += (bool(heads_outer),)
+    reduce_tma = atomic and tma and configs.DQ_REDUCE_TMA and not spec.varlen
+    constexprs = _main_constexprs(spec)
+    if kind == "dkdv":
+        constexprs += (atomic, reduce_tma)
+    constexprs += (UPCAST_DOTS, bool(heads_outer))
+    accumulator = () if dq_accum is None else (dq_accum,)
     compiled = None
     if len(candidates) > 1:
         # The autotuner's pre-hook gives the descriptors each config's block shape.
@@ -298,20 +315,24 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
         seq_class = length_class(max(spec.max_seqlen_q, spec.max_seqlen_k))
         autotuned = autotuned_kernel(kind, spec.block_d, tma, seq_class)
         streamed = tuple(_descriptor(t, spec, 16) for t in tiled) if tma else tiled
+        reduced = (_dq_accum_descriptor(dq_accum, spec, 16),) if reduce_tma else accumulator
         compiled = autotuned[lambda meta: (-(-n_rows // meta[block]) * n_row_groups,)](
-            *head, *streamed, *ints, *constexprs
+            *head, *streamed, *reduced, *ints, *constexprs
         )
         config = config_of(autotuned.best_config)
     else:
         config = candidates[0]
     templates = tuple(_descriptor(t, spec, getattr(config, _DESCRIPTOR_ROWS[kind])) for t in tiled) if tma else None
-    for template in templates or ():
-        template.base = None  # each call's copy gets its own tensor; the plan must not keep this one alive
+    accumulator_template = _dq_accum_descriptor(dq_accum, spec, config.block_m) if reduce_tma else None
+    for template in (*(templates or ()), accumulator_template):
+        if template is not None:
+            template.base = None  # each call's copy gets its own tensor; the plan must not keep this one alive
     grid = (-(-n_rows // getattr(config, _ROW_BLOCK[kind])) * n_row_groups,)
     trailing = (*ints, *constexprs, config.block_m, config.block_n, config.use_tma)
-    main = _MainLaunch(_Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages), templates)
+    launch = _Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages)
+    main = _MainLaunch(launch, templates, accumulator_template)
     if compiled is None:
-        main(head, tiled)
+        main(head, tiled, *accumulator)
     else:
         main.launch.direct = direct_launcher(compiled)
     return main
@@ -398,15 +419,23 @@ def attention_bwd(
     spec: AttentionSpec,
     dkdv_config: Optional[KernelConfig] = None,
     dq_config: Optional[KernelConfig] = None,
+    grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout. Deterministic (no atomics)
-    when spec.deterministic or under torch.use_deterministic_algorithms(True)."""
+    """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout, or written into `grads`
+    (tensors of q's, k's and v's shapes and dtypes, unit-stride head dim: e.g. views of one packed
+    gradient). Deterministic (no atomics) when spec.deterministic or under
+    torch.use_deterministic_algorithms(True)."""
     if not spec.deterministic and torch.are_deterministic_algorithms_enabled():
         spec = spec._replace(deterministic=True)
     device = q.device
-    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+    if grads is None:
+        dq = torch.empty(q.shape, dtype=q.dtype, device=device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+        grad_strides = None
+    else:
+        dq, dk, dv = grads
+        grad_strides = (dq.stride(), dk.stride(), dv.stride())
     if dq.numel() == 0 and dk.numel() == 0:
         return dq, dk, dv
     delta = torch.empty_like(lse)  # the kernels index delta with the LSE's strides
@@ -416,8 +445,8 @@ def attention_bwd(
     key = (
         "bwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), lse.stride(), q.shape[0],
         k.shape[0], None if dlse is None else dlse.stride(), None if alibi_slopes is None else alibi_slopes.stride(),
-        _aligned(q, k, v, do, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k), device, current_device_index(),
-        dkdv_config, dq_config,
+        _aligned(q, k, v, do, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *(grads or ())), device,
+        current_device_index(), dkdv_config, dq_config, grad_strides,
     )  # fmt: skip
     plan = _PLANS.get(key)
     if plan is not None:
@@ -441,7 +470,7 @@ def attention_bwd(
     if plan.pre is not None:
         plan.pre(*pre_args)
     if plan.dkdv is not None:
-        plan.dkdv(dkdv_head, (q, do))
+        plan.dkdv(dkdv_head, (q, do), dq_accum)
     if plan.post is not None:
         if atomic:
             plan.post(dq_accum, dq, cu_seqlens_q)
@@ -493,8 +522,9 @@ def _backward_plan(
             *lse_and_slope_strides, spec.n_kv_heads, group, *options,
         )  # fmt: skip
         dkdv = _main_launch(
-            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints, atomic
-        )
+            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints,
+            atomic, dq_accum,
+        )  # fmt: skip
     if has_queries and atomic:
         post = _Launch(
             _attn_bwd_dq_convert_kernel, rows_grid,
