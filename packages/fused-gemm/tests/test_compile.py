@@ -118,17 +118,20 @@ def test_portable_kernel_compiles(config, variant, dtype, even_k, tf32, arch):
     )
 
 
-# TMA kernel launch variants: flags, A_TRANS, B_TRANS, C_TRANS, BATCHED.
+# TMA kernel launch variants: flags, A_TRANS, B_TRANS, C_TRANS, BATCHED, SPLIT_OUT (c: the fp32
+# split-K workspace, 3-D).
 TMA_VARIANTS = {
-    "fwd-linear-weight": (_flags(), False, True, False, False),
-    "fwd-linear-weight-bias-gelu-z": (_flags(bias=True, activation=GELU, z=True), False, True, False, False),
-    "fwd-bias-relu": (_flags(bias=True, activation=RELU), False, True, False, False),
-    "dx": (_flags(), False, False, False, False),
-    "dw": (_flags(), True, False, False, False),
-    "dw-transposed-out": (_flags(), True, False, True, False),
-    "bmm-fwd": (_flags(), False, False, False, True),
-    "bmm-fwd-bias-gelu-tanh-z": (_flags(bias=True, activation=GELU_TANH, z=True), False, False, False, True),
-    "bmm-db": (_flags(), True, False, True, True),
+    "fwd-linear-weight": (_flags(), False, True, False, False, False),
+    "fwd-linear-weight-bias-gelu-z": (_flags(bias=True, activation=GELU, z=True), False, True, False, False, False),
+    "fwd-bias-relu": (_flags(bias=True, activation=RELU), False, True, False, False, False),
+    "dx": (_flags(), False, False, False, False, False),
+    "dw": (_flags(), True, False, False, False, False),
+    "dw-transposed-out": (_flags(), True, False, True, False, False),
+    "dw-split-k": (_flags(), True, False, False, False, True),
+    "bmm-fwd": (_flags(), False, False, False, True, False),
+    "bmm-fwd-bias-gelu-tanh-z": (_flags(bias=True, activation=GELU_TANH, z=True), False, False, False, True, False),
+    "bmm-db": (_flags(), True, False, True, True, False),
+    "bmm-split-k": (_flags(), False, False, False, True, True),
 }
 # (config index, variant, dtype), sm_90: the headline configs on the forward and both backward
 # products, the two-programs-per-SM (ping-pong) configs on whole-tile and half-tile epilogues, the
@@ -143,6 +146,9 @@ TMA_CASES = [
     (5, "fwd-bias-relu", "bf16"),
     (6, "dw-transposed-out", "fp16"),
     (7, "bmm-db", "bf16"),
+    (0, "dw-split-k", "bf16"),
+    (4, "dw-split-k", "fp16"),
+    (6, "bmm-split-k", "bf16"),
 ]
 
 
@@ -159,22 +165,21 @@ def _tma_params():
 )
 @pytest.mark.parametrize("config, variant, dtype", list(_tma_params()))
 def test_tma_kernel_compiles(config, variant, dtype):
-    flags, a_trans, b_trans, c_trans, batched = TMA_VARIANTS[variant]
+    flags, a_trans, b_trans, c_trans, batched, split_out = TMA_VARIANTS[variant]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    lead = [1] if batched else []
 
-    def desc(block):
-        return f"tensordesc<{dtype}[{','.join(str(d) for d in lead + block)}]>"
+    def desc(block, dtype=dtype, three_d=batched):
+        return f"tensordesc<{dtype}[{','.join(str(d) for d in [1] * three_d + block)}]>"
 
-    halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"])
+    halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], split_out)
     c_cols = bn // 2 if halves else bn
     c_block = [c_cols, bm] if c_trans else [bm, c_cols]
     signature = {
         "a_desc": desc([bk, bm] if a_trans else [bm, bk]),
         "b_desc": desc([bn, bk] if b_trans else [bk, bn]),
-        "c_desc": desc(c_block),
+        "c_desc": desc(c_block, "fp32", True) if split_out else desc(c_block),
         "bias_ptr": f"*{dtype}",
-        "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32",
+        "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32", "SPLIT_K": "i32",
     }  # fmt: skip
     optional = {}
     if flags["STORE_Z"]:
@@ -192,6 +197,7 @@ def test_tma_kernel_compiles(config, variant, dtype):
             "B_TRANS": b_trans,
             "C_TRANS": c_trans,
             "BATCHED": batched,
+            "SPLIT_OUT": split_out,
             "UPCAST": False,
             "NUM_SMS": 132,
             **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS_PER_SM", "EPILOGUE_SPLIT")},
@@ -261,8 +267,8 @@ def test_the_sets_cover_every_value():
     variants = [TMA_VARIANTS[case[1]] for case in TMA_CASES]
     for name, values in _flags_values().items():
         assert {v[0][name] for v in variants} == values, name
-    for i in range(1, 5):
-        assert {v[i] for v in variants} == {True, False}, ("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED")[i - 1]
+    for i, name in enumerate(("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED", "SPLIT_OUT"), start=1):
+        assert {v[i] for v in variants} == {True, False}, name
     assert {case[2] for case in TMA_CASES} == {"bf16", "fp16"}
     assert {configs[case[0]]["PROGRAMS_PER_SM"] for case in TMA_CASES} == {1, 2}
     plain = [
@@ -272,10 +278,9 @@ def test_the_sets_cover_every_value():
     ]
     assert {configs[case[0]]["EPILOGUE_SPLIT"] for case in plain} == {True, False}, "split and whole plain epilogues"
     for index, variant, _ in TMA_CASES:
-        config, flags = configs[index], TMA_VARIANTS[variant][0]
-        smem = _tma_smem(
-            config, config["num_stages"], 2, splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"])
-        )
+        config, flags, split_out = configs[index], TMA_VARIANTS[variant][0], TMA_VARIANTS[variant][5]
+        halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], split_out)
+        smem = _tma_smem(config, config["num_stages"], 2, halves, 4 if split_out else 2)
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 

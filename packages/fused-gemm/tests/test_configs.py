@@ -1,5 +1,7 @@
 """The autotune candidates each problem gets after pruning (no kernel runs): what fits and what suits the size."""
 
+import pytest
+
 from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK
 from fused_gemm.kernels.configs import (
     GRAD_TILE,
@@ -12,6 +14,7 @@ from fused_gemm.kernels.configs import (
     grad_tile,
     interpreter_config,
     portable_configs,
+    split_k,
     tma_configs,
 )
 
@@ -113,3 +116,18 @@ def test_interpreter_tiles_follow_the_problem():
         and grad_tile(128, 512, interpreting=True)["BLOCK_N"] == 64
     )
     assert grad_tile(128, 512, interpreting=False) == GRAD_TILE
+
+
+@pytest.mark.parametrize(
+    "shape, expected",
+    [
+        ((1, 1024, 1024, 16384), 2),  # a 1024x1024 weight gradient over 16k tokens: 64 tiles for 132 SMs
+        ((1, 3072, 1024, 16384), 2),  # 192 tiles: 1.45 waves
+        ((1, 4096, 1024, 16384), 1),  # 256 tiles: 0.97 of two waves
+        ((1, 1024, 1024, 2048), 1),  # too shallow to split
+        ((1, 16384, 1024, 1024), 1),  # a forward: many tiles
+        ((1, 7, 7, 100000), 1),  # one tile: a split would leave the GPU as empty
+    ],
+)
+def test_split_k_choice(shape, expected):
+    assert split_k(*shape, sms=132) == expected

@@ -23,7 +23,7 @@ from fused_gemm.reference import activation_reference
 pytestmark = pytest.mark.kernels
 
 # A_TRANS, B_TRANS, C_TRANS, BATCHED in a TMA plan's kernel arguments (ops.launch._tma_plan).
-LAYOUT = slice(7, 11)
+LAYOUT = slice(8, 12)
 
 
 def _matrix(batch, rows, cols, transposed, device, dtype, scale=1.0):
@@ -87,6 +87,32 @@ def test_both_kernels_on_every_layout_and_option(case, path, device):
     assert_close_to_reference(c, ref[0], low[0], name="c")
     if with_z:
         assert_close_to_reference(z, ref[1], low[1], name="z")
+
+
+SPLIT_CASES = [
+    # name: batch, m, k, a_t, c_t, split
+    ("dw-3-slices-ragged", 1, 40, 100, True, False, 3),
+    ("bmm-2-slices-transposed-out", 2, 37, 64, False, True, 2),
+    ("more-slices-than-k-steps", 1, 20, 32, False, False, 4),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_split_k(case, device):
+    """The TMA kernel with K in slices (fp32 partial sums, added by the launcher): slices of unequal
+    depth (K = 100 in steps of 16 when interpreting: 3 + 3 + 1), batches, a transposed output,
+    and more slices than K steps (empty slices add zeros)."""
+    if not supports_tma(torch.device(device)):
+        pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
+    _, batch, m, k, a_t, c_t, split = case
+    n, dtype = 24, torch.bfloat16
+    a = _matrix(batch, m, k, a_t, device, dtype)
+    b = _matrix(batch, k, n, False, device, dtype, scale=k**-0.5)
+    with poisoned_allocations():
+        c = _empty_matrix(batch, m, n, c_t, device, dtype)
+        assert launch_matmul(a, b, c, path="tma", split=split) == "tma"
+    ref = torch.bmm(a.double(), b.double())
+    assert_close_to_reference(c, ref, torch.bmm(a, b), name="c")
 
 
 def _grad_contract(dy, saved, activation, dtype):

@@ -28,7 +28,7 @@ from .._compat import INTERPRETING, max_shared_memory
 
 # Autotune keys: the problem size and every constexpr that changes the work per tile.
 PORTABLE_KEY = ["M", "N", "K", "HAS_BIAS", "ACTIVATION", "STORE_Z", "ALLOW_TF32"]
-TMA_KEY = ["M", "N", "K", "BATCH", "HAS_BIAS", "ACTIVATION", "STORE_Z", "A_TRANS", "B_TRANS", "C_TRANS"]
+TMA_KEY = ["M", "N", "K", "BATCH", "SPLIT_K", "HAS_BIAS", "ACTIVATION", "STORE_Z", "A_TRANS", "B_TRANS", "C_TRANS"]
 
 # Output elements from which 128x128 tiles fill 132 SMs four times over: only large tiles compete.
 LARGE_PROBLEM = 4 * 132 * 128 * 128
@@ -100,31 +100,34 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     ]
 
 
-def splits_epilogue(meta: Dict, activation, store_z) -> bool:
+def splits_epilogue(meta: Dict, activation, store_z, split_out=False) -> bool:
     """The TMA kernel's epilogue works in two halves of BLOCK_N / 2 columns (kernels.matmul_tma):
-    with an activation or z, or where the config asks for it (EPILOGUE_SPLIT)."""
-    return bool(meta["EPILOGUE_SPLIT"] or activation or store_z)
+    with an activation or z, for fp32 split-K partials (whose whole-tile staging buffer would not
+    leave room for three 128x256 operand stages), or where the config asks for it (EPILOGUE_SPLIT)."""
+    return bool(meta["EPILOGUE_SPLIT"] or activation or store_z or split_out)
 
 
-def tma_block_shapes(meta: Dict, a_trans, b_trans, c_trans, batched, halves):
+def tma_block_shapes(meta: Dict, a_trans, b_trans, c_trans, batched, halves, split_out=False):
     """Block shapes of the a, b and c (and z) descriptors for a config's tile (`meta`): transposed
-    operands are described in memory order; 3-D (batched) ones lead with a unit batch dim; a split
-    epilogue (`halves`) stores halves of BLOCK_N columns."""
+    operands are described in memory order; 3-D (batched) ones lead with a unit batch dim, and so
+    does c when it is a split-K workspace (`split_out`); a split epilogue (`halves`) stores halves
+    of BLOCK_N columns."""
     block_m, block_n, block_k = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
     lead = [1] if batched else []
+    c_lead = [1] if batched or split_out else []
     c_cols = block_n // 2 if halves else block_n
     return (
         lead + ([block_k, block_m] if a_trans else [block_m, block_k]),
         lead + ([block_n, block_k] if b_trans else [block_k, block_n]),
-        lead + ([c_cols, block_m] if c_trans else [block_m, c_cols]),
+        c_lead + ([c_cols, block_m] if c_trans else [block_m, c_cols]),
     )
 
 
 def set_tma_block_shapes(nargs: Dict) -> None:
     """Autotune pre-hook: give each tensor descriptor the block shape of the config being run."""
-    halves = splits_epilogue(nargs, nargs["ACTIVATION"], nargs["STORE_Z"])
+    halves = splits_epilogue(nargs, nargs["ACTIVATION"], nargs["STORE_Z"], nargs["SPLIT_OUT"])
     a_block, b_block, c_block = tma_block_shapes(
-        nargs, nargs["A_TRANS"], nargs["B_TRANS"], nargs["C_TRANS"], nargs["BATCHED"], halves
+        nargs, nargs["A_TRANS"], nargs["B_TRANS"], nargs["C_TRANS"], nargs["BATCHED"], halves, nargs["SPLIT_OUT"]
     )
     nargs["a_desc"].block_shape = a_block
     nargs["b_desc"].block_shape = b_block
@@ -169,9 +172,10 @@ def _portable_smem(kw: Dict, num_stages: int, element_size: int) -> int:
     return num_stages * (kw["BLOCK_M"] + kw["BLOCK_N"]) * kw["BLOCK_K"] * element_size
 
 
-def _tma_smem(kw: Dict, num_stages: int, element_size: int, half_tile_epilogue: bool) -> int:
-    """Operand stages and the epilogue's staging buffer: the output tile, or half of it."""
-    staging = kw["BLOCK_M"] * kw["BLOCK_N"] * element_size // (2 if half_tile_epilogue else 1)
+def _tma_smem(kw: Dict, num_stages: int, element_size: int, half_tile_epilogue: bool, out_size: int = 0) -> int:
+    """Operand stages and the epilogue's staging buffer: the output tile, or half of it, in the
+    output's element size (out_size; default the operands', 4 for a split-K workspace)."""
+    staging = kw["BLOCK_M"] * kw["BLOCK_N"] * (out_size or element_size) // (2 if half_tile_epilogue else 1)
     return _portable_smem(kw, num_stages, element_size) + staging
 
 
@@ -241,10 +245,45 @@ def prune_tma_configs(configs, named_args, **kwargs):
     """early_config_prune of the TMA kernel."""
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
-    size, activation, store_z = a.element_size(), args["ACTIVATION"], args["STORE_Z"]
+    size, activation, store_z, split_out = a.element_size(), args["ACTIVATION"], args["STORE_Z"], args["SPLIT_OUT"]
+    out_size = args["c_desc"].base.element_size()
     return _prune(
-        configs, args["M"], args["N"], args["BATCH"],
-        lambda c: _tma_smem(c.kwargs, c.num_stages, size, splits_epilogue(c.kwargs, activation, store_z)),
+        configs, args["M"], args["N"], args["BATCH"] * args["SPLIT_K"],
+        lambda c: _tma_smem(
+            c.kwargs, c.num_stages, size, splits_epilogue(c.kwargs, activation, store_z, split_out), out_size
+        ),
         max_shared_memory(a.device),
         _tma_large_candidate,
     )  # fmt: skip
+
+
+# Split K (kernels.matmul_tma): only for problems with fewer output tiles than two waves of
+# 128x128 tiles, and only while each slice keeps SPLIT_K_MIN_DEPTH of K (32 steps of 64: the
+# operand pipeline stays full). Each extra slice costs an fp32 partial tile written and read back
+# (SPLIT_K_COST of the score per slice), so a split must raise the wave efficiency by more.
+SPLIT_K_MAX = 8
+SPLIT_K_MIN_DEPTH = 2048
+SPLIT_K_COST = 0.03
+
+
+def _wave_efficiency(items: int, slots: int) -> float:
+    """Busy fraction of `slots` parallel workers over the waves that `items` equal work items take."""
+    return items / (-(-items // slots) * slots)
+
+
+def split_k(batch: int, m: int, n: int, k: int, sms: int) -> int:
+    """How many K slices a plain matmul's output tiles are split into (1: none). Measured as wave
+    efficiency of 128x128 tiles over the SMs: a 1024x1024 weight gradient over 16k tokens has 64
+    tiles for 132 SMs (0.48) and splits in 2 (0.97); a 3072x1024 one, 192 tiles (0.73), in 2 too;
+    4096x1024 (256 tiles, 0.97) does not."""
+    tiles = batch * -(-m // 128) * -(-n // 128)
+    if tiles >= 2 * sms:
+        return 1
+    best, best_score = 1, _wave_efficiency(tiles, sms)
+    for split in range(2, SPLIT_K_MAX + 1):
+        if k < split * SPLIT_K_MIN_DEPTH:
+            break
+        score = _wave_efficiency(tiles * split, sms) - SPLIT_K_COST * (split - 1)
+        if score > best_score:
+            best, best_score = split, score
+    return best

@@ -11,11 +11,12 @@ tile's loads are in flight while this tile's epilogue runs, and the epilogue's T
 behind the next tile's math. Out-of-bounds TMA reads return zeros (the K tail needs no mask),
 and stores clip.
 
-Epilogue in two halves of BLOCK_N / 2 columns when there is an activation or z to store, or the
-config asks for it (EPILOGUE_SPLIT; configs.splits_epilogue): the accumulator is split in
-registers (no data movement), each half's bias, activation, casts and stores hold half the live
-registers of a whole-tile epilogue (a 128x256 GELU epilogue with z saved spilled at 255 registers
-when done at once: 246, no spills, in halves), the c and z descriptors' blocks are
+Epilogue in two halves of BLOCK_N / 2 columns when there is an activation or z to store, fp32
+split-K partials, or the config asks for it (EPILOGUE_SPLIT; configs.splits_epilogue): the
+accumulator is split in registers (no data movement), each half's bias, activation, casts and
+stores hold half the live registers of a whole-tile epilogue (a 128x256 GELU epilogue with z
+saved spilled at 255 registers when done at once: 246, no spills, in halves), the c and z
+descriptors' blocks are
 (BLOCK_M, BLOCK_N / 2), and the staging buffer that every store of the tile reuses is half as
 large. A plain epilogue otherwise stores its whole tile at once: one wait on the staging buffer
 per tile instead of two.
@@ -30,6 +31,11 @@ through shared memory before every batched store).
 
 HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers. UPCAST: interpreter
 only (fp32 dot operands, rounded bf16 casts, no inline PTX).
+
+Split K (SPLIT_K > 1 with SPLIT_OUT; plain products only, configs.split_k): a problem with too few
+output tiles to fill the GPU (a weight gradient, whose output is a weight and whose K is every
+token) walks SPLIT_K work items per tile, each over a slice of K, storing fp32 partial sums that
+the launcher adds up: no atomics, so the result does not depend on the order programs finish.
 """
 
 import triton
@@ -71,10 +77,11 @@ def _store_tile(desc, batch, off_0, off_1, tile, TRANS: tl.constexpr, BATCHED: t
 
 
 @triton.jit
-def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N, HAS_BIAS: tl.constexpr,
+def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N, HAS_BIAS: tl.constexpr,
               ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr,
-              UPCAST: tl.constexpr):  # fmt: skip
-    """Bias, activation, casts and stores of the (BLOCK_M, acc.shape[1]) output tile at (off_m, off_n).
+              C_BATCHED: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """Bias, activation, casts and stores of the (BLOCK_M, acc.shape[1]) output tile at (off_m, off_n)
+    (c's batch index c_batch: with SPLIT_OUT, a split's partial-sum slice).
 
     z is stored before the activation is computed, so that the activation's math overlaps the
     TMA engine's read of the staging buffer (which the next store reuses).
@@ -84,14 +91,14 @@ def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N
     if STORE_Z:
         _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
     y = _activation(z, ACTIVATION, UPCAST, False)  # 16-bit results only
-    _store_tile(c_desc, batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, BATCHED)
+    _store_tile(c_desc, c_batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, C_BATCHED)
 
 
 @triton.autotune(
     configs=tma_configs(), key=TMA_KEY, prune_configs_by={"early_config_prune": prune_tma_configs}, **AUTOTUNE_TIMING
 )
 # Sizes only reach the descriptors' bounds and the tile walk: unspecialized, one compile serves every shape.
-@triton.jit(do_not_specialize=["M", "N", "K", "BATCH"])
+@triton.jit(do_not_specialize=["M", "N", "K", "BATCH", "SPLIT_K"])
 def _matmul_tma_kernel(
     a_desc,
     b_desc,
@@ -103,6 +110,7 @@ def _matmul_tma_kernel(
     N,
     K,
     BATCH,
+    SPLIT_K,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     STORE_Z: tl.constexpr,
@@ -110,6 +118,7 @@ def _matmul_tma_kernel(
     B_TRANS: tl.constexpr,
     C_TRANS: tl.constexpr,
     BATCHED: tl.constexpr,
+    SPLIT_OUT: tl.constexpr,
     UPCAST: tl.constexpr,
     NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -124,14 +133,23 @@ def _matmul_tma_kernel(
     tiles_per_batch = num_pid_m * num_pid_n
     num_tiles = BATCH * tiles_per_batch
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
+    # Split K (SPLIT_K > 1, with SPLIT_OUT): each output tile is SPLIT_K work items, one per slice of
+    # the K steps, whose partial sums go to slice `split` of c, an fp32 (SPLIT_K x BATCH, M, N)
+    # workspace that the launcher sums. Split-major order: the programs running side by side work
+    # on the same K slice of neighbouring tiles, sharing operand tiles in L2 as without a split.
+    k_steps = tl.cdiv(k_tiles, SPLIT_K)
+    for work in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
+        split = work // num_tiles
+        tile_id = work % num_tiles
         batch = tile_id // tiles_per_batch
         pid_m, pid_n = _grouped_tile(tile_id % tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        c_batch = split * BATCH + batch if SPLIT_OUT else batch
+        k_first = split * k_steps
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
+        for ki in range(k_first, tl.minimum(k_first + k_steps, k_tiles)):
             off_k = ki * BLOCK_K
             a = _load_tile(a_desc, batch, off_m, off_k, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
             b = _load_tile(b_desc, batch, off_k, off_n, BLOCK_K, BLOCK_N, B_TRANS, BATCHED)
@@ -140,13 +158,13 @@ def _matmul_tma_kernel(
             else:
                 acc = tl.dot(a, b, acc)
 
-        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z:
+        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or SPLIT_OUT:
             # Two halves of BLOCK_N / 2 columns (configs.splits_epilogue; the module docstring).
             acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N,
-                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, UPCAST)  # fmt: skip
-            _epilogue(acc_1, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n + BLOCK_N // 2, N,
-                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, UPCAST)  # fmt: skip
+            _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
+            _epilogue(acc_1, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n + BLOCK_N // 2, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
         else:
-            _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, off_m, off_n, N,
-                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, UPCAST)  # fmt: skip
+            _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip

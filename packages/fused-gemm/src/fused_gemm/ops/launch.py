@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._compat import INTERPRETING, config_launch_kwargs, multiprocessor_count, supports_tma, tensor_descriptor
-from ..kernels.configs import grad_rows, grad_tile, interpreter_config, splits_epilogue, tma_block_shapes
+from ..kernels.configs import grad_rows, grad_tile, interpreter_config, split_k, splits_epilogue, tma_block_shapes
 from ..kernels.grad import _activation_grad_kernel
 from ..kernels.matmul import _matmul_kernel
 from ..kernels.matmul_tma import _matmul_tma_kernel
@@ -88,19 +88,24 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, dtype, has_bias, activation, num_sms):
+def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, dtype, has_bias, activation, num_sms, split=1):
     """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
     portable kernel: a descriptor cannot have a zero-sized dim). The dtype is part of the key: the
-    autotuner may choose differently per dtype."""
+    autotuner may choose differently per dtype. split > 1: c is the split-K workspace, fp32
+    (split x batch, M, N) row-major."""
     element_size = dtype.itemsize
     batch, m, k = a_shape
     n = b_shape[2]
-    c_shape = (batch, m, n)
+    c_shape = (batch * split, m, n)
     if k == 0:
         return None
     layouts = [
-        _matrix_layout(shape, stride, element_size)
-        for shape, stride in ((a_shape, a_stride), (b_shape, b_stride), (c_shape, c_stride))
+        _matrix_layout(shape, stride, size)
+        for shape, stride, size in (
+            (a_shape, a_stride, element_size),
+            (b_shape, b_stride, element_size),
+            (c_shape, c_stride, 4 if split > 1 else element_size),
+        )
     ]
     if None in layouts:
         return None
@@ -109,14 +114,15 @@ def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, dtype, has_bias
     geometry = (
         _descriptor_geometry(a_shape, a_stride, a_trans, batched),
         _descriptor_geometry(b_shape, b_stride, b_trans, batched),
-        _descriptor_geometry(c_shape, c_stride, c_trans, batched),
+        _descriptor_geometry(c_shape, c_stride, c_trans, batched or split > 1),
     )
-    flags = (has_bias, activation, z, a_trans, b_trans, c_trans, batched)
-    return _Plan(geometry, (m, n, k, batch, *flags, INTERPRETING, num_sms))
+    flags = (has_bias, activation, z, a_trans, b_trans, c_trans, batched, split > 1)
+    return _Plan(geometry, (m, n, k, batch, split, *flags, INTERPRETING, num_sms))
 
 
-def tma_plan(a, b, c, z=None, bias=None, activation: int = 0) -> Optional[_Plan]:
-    """The TMA kernel's plan for these operands (z laid out like c), or None where it cannot run."""
+def tma_plan(a, b, c, z=None, bias=None, activation: int = 0, split: int = 1) -> Optional[_Plan]:
+    """The TMA kernel's plan for these operands (z laid out like c; with split > 1, c is the fp32
+    split-K workspace), or None where it cannot run."""
     if a.dtype not in TMA_DTYPES or not supports_tma(a.device):
         return None
     if a.data_ptr() % 16 or b.data_ptr() % 16 or c.data_ptr() % 16:
@@ -125,13 +131,14 @@ def tma_plan(a, b, c, z=None, bias=None, activation: int = 0) -> Optional[_Plan]
         return None
     return _tma_plan(
         a.shape, a.stride(), b.shape, b.stride(), c.stride(), z is not None, a.dtype, bias is not None, activation,
-        multiprocessor_count(a.device),
+        multiprocessor_count(a.device), split,
     )  # fmt: skip
 
 
 def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
     (a_shape, a_strides), (b_shape, b_strides), (c_shape, c_strides) = plan.geometry
-    m, n, k, batch, has_bias, activation, store_z, a_trans, b_trans, c_trans, batched, _, num_sms = plan.args
+    m, n, k, batch, split, *flags, _, num_sms = plan.args
+    has_bias, activation, store_z, a_trans, b_trans, c_trans, batched, split_out = flags
     bias_args = (bias, bias.stride(0)) if has_bias else (c, 0)
     if plan.tuned_for(_matmul_tma_kernel):
         a_block, b_block, c_block = plan.blocks
@@ -145,20 +152,20 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
         return
 
     def grid(meta):
-        tiles = batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
-        return (min(tiles, num_sms * meta["PROGRAMS_PER_SM"]),)
+        work = batch * split * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
+        return (min(work, num_sms * meta["PROGRAMS_PER_SM"]),)
 
     def blocks(meta):
-        halves = splits_epilogue(meta, activation, store_z)
-        return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves)
+        halves = splits_epilogue(meta, activation, store_z, split_out)
+        return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves, split_out)
 
     # Placeholder block shapes of the right rank: the autotuner's pre-hook sets each config's.
-    unit = [1] * len(a_shape)
+    unit, c_unit = [1] * len(a_shape), [1] * len(c_shape)
     _matmul_tma_kernel[grid](
         tensor_descriptor(a, a_shape, a_strides, unit),
         tensor_descriptor(b, b_shape, b_strides, unit),
-        tensor_descriptor(c, c_shape, c_strides, unit),
-        tensor_descriptor(z, c_shape, c_strides, unit) if store_z else None,
+        tensor_descriptor(c, c_shape, c_strides, c_unit),
+        tensor_descriptor(z, c_shape, c_strides, c_unit) if store_z else None,
         *bias_args, *plan.args,
     )  # fmt: skip
     plan.tune(_matmul_tma_kernel, grid, blocks)
@@ -206,6 +213,7 @@ def launch_matmul(
     z: Optional[torch.Tensor] = None,
     allow_tf32: bool = False,
     path: Optional[str] = None,
+    split: Optional[int] = None,
 ) -> str:
     """Compute c (written in place) from a and b; returns the kernel that ran: "tma", "portable", or
     "none" when c is empty.
@@ -213,12 +221,19 @@ def launch_matmul(
     a (batch, M, K), b (batch, K, N), c (batch, M, N): same dtype, any strides.
     bias: (N,); activation: kernels.common ACTIVATION code; z: laid out like c, receives the
     pre-activation acc + bias. path: None picks; "tma" / "portable" force one (tests), "tma"
-    raising where it cannot run.
+    raising where it cannot run. split: the TMA kernel's K slices for a plain product (None:
+    configs.split_k decides; tests force one).
     """
-    batch, m, _ = a.shape
-    if batch * m * b.shape[2] == 0:
+    batch, m, k = a.shape
+    n = b.shape[2]
+    if batch * m * n == 0:
         return "none"
     if path == "tma" or (path is None and not INTERPRETING):
+        plain = bias is None and not activation and z is None
+        if split is None:
+            split = split_k(batch, m, n, k, multiprocessor_count(a.device)) if plain and k else 1
+        if split > 1 and plain and _launch_split_tma(a, b, c, split):
+            return "tma"
         plan = tma_plan(a, b, c, z, bias, activation)
         if plan is not None:
             _launch_tma(plan, a, b, c, z, bias)
@@ -227,6 +242,20 @@ def launch_matmul(
             raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
     _launch_portable(a, b, c, z, bias, activation, allow_tf32)
     return "portable"
+
+
+def _launch_split_tma(a, b, c, split: int) -> bool:
+    """c = a @ b by the TMA kernel in `split` K slices: fp32 partial sums in a workspace, added up
+    and cast into c; False where the TMA kernel cannot run these operands."""
+    batch, m, _ = a.shape
+    n = b.shape[2]
+    workspace = torch.empty((split * batch, m, n), dtype=torch.float32, device=a.device)
+    plan = tma_plan(a, b, workspace, split=split)
+    if plan is None:
+        return False
+    _launch_tma(plan, a, b, workspace, None, None)
+    c.copy_(workspace.view(split, batch, m, n).sum(0))
+    return True
 
 
 @functools.lru_cache(maxsize=1024)
