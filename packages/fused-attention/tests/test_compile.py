@@ -4,8 +4,7 @@ A covering set, not the cross product: each kernel meets every autotune config o
 class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants, with descriptors in both
 dim orders), both dtypes, both architectures, each mask/bias/varlen specialization, and all nine
 head dims appear across the set; the dK/dV kernel compiles with and without its atomic dQ
-accumulation (DQ_ATOMIC) in each head-dim class and load path, with TMA (unless varlen) by bulk
-reduce-adds through a descriptor of the accumulator (DQ_TMA), as the launcher passes it.
+accumulation (DQ_ATOMIC) in each head-dim class and load path.
 """
 
 import itertools
@@ -23,7 +22,6 @@ from fused_attention.ops.configs import (
     PREPROCESS_BLOCK_M,
     PREPROCESS_WARPS,
     TMA_CONFIGS,
-    dq_accum_block,
 )
 
 pytestmark = pytest.mark.aot
@@ -99,11 +97,7 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
     kernel = KERNELS[kind]
     if kind == "dkdv":
         constexprs["DQ_ATOMIC"] = dq_atomic
-        constexprs["DQ_TMA"] = dq_atomic and tma and not is_varlen
     signature = {name: _type(name, dtype, descriptor) for name in kernel.arg_names if name not in constexprs}
-    if kind == "dkdv":
-        accumulator_block = ",".join(map(str, dq_accum_block(block_d, config.block_m)))
-        signature["dqa_desc"] = f"tensordesc<fp32[{accumulator_block}]>" if constexprs["DQ_TMA"] else "*fp32"
     compile_to_cubin(
         kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=config.num_warps,
         num_stages=config.num_stages,

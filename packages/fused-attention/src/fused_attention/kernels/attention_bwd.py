@@ -118,17 +118,13 @@ def _attn_bwd_preprocess_kernel(
 
 @triton.jit
 def _dkdv_update(
-    dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, dqa_desc, dqa_row, start_m, offs_m, offs_n, offs_d, seqlen_q,
-    seqlen_k, diag, window_left, window_right, qk_scale, slope2,
+    dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
+    window_right, qk_scale, slope2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, DQ_TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
-    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator: with DQ_TMA
-    by one bulk reduce-add of the tile through the accumulator's descriptor (row dqa_row of its
-    (batch x heads, dim, positions) view; the copy engine clips past the head dim and the sequence),
-    otherwise by per-element atomics at dqa_ptrs."""
+    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
     s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
     if ALIBI:
         s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
@@ -147,9 +143,7 @@ def _dkdv_update(
     dk = _dot_acc(ds_t, q, dk, UPCAST)
     if DQ_ATOMIC:
         dq_t = _dot(tl.trans(k), ds_t, UPCAST)  # [BLOCK_D, BLOCK_M]: (dS K)^T, the head dim as M
-        if DQ_TMA:
-            dqa_desc.atomic_add([dqa_row, 0, start_m], tl.reshape(dq_t, [1, dq_t.shape[0], dq_t.shape[1]]))
-        elif MASKED:
+        if MASKED:
             tl.atomic_add(dqa_ptrs, dq_t, mask=(offs_m[None, :] < seqlen_q) & (offs_d[:, None] < HEAD_DIM),
                           sem="relaxed")  # fmt: skip
         elif BLOCK_D != HEAD_DIM:
@@ -161,12 +155,12 @@ def _dkdv_update(
 
 @triton.jit
 def _dkdv_blocks(
-    dk, dv, k, v, q_base, do_base, dqa_rows, dqa_desc, dqa_row, lse_base, delta_base, q_desc, do_desc, desc_batch,
-    desc_row, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
+    dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
+    stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
     slope2, lo, hi, rotate,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-    DQ_TMA: tl.constexpr, ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block; with ROTATE the loop
     starts at block lo + rotate and wraps around. dqa_rows: [BLOCK_D, 1] pointers to this head's
@@ -200,9 +194,9 @@ def _dkdv_blocks(
             lse2 = tl.load(lse_base + rows) * LOG2E
             delta = tl.load(delta_base + rows)
         dk, dv = _dkdv_update(
-            dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], dqa_desc, dqa_row, start_m, rows, offs_n,
-            offs_d, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, HEAD_DIM, BLOCK_D,
-            MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, DQ_TMA, UPCAST,
+            dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d,
+            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, HEAD_DIM, BLOCK_D,
+            MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
 
@@ -211,7 +205,7 @@ def _dkdv_blocks(
 def _attn_bwd_dkdv_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_accum_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr,
-    cu_seqlens_k_ptr, q_desc, do_desc, dqa_desc,
+    cu_seqlens_k_ptr, q_desc, do_desc,
     # strides (batch, position, head); the head dim has unit stride. delta shares the LSE's strides.
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -226,8 +220,8 @@ def _attn_bwd_dkdv_kernel(
     n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, DQ_TMA: tl.constexpr,
-    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -295,31 +289,27 @@ def _attn_bwd_dkdv_kernel(
         q_base = q_ptr + batch64 * stride_qb + q_row0 * stride_qs + head64 * stride_qh
         do_base = do_ptr + batch64 * stride_dob + q_row0 * stride_dos + head64 * stride_doh
         dqa_rows = dq_accum_ptr + batch64 * stride_dqab + head64 * stride_dqah + q_row0 + dqa_dim_offs
-        dqa_row = batch * n_kv_heads * kv_group + head  # the head's row of dqa_desc (DQ_TMA)
         lse_base = lse_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         delta_base = delta_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
         if HAS_RIGHT:
             dk, dv = _dkdv_blocks(
-                dk, dv, k, v, q_base, do_base, dqa_rows, dqa_desc, dqa_row, lse_base, delta_base, q_desc, do_desc,
-                desc_batch, q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
-                window_right, qk_scale, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True,
-                HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, DQ_TMA, False,
-                USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                HAS_RIGHT, ALIBI, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, dqa_rows, dqa_desc, dqa_row, lse_base, delta_base, q_desc, do_desc,
-            desc_batch, q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
-            window_right, qk_scale, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False,
-            HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, DQ_TMA,
-            DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+            qk_scale, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+            ALIBI, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, dqa_rows, dqa_desc, dqa_row, lse_base, delta_base, q_desc, do_desc,
-            desc_batch, q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
-            window_right, qk_scale, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
-            HAS_RIGHT, ALIBI, DQ_ATOMIC, DQ_TMA, False,
-            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+            qk_scale, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
+            DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh

@@ -34,7 +34,7 @@ KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_b
 # What the best config depends on besides the tensor dtypes (which the autotuner adds itself).
 AUTOTUNE_KEY = {
     "fwd": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI"],
-    "dkdv": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "DQ_ATOMIC", "DQ_TMA"],
+    "dkdv": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "DQ_ATOMIC"],
     "dq": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI"],
 }
 # Arguments each timed autotune run must find zeroed: the dK/dV kernel adds into the fp32 dQ
@@ -57,14 +57,13 @@ DQ_ATOMIC = {64: True, 128: False, 256: False}
 # 512 0.879 / 0.918 ms, 1024 1.227 / 1.291, 2048 1.928 / 2.039, 4096 3.415 / 3.396 (a tie);
 # without a mask S = 2048 3.342 / 3.252. The interpreter's tiny shapes keep the atomic path, so
 # that the CPU tests cover both.
+# Tried and not kept (session 6, same setup): the dQ shares as bulk reduce-adds through a TMA
+# descriptor of the accumulator (`desc.atomic_add`) instead of per-element atomics. At 64 slower
+# than the atomics (causal S = 2048, B = 8, H = 16: 1.063 vs 1.048 ms; without a mask S = 4096:
+# 6.228 vs 5.937); at 128 much faster than the atomics (causal S = 4096: 3.376 vs 3.722) but not
+# than the dQ kernel (3.168), and level with it without a mask at S = 16384 (23.49 vs 23.64).
 DQ_ATOMIC_MIN_SEQLEN = 0 if INTERPRETING else 2048
 DQ_ATOMIC_MIN_SEQLEN_CAUSAL = 0 if INTERPRETING else 4096
-# Where the dK/dV kernel streams Q and dO through TMA (and the batch is not packed varlen), its dQ
-# shares reach the accumulator as bulk reduce-adds of whole tiles through a descriptor (DQ_TMA),
-# not as per-element atomics, which each need a 64-bit address register. Triton's interpreter has
-# no descriptor reduce (3.9: InterpreterBuilder lacks create_descriptor_reduce), so the interpreted
-# TMA configs keep the atomics; the GPU suite and the AOT compile test cover the reduce.
-DQ_REDUCE_TMA = not INTERPRETING
 
 
 @dataclass(frozen=True)
@@ -167,12 +166,6 @@ def dq_atomic(
     return 2 * kv_programs >= sm_count or group < 4
 
 
-def dq_accum_block(block_d: int, block_m: int) -> List[int]:
-    """Block of the dQ accumulator's descriptor: a dK/dV program's transposed dQ share of one
-    query block, [BLOCK_D, BLOCK_M], in the (batch x heads, dim, positions) view."""
-    return [1, block_d, block_m]
-
-
 def _descriptor_hook(names: Tuple[str, ...], block: str):
     """Autotune pre-hook: give the TMA descriptors the block shape of the config being launched."""
 
@@ -180,8 +173,6 @@ def _descriptor_hook(names: Tuple[str, ...], block: str):
         rows, block_d = nargs[block], nargs["BLOCK_D"]
         for name in names:
             nargs[name].block_shape = [1, 1, rows, block_d] if nargs["HEADS_OUTER"] else [1, rows, 1, block_d]
-        if nargs.get("DQ_TMA"):
-            nargs["dqa_desc"].block_shape = dq_accum_block(block_d, nargs["BLOCK_M"])
 
     return hook
 

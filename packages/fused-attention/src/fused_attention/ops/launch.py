@@ -34,7 +34,6 @@ from .._compat import (
     multiprocessor_count,
 )
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
-from . import configs
 from .configs import (
     KERNELS,
     PREPROCESS_WARPS,
@@ -42,7 +41,6 @@ from .configs import (
     autotuned_kernel,
     candidate_configs,
     config_of,
-    dq_accum_block,
     dq_atomic,
     length_class,
     preprocess_block_m,
@@ -131,14 +129,6 @@ def _dq_accum_strides(dq_accum: torch.Tensor, spec: AttentionSpec) -> Tuple[int,
     if spec.varlen:
         return 0, dq_accum.stride(0), dq_accum.stride(1)
     return dq_accum.stride(0), dq_accum.stride(1), dq_accum.stride(2)
-
-
-def _dq_accum_descriptor(dq_accum: torch.Tensor, spec: AttentionSpec, block_m: int) -> TensorDescriptor:
-    """The dense dQ accumulator as (B * H, D, S_q) for the dK/dV kernel's bulk reduce-adds (DQ_TMA):
-    the copy engine drops what falls past the head dim and the sequence (the padding included)."""
-    batch, heads, dim, padded = dq_accum.shape
-    shape = [batch * heads, dim, spec.max_seqlen_q]
-    return TensorDescriptor(dq_accum, shape, [dim * padded, padded, 1], dq_accum_block(spec.block_d, block_m))
 
 
 def _lse_strides(lse: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int]:
@@ -262,26 +252,21 @@ class _Launch:
 
 class _MainLaunch(NamedTuple):
     """A main kernel's launch, and the TMA descriptor templates its two streamed tensors become
-    (None: they are passed as plain pointers, which the kernel ignores). The dK/dV kernel takes
-    one more tensor after them, the dQ accumulator: as a descriptor of `accumulator`'s template
-    with DQ_TMA, otherwise as the tensor itself (unused without DQ_ATOMIC)."""
+    (None: they are passed as plain pointers, which the kernel ignores)."""
 
     launch: _Launch
     descriptors: Optional[Tuple[TensorDescriptor, TensorDescriptor]]
-    accumulator: Optional[TensorDescriptor] = None
 
-    def __call__(self, head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], *accumulator: torch.Tensor) -> None:
+    def __call__(self, head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor]) -> None:
         descriptors = self.descriptors
         if descriptors is not None:
             tiled = (descriptor_like(descriptors[0], tiled[0]), descriptor_like(descriptors[1], tiled[1]))
-        if self.accumulator is not None:
-            accumulator = (descriptor_like(self.accumulator, accumulator[0]),)
-        self.launch(*head, *tiled, *accumulator)
+        self.launch(*head, *tiled)
 
 
 def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
-                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple, atomic: bool = False,
-                 dq_accum: Optional[torch.Tensor] = None) -> _MainLaunch:  # fmt: skip
+                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple,
+                 atomic: bool = False) -> _MainLaunch:  # fmt: skip
     """The plan of main kernel `kind` for this call, after launching it once.
 
     config None: the candidates of `configs.candidate_configs` (TMA ones on Hopper), the
@@ -289,9 +274,12 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
     keeps the winner. n_rows positions (split in blocks) x n_row_groups (batch x heads)
     programs. `head` are the tensor arguments before the descriptor pair, `tiled` the two
     tensors the inner loop streams (K, V; or Q, dO for dK/dV), `ints` the arguments after them
-    up to the constexprs. atomic: the dK/dV kernel's DQ_ATOMIC; dq_accum: its accumulator
-    argument (the dK/dV kernel only).
+    up to the constexprs. atomic: the dK/dV kernel's DQ_ATOMIC.
     """
+    constexprs = _main_constexprs(spec)
+    if kind == "dkdv":
+        constexprs += (atomic,)
+    constexprs += (UPCAST_DOTS,)
     if config is None:
         candidates = candidate_configs(kind, spec.block_d, _tma_by_default(head[0].device))
     else:
@@ -302,12 +290,7 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
             raise ValueError(f"{config} asks for TMA, but these tensors cannot be described by TMA descriptors")
         candidates = candidate_configs(kind, spec.block_d, False)
     tma = heads_outer is not None
-    reduce_tma = atomic and tma and configs.DQ_REDUCE_TMA and not spec.varlen
-    constexprs = _main_constexprs(spec)
-    if kind == "dkdv":
-        constexprs += (atomic, reduce_tma)
-    constexprs += (UPCAST_DOTS, bool(heads_outer))
-    accumulator = () if dq_accum is None else (dq_accum,)
+    constexprs += (bool(heads_outer),)
     compiled = None
     if len(candidates) > 1:
         # The autotuner's pre-hook gives the descriptors each config's block shape.
@@ -315,24 +298,20 @@ def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig],
         seq_class = length_class(max(spec.max_seqlen_q, spec.max_seqlen_k))
         autotuned = autotuned_kernel(kind, spec.block_d, tma, seq_class)
         streamed = tuple(_descriptor(t, spec, 16) for t in tiled) if tma else tiled
-        reduced = (_dq_accum_descriptor(dq_accum, spec, 16),) if reduce_tma else accumulator
         compiled = autotuned[lambda meta: (-(-n_rows // meta[block]) * n_row_groups,)](
-            *head, *streamed, *reduced, *ints, *constexprs
+            *head, *streamed, *ints, *constexprs
         )
         config = config_of(autotuned.best_config)
     else:
         config = candidates[0]
     templates = tuple(_descriptor(t, spec, getattr(config, _DESCRIPTOR_ROWS[kind])) for t in tiled) if tma else None
-    accumulator_template = _dq_accum_descriptor(dq_accum, spec, config.block_m) if reduce_tma else None
-    for template in (*(templates or ()), accumulator_template):
-        if template is not None:
-            template.base = None  # each call's copy gets its own tensor; the plan must not keep this one alive
+    for template in templates or ():
+        template.base = None  # each call's copy gets its own tensor; the plan must not keep this one alive
     grid = (-(-n_rows // getattr(config, _ROW_BLOCK[kind])) * n_row_groups,)
     trailing = (*ints, *constexprs, config.block_m, config.block_n, config.use_tma)
-    launch = _Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages)
-    main = _MainLaunch(launch, templates, accumulator_template)
+    main = _MainLaunch(_Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages), templates)
     if compiled is None:
-        main(head, tiled, *accumulator)
+        main(head, tiled)
     else:
         main.launch.direct = direct_launcher(compiled)
     return main
@@ -470,7 +449,7 @@ def attention_bwd(
     if plan.pre is not None:
         plan.pre(*pre_args)
     if plan.dkdv is not None:
-        plan.dkdv(dkdv_head, (q, do), dq_accum)
+        plan.dkdv(dkdv_head, (q, do))
     if plan.post is not None:
         if atomic:
             plan.post(dq_accum, dq, cu_seqlens_q)
@@ -522,9 +501,8 @@ def _backward_plan(
             *lse_and_slope_strides, spec.n_kv_heads, group, *options,
         )  # fmt: skip
         dkdv = _main_launch(
-            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints,
-            atomic, dq_accum,
-        )  # fmt: skip
+            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints, atomic
+        )
     if has_queries and atomic:
         post = _Launch(
             _attn_bwd_dq_convert_kernel, rows_grid,
