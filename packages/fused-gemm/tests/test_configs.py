@@ -122,7 +122,7 @@ def test_interpreter_tiles_follow_the_problem():
     "shape, expected",
     [
         ((1, 1024, 1024, 16384), 2),  # a 1024x1024 weight gradient over 16k tokens: 64 tiles for 132 SMs
-        ((1, 3072, 1024, 16384), 2),  # 192 tiles: 1.45 waves
+        ((1, 3072, 1024, 16384), 1),  # 192 tiles: the autotuner's tiles do better unsplit (H100)
         ((1, 4096, 1024, 16384), 1),  # 256 tiles: 0.97 of two waves
         ((1, 1024, 1024, 2048), 1),  # too shallow to split
         ((1, 16384, 1024, 1024), 1),  # a forward: many tiles
