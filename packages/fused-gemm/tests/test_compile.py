@@ -200,19 +200,7 @@ def test_tma_kernel_compiles(config, variant, dtype):
             "SPLIT_OUT": split_out,
             "UPCAST": False,
             "NUM_SMS": 132,
-            **{
-                k: config[k]
-                for k in (
-                    "BLOCK_M",
-                    "BLOCK_N",
-                    "BLOCK_K",
-                    "GROUP_M",
-                    "PROGRAMS_PER_SM",
-                    "EPILOGUE_SPLIT",
-                    "FLATTEN",
-                    "WARP_SPECIALIZE",
-                )
-            },
+            **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS_PER_SM", "EPILOGUE_SPLIT")},
         },  # fmt: skip
         arch=90,
         num_warps=config["num_warps"],

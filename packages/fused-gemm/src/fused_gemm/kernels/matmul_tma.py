@@ -127,10 +127,6 @@ def _matmul_tma_kernel(
     GROUP_M: tl.constexpr,
     PROGRAMS_PER_SM: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr,
-    # Loop shape (configs.tma_configs): the flattened (tile, k) loop, and Triton's automatic warp
-    # specialization of it (a producer warp issuing the TMA loads).
-    FLATTEN: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -142,10 +138,7 @@ def _matmul_tma_kernel(
     # workspace that the launcher sums. Split-major order: the programs running side by side work
     # on the same K slice of neighbouring tiles, sharing operand tiles in L2 as without a split.
     k_steps = tl.cdiv(k_tiles, SPLIT_K)
-    for work in tl.range(
-        tl.program_id(0), num_tiles * SPLIT_K, NUM_SMS * PROGRAMS_PER_SM, flatten=FLATTEN,
-        warp_specialize=WARP_SPECIALIZE,
-    ):  # fmt: skip
+    for work in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
         split = work // num_tiles
         tile_id = work % num_tiles
         batch = tile_id // tiles_per_batch
