@@ -135,15 +135,16 @@ def _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpe
     return FlashAttentionFunction.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
 
 
-def _autocast_inputs(q, k, v):
-    """Under torch.autocast, fp32 q/k/v are cast to the autocast dtype (as SDPA is)."""
-    if isinstance(q, torch.Tensor) and q.dtype == torch.float32:
-        dtype = autocast_dtype(q.device.type)
+def _autocast_inputs(*tensors):
+    """Under torch.autocast, fp32 q/k/v (or a packed qkv) are cast to the autocast dtype (as SDPA is)."""
+    first = tensors[0]
+    if isinstance(first, torch.Tensor) and first.dtype == torch.float32:
+        dtype = autocast_dtype(first.device.type)
         if dtype in (torch.float16, torch.bfloat16):
             return tuple(
-                t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v)
+                t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in tensors
             )
-    return q, k, v
+    return tensors
 
 
 def _unit_stride_head_dim(t: torch.Tensor) -> torch.Tensor:

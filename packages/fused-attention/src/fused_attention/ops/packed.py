@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._compat import autocast_dtype, custom_bwd, custom_fwd, is_compiling
-from .attention import _dense_spec, flash_attention
+from .._compat import custom_bwd, custom_fwd, is_compiling
+from .attention import _autocast_inputs, _dense_spec, _unit_stride_head_dim, flash_attention
 from .launch import AttentionSpec, attention_bwd, attention_fwd
 
 
@@ -91,11 +91,8 @@ def flash_attention_qkvpacked(
     concatenation of dQ, dK and dV). Under torch.compile it traces as flash_attention on the views.
     """
     n_heads, n_kv_heads = _packed_heads(qkv, n_kv_heads)
-    dtype = autocast_dtype(qkv.device.type)
-    if qkv.dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16):
-        qkv = qkv.to(dtype)  # once for q, k and v (flash_attention casts each under autocast)
-    if qkv.stride(-1) != 1:
-        qkv = qkv.contiguous()
+    (qkv,) = _autocast_inputs(qkv)  # once for q, k and v
+    qkv = _unit_stride_head_dim(qkv)
     q, k, v = _unpack(qkv, n_heads, n_kv_heads)
     if is_compiling() or not (torch.is_grad_enabled() and qkv.requires_grad):
         return flash_attention(q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic)

@@ -20,6 +20,7 @@ the portable kernel two, of which the launcher picks one by the problem's size
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, List
 
 import triton
@@ -279,6 +280,7 @@ def _wave_efficiency(items: int, slots: int) -> float:
     return items / (-(-items // slots) * slots)
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every plain launch, from the problem's sizes only
 def split_k(batch: int, m: int, n: int, k: int, sms: int) -> int:
     """How many K slices a plain matmul's output tiles are split into (1: none), scored by the wave
     efficiency of 128x128 tiles over the SMs: a 1024x1024 weight gradient over 16k tokens has 64

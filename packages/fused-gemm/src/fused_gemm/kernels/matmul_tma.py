@@ -16,10 +16,9 @@ split-K partials, or the config asks for it (EPILOGUE_SPLIT; configs.splits_epil
 accumulator is split in registers (no data movement), each half's bias, activation, casts and
 stores hold half the live registers of a whole-tile epilogue (a 128x256 GELU epilogue with z
 saved spilled at 255 registers when done at once: 246, no spills, in halves), the c and z
-descriptors' blocks are
-(BLOCK_M, BLOCK_N / 2), and the staging buffer that every store of the tile reuses is half as
-large. A plain epilogue otherwise stores its whole tile at once: one wait on the staging buffer
-per tile instead of two.
+descriptors' blocks are (BLOCK_M, BLOCK_N / 2), and the staging buffer that every store of the
+tile reuses is half as large. A plain epilogue otherwise stores its whole tile at once: one wait
+on the staging buffer per tile instead of two.
 
 Layouts: a descriptor needs a unit stride in its last dim. A logical operand whose memory is
 the transpose (e.g. B = W^T when W is an nn.Linear weight, or A = dZ^T in dW = dZ^T X) is read

@@ -229,11 +229,11 @@ def launch_matmul(
     if batch * m * n == 0:
         return "none"
     if path == "tma" or (path is None and not INTERPRETING):
-        plain = bias is None and not activation and z is None
-        if split is None:
-            split = split_k(batch, m, n, k, multiprocessor_count(a.device)) if plain and k else 1
-        if split > 1 and plain and _launch_split_tma(a, b, c, split):
-            return "tma"
+        if bias is None and not activation and z is None:  # a plain product may split K
+            if split is None:
+                split = split_k(batch, m, n, k, multiprocessor_count(a.device))
+            if split > 1 and _launch_split_tma(a, b, c, split):
+                return "tma"
         plan = tma_plan(a, b, c, z, bias, activation)
         if plan is not None:
             _launch_tma(plan, a, b, c, z, bias)
