@@ -119,23 +119,42 @@ def test_portable_kernel_compiles(config, variant, dtype, even_k, tf32, arch):
 
 
 # TMA kernel launch variants: flags, A_TRANS, B_TRANS, C_TRANS, BATCHED, SPLIT_OUT (c: the fp32
-# split-K workspace, 3-D).
+# split-K workspace, 3-D), FP32_OUT (c in fp32: the workspace, or an fp32 parameter's gradient).
 TMA_VARIANTS = {
-    "fwd-linear-weight": (_flags(), False, True, False, False, False),
-    "fwd-linear-weight-bias-gelu-z": (_flags(bias=True, activation=GELU, z=True), False, True, False, False, False),
-    "fwd-bias-relu": (_flags(bias=True, activation=RELU), False, True, False, False, False),
-    "dx": (_flags(), False, False, False, False, False),
-    "dw": (_flags(), True, False, False, False, False),
-    "dw-transposed-out": (_flags(), True, False, True, False, False),
-    "dw-split-k": (_flags(), True, False, False, False, True),
-    "bmm-fwd": (_flags(), False, False, False, True, False),
-    "bmm-fwd-bias-gelu-tanh-z": (_flags(bias=True, activation=GELU_TANH, z=True), False, False, False, True, False),
-    "bmm-db": (_flags(), True, False, True, True, False),
-    "bmm-split-k": (_flags(), False, False, False, True, True),
+    "fwd-linear-weight": (_flags(), False, True, False, False, False, False),
+    "fwd-linear-weight-bias-gelu-z": (
+        _flags(bias=True, activation=GELU, z=True),
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ),
+    "fwd-bias-relu": (_flags(bias=True, activation=RELU), False, True, False, False, False, False),
+    "dx": (_flags(), False, False, False, False, False, False),
+    "dx-fp32-out": (_flags(), False, False, False, False, False, True),
+    "dw": (_flags(), True, False, False, False, False, False),
+    "dw-transposed-out": (_flags(), True, False, True, False, False, False),
+    "dw-fp32-transposed-out": (_flags(), True, False, True, False, False, True),
+    "dw-split-k": (_flags(), True, False, False, False, True, True),
+    "bmm-fwd": (_flags(), False, False, False, True, False, False),
+    "bmm-fwd-bias-gelu-tanh-z": (
+        _flags(bias=True, activation=GELU_TANH, z=True),
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+    ),
+    "bmm-db": (_flags(), True, False, True, True, False, False),
+    "bmm-split-k": (_flags(), False, False, False, True, True, True),
 }
 # (config index, variant, dtype), sm_90: the headline configs on the forward and both backward
 # products, the two-programs-per-SM (ping-pong) configs on whole-tile and half-tile epilogues, the
-# four-stage config's always-split epilogue on a plain (bmm) output.
+# four-stage config's always-split epilogue on a plain (bmm) output, fp32 outputs (split-K partials, an
+# fp32 parameter's gradient) on a whole-tile and a ping-pong config.
 TMA_CASES = [
     (0, "fwd-linear-weight", "bf16"),
     (0, "fwd-linear-weight-bias-gelu-z", "bf16"),
@@ -149,6 +168,8 @@ TMA_CASES = [
     (0, "dw-split-k", "bf16"),
     (4, "dw-split-k", "fp16"),
     (6, "bmm-split-k", "bf16"),
+    (0, "dw-fp32-transposed-out", "bf16"),
+    (4, "dx-fp32-out", "bf16"),
 ]
 
 
@@ -165,19 +186,19 @@ def _tma_params():
 )
 @pytest.mark.parametrize("config, variant, dtype", list(_tma_params()))
 def test_tma_kernel_compiles(config, variant, dtype):
-    flags, a_trans, b_trans, c_trans, batched, split_out = TMA_VARIANTS[variant]
+    flags, a_trans, b_trans, c_trans, batched, split_out, fp32_out = TMA_VARIANTS[variant]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
 
     def desc(block, dtype=dtype, three_d=batched):
         return f"tensordesc<{dtype}[{','.join(str(d) for d in [1] * three_d + block)}]>"
 
-    halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], split_out)
+    halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], fp32_out)
     c_cols = bn // 2 if halves else bn
     c_block = [c_cols, bm] if c_trans else [bm, c_cols]
     signature = {
         "a_desc": desc([bk, bm] if a_trans else [bm, bk]),
         "b_desc": desc([bn, bk] if b_trans else [bk, bn]),
-        "c_desc": desc(c_block, "fp32", True) if split_out else desc(c_block),
+        "c_desc": desc(c_block, "fp32" if fp32_out else dtype, batched or split_out),
         "bias_ptr": f"*{dtype}",
         "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32", "SPLIT_K": "i32",
     }  # fmt: skip
@@ -267,7 +288,7 @@ def test_the_sets_cover_every_value():
     variants = [TMA_VARIANTS[case[1]] for case in TMA_CASES]
     for name, values in _flags_values().items():
         assert {v[0][name] for v in variants} == values, name
-    for i, name in enumerate(("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED", "SPLIT_OUT"), start=1):
+    for i, name in enumerate(("A_TRANS", "B_TRANS", "C_TRANS", "BATCHED", "SPLIT_OUT", "FP32_OUT"), start=1):
         assert {v[i] for v in variants} == {True, False}, name
     assert {case[2] for case in TMA_CASES} == {"bf16", "fp16"}
     assert {configs[case[0]]["PROGRAMS_PER_SM"] for case in TMA_CASES} == {1, 2}
@@ -278,9 +299,9 @@ def test_the_sets_cover_every_value():
     ]
     assert {configs[case[0]]["EPILOGUE_SPLIT"] for case in plain} == {True, False}, "split and whole plain epilogues"
     for index, variant, _ in TMA_CASES:
-        config, flags, split_out = configs[index], TMA_VARIANTS[variant][0], TMA_VARIANTS[variant][5]
-        halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], split_out)
-        smem = _tma_smem(config, config["num_stages"], 2, halves, 4 if split_out else 2)
+        config, flags, fp32_out = configs[index], TMA_VARIANTS[variant][0], TMA_VARIANTS[variant][6]
+        halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], fp32_out)
+        smem = _tma_smem(config, config["num_stages"], 2, halves, 4 if fp32_out else 2)
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 

@@ -63,9 +63,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("path", ["portable", "tma"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_both_kernels_on_every_layout_and_option(case, path, device):
+def _run_case(case, path, device, out_dtype):
+    """One CASES entry on one kernel, c (and z) in out_dtype, against the float64 contract; the
+    bound is the contract in out_dtype's precision (bf16 operands upcast for an fp32 output)."""
     if path == "tma" and not supports_tma(torch.device(device)):
         pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
     _, batch, m, a_t, b_t, c_t, with_bias, activation, with_z = case
@@ -74,7 +74,7 @@ def test_both_kernels_on_every_layout_and_option(case, path, device):
     b = _matrix(batch, k, n, b_t, device, dtype, scale=k**-0.5)
     bias = torch.randn(n, device=device, dtype=dtype) if with_bias else None
     with poisoned_allocations():
-        c = _empty_matrix(batch, m, n, c_t, device, dtype)
+        c = _empty_matrix(batch, m, n, c_t, device, out_dtype)
         z = torch.empty_like(c) if with_z else None
     ran = launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES[activation], z=z, path=path)
     assert ran == path
@@ -83,10 +83,28 @@ def test_both_kernels_on_every_layout_and_option(case, path, device):
         return [t.to(dtype) if t is not None else None for t in (a, b, bias)]
 
     ref = _contract(*operands(torch.float64), activation)
-    low = _contract(*operands(dtype), activation)
+    low = _contract(*operands(out_dtype), activation)
     assert_close_to_reference(c, ref[0], low[0], name="c")
     if with_z:
         assert_close_to_reference(z, ref[1], low[1], name="z")
+
+
+@pytest.mark.parametrize("path", ["portable", "tma"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_both_kernels_on_every_layout_and_option(case, path, device):
+    _run_case(case, path, device, torch.bfloat16)
+
+
+FP32_OUT_CASES = [c for c in CASES if c[0] in ("fwd-bias", "dw", "dw-transposed-out", "bmm-db-transposed-out")]
+
+
+@pytest.mark.parametrize("path", ["portable", "tma"])
+@pytest.mark.parametrize("case", FP32_OUT_CASES, ids=[c[0] for c in FP32_OUT_CASES])
+def test_fp32_output_of_16_bit_operands(case, path, device):
+    """An fp32 c (an fp32 parameter's gradient under autocast) gets the accumulator uncast: held to
+    fp32's precision, which a bf16 rounding on the way would miss by far. The TMA kernel stages
+    an fp32 tile in halves."""
+    _run_case(case, path, device, torch.float32)
 
 
 SPLIT_CASES = [
@@ -110,9 +128,12 @@ def test_split_k(case, device):
     b = _matrix(batch, k, n, False, device, dtype, scale=k**-0.5)
     with poisoned_allocations():
         c = _empty_matrix(batch, m, n, c_t, device, dtype)
+        c32 = _empty_matrix(batch, m, n, c_t, device, torch.float32)
         assert launch_matmul(a, b, c, path="tma", split=split) == "tma"
+        assert launch_matmul(a, b, c32, path="tma", split=split) == "tma"  # summed without a cast
     ref = torch.bmm(a.double(), b.double())
     assert_close_to_reference(c, ref, torch.bmm(a, b), name="c")
+    assert_close_to_reference(c32, ref, torch.bmm(a.float(), b.float()), name="c fp32")
 
 
 def _grad_contract(dy, saved, activation, dtype):

@@ -160,16 +160,51 @@ def test_nan_propagates_like_torch(device):
     assert_close_to_reference(y, expected, matmul_reference(x, w, b, "relu"), name="y")
 
 
-def test_autocast_casts_like_f_linear(device):
-    """Under autocast, fp32 operands are cast to its dtype; parameters get fp32 gradients."""
-    x = torch.randn(20, 32, device=device)
+def _autograd_node_names(tensor):
+    """Names of every autograd node that produced `tensor`."""
+    names, stack, seen = [], [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_autocast_multiplies_like_f_linear_with_fp32_gradients(activation, device):
+    """Under autocast, fp32 operands are multiplied in its dtype, and the gradients of x, w and
+    bias come back in fp32, as close to the float64 reference as F.linear's under autocast."""
+    x = torch.randn(20, 32, device=device, requires_grad=True)
     w = _weight(24, 32, fan_in=32, device=device, dtype=torch.float32).requires_grad_()
     b = torch.randn(24, device=device, requires_grad=True)
+    dy = torch.randn(20, 24, device=device)
+    act = torch.nn.functional.gelu if activation else (lambda t: t)
     with torch.autocast(device, dtype=torch.bfloat16):
-        y = matmul(x, w.t(), b, "gelu")
-        expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+        y = matmul(x, w.t(), b, activation)
+        expected = act(torch.nn.functional.linear(x, w, b))
     assert y.dtype == expected.dtype == torch.bfloat16
-    y.float().sum().backward()
-    assert w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
-    reference = matmul_reference(x.double(), w.detach().double().t(), b.detach().double(), "gelu")
+    grads = torch.autograd.grad(y, (x, w, b), dy)
+    expected_grads = torch.autograd.grad(expected, (x, w, b), dy)
+    operands = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    reference = matmul_reference(operands[0], operands[1].t(), operands[2], activation)
+    reference_grads = torch.autograd.grad(reference, operands, dy.double())
     assert_close_to_reference(y, reference, expected, name="y")
+    for name, grad, ref, torch_grad in zip(NAMES, grads, reference_grads, expected_grads):
+        assert grad.dtype == torch.float32, name
+        assert_close_to_reference(grad, ref, torch_grad, name=f"d{name}")
+
+
+def test_autocast_gradients_need_no_cast_back(device):
+    """The fp32 parameters' gradients come from the kernels in fp32: no ToCopy (cast) node lies
+    between the matmul and the parameters, where F.linear under autocast has one per operand."""
+    x = torch.randn(20, 32, device=device)
+    w = torch.randn(24, 32, device=device, requires_grad=True)
+    b = torch.randn(24, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ours = _autograd_node_names(matmul(x, w.t(), b, "gelu"))
+        theirs = _autograd_node_names(torch.nn.functional.linear(x, w, b))
+    assert "ToCopyBackward0" in theirs  # the check below can see a cast node
+    assert "ToCopyBackward0" not in ours and ours.count("AccumulateGrad") == 2

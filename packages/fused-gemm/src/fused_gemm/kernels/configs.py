@@ -101,11 +101,12 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     ]
 
 
-def splits_epilogue(meta: Dict, activation, store_z, split_out=False) -> bool:
+def splits_epilogue(meta: Dict, activation, store_z, fp32_out=False) -> bool:
     """The TMA kernel's epilogue works in two halves of BLOCK_N / 2 columns (kernels.matmul_tma):
-    with an activation or z, for fp32 split-K partials (whose whole-tile staging buffer would not
-    leave room for three 128x256 operand stages), or where the config asks for it (EPILOGUE_SPLIT)."""
-    return bool(meta["EPILOGUE_SPLIT"] or activation or store_z or split_out)
+    with an activation or z, for an fp32 output (split-K partials, or a gradient written in an fp32
+    parameter's dtype: a whole fp32 tile's staging buffer would not leave room for three 128x256
+    operand stages), or where the config asks for it (EPILOGUE_SPLIT)."""
+    return bool(meta["EPILOGUE_SPLIT"] or activation or store_z or fp32_out)
 
 
 def tma_block_shapes(meta: Dict, a_trans, b_trans, c_trans, batched, halves, split_out=False):
@@ -126,7 +127,7 @@ def tma_block_shapes(meta: Dict, a_trans, b_trans, c_trans, batched, halves, spl
 
 def set_tma_block_shapes(nargs: Dict) -> None:
     """Autotune pre-hook: give each tensor descriptor the block shape of the config being run."""
-    halves = splits_epilogue(nargs, nargs["ACTIVATION"], nargs["STORE_Z"], nargs["SPLIT_OUT"])
+    halves = splits_epilogue(nargs, nargs["ACTIVATION"], nargs["STORE_Z"], nargs["c_desc"].base.element_size() == 4)
     a_block, b_block, c_block = tma_block_shapes(
         nargs, nargs["A_TRANS"], nargs["B_TRANS"], nargs["C_TRANS"], nargs["BATCHED"], halves, nargs["SPLIT_OUT"]
     )
@@ -252,12 +253,12 @@ def prune_tma_configs(configs, named_args, **kwargs):
     """early_config_prune of the TMA kernel."""
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
-    size, activation, store_z, split_out = a.element_size(), args["ACTIVATION"], args["STORE_Z"], args["SPLIT_OUT"]
+    size, activation, store_z = a.element_size(), args["ACTIVATION"], args["STORE_Z"]
     out_size = args["c_desc"].base.element_size()
     return _prune(
         configs, args["M"], args["N"], args["BATCH"] * args["SPLIT_K"],
         lambda c: _tma_smem(
-            c.kwargs, c.num_stages, size, splits_epilogue(c.kwargs, activation, store_z, split_out), out_size
+            c.kwargs, c.num_stages, size, splits_epilogue(c.kwargs, activation, store_z, out_size == 4), out_size
         ),
         max_shared_memory(a.device),
         _tma_large_candidate,

@@ -11,11 +11,12 @@ tile's loads are in flight while this tile's epilogue runs, and the epilogue's T
 behind the next tile's math. Out-of-bounds TMA reads return zeros (the K tail needs no mask),
 and stores clip.
 
-Epilogue in two halves of BLOCK_N / 2 columns when there is an activation or z to store, fp32
-split-K partials, or the config asks for it (EPILOGUE_SPLIT; configs.splits_epilogue): the
-accumulator is split in registers (no data movement), each half's bias, activation, casts and
-stores hold half the live registers of a whole-tile epilogue (a 128x256 GELU epilogue with z
-saved spilled at 255 registers when done at once: 246, no spills, in halves), the c and z
+Epilogue in two halves of BLOCK_N / 2 columns when there is an activation or z to store, an fp32
+output (split-K partials, or an fp32 parameter's gradient), or the config asks for it
+(EPILOGUE_SPLIT; configs.splits_epilogue): the accumulator is split in registers (no data
+movement), each half's bias, activation, casts and stores hold half the live registers of a
+whole-tile epilogue (a 128x256 GELU epilogue with z saved spilled at 255 registers when done at
+once: 246, no spills, in halves), the c and z
 descriptors' blocks are (BLOCK_M, BLOCK_N / 2), and the staging buffer that every store of the
 tile reuses is half as large. A plain epilogue otherwise stores its whole tile at once: one wait
 on the staging buffer per tile instead of two.
@@ -157,7 +158,7 @@ def _matmul_tma_kernel(
             else:
                 acc = tl.dot(a, b, acc)
 
-        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or SPLIT_OUT:
+        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or c_desc.dtype == tl.float32:
             # Two halves of BLOCK_N / 2 columns (configs.splits_epilogue; the module docstring).
             acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
             _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N,

@@ -64,19 +64,19 @@ def gemm_fwd_fake(a, b, bias, activation, save_z, allow_tf32):
     return _fwd_outputs(a, b, activation, save_z)
 
 
-def _bwd_outputs(dc: torch.Tensor, b: torch.Tensor, need_da: bool, need_db: bool):
-    """Gradient buffers (shapes from dc (batch, M, N) and b (batch, K, N)): db takes b's layout
-    (row-major, or the transpose of row-major as for an nn.Linear weight passed as weight.t()), so
-    the weight's .grad needs no copy."""
+def _bwd_outputs(dc: torch.Tensor, b: torch.Tensor, need_da: bool, need_db: bool, da_dtype, db_dtype):
+    """Gradient buffers (shapes from dc (batch, M, N) and b (batch, K, N)) in the given dtypes: db
+    takes b's layout (row-major, or the transpose of row-major as for an nn.Linear weight passed as
+    weight.t()), so the weight's .grad needs no copy."""
     batch, m, n = dc.shape
     k = b.shape[1]
-    da = torch.empty((batch, m, k), dtype=dc.dtype, device=dc.device) if need_da else _empty(dc)
+    da = torch.empty((batch, m, k), dtype=da_dtype, device=dc.device) if need_da else _empty(dc)
     if not need_db:
         return da, _empty(dc)
     if b.stride(1) == 1 and b.stride(2) != 1:
-        db = torch.empty((batch, n, k), dtype=b.dtype, device=b.device).transpose(1, 2)
+        db = torch.empty((batch, n, k), dtype=db_dtype, device=b.device).transpose(1, 2)
     else:
-        db = torch.empty((batch, k, n), dtype=b.dtype, device=b.device)
+        db = torch.empty((batch, k, n), dtype=db_dtype, device=b.device)
     return da, db
 
 
@@ -90,18 +90,24 @@ def gemm_bwd(
     need_db: bool,
     need_dbias: bool,
     allow_tf32: bool,
+    da_dtype: torch.dtype,
+    db_dtype: torch.dtype,
+    dbias_dtype: torch.dtype,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(da, db, dbias) of c = act(a @ b + bias) for the upstream gradient dc (batch, M, N), any strides.
 
     a: the forward's a, needed (and saved) only for db. saved: what the forward kept for act'(Z)
     (see the module docstring), None without activation. Gradients not asked for come back as
-    empty placeholders.
+    empty placeholders. Each gradient is written in its dtype by the kernel that computes it (fp32
+    for an fp32 parameter under autocast: no cast kernel between the matmul and .grad).
     """
     code = ACTIVATION_CODES[activation]
     dz, dbias = dc, None
     if code or need_dbias:
-        dz, dbias = launch_activation_grad(dc, saved, code, bool(code) and (need_da or need_db), need_dbias)
-    da, db = _bwd_outputs(dc, b, need_da, need_db)
+        dz, dbias = launch_activation_grad(
+            dc, saved, code, bool(code) and (need_da or need_db), need_dbias, dbias_dtype
+        )
+    da, db = _bwd_outputs(dc, b, need_da, need_db, da_dtype, db_dtype)
     if need_da:
         launch_matmul(dz, b.transpose(1, 2), da, allow_tf32=allow_tf32)
     if need_db:
@@ -109,7 +115,8 @@ def gemm_bwd(
     return da, db, dbias if dbias is not None else _empty(dc)
 
 
-def gemm_bwd_fake(dc, a, b, saved, activation, need_da, need_db, need_dbias, allow_tf32):
-    da, db = _bwd_outputs(dc, b, need_da, need_db)
-    dbias = torch.empty((b.shape[2],), dtype=dc.dtype, device=dc.device) if need_dbias else _empty(dc)
+def gemm_bwd_fake(dc, a, b, saved, activation, need_da, need_db, need_dbias, allow_tf32, da_dtype, db_dtype,
+                  dbias_dtype):  # fmt: skip
+    da, db = _bwd_outputs(dc, b, need_da, need_db, da_dtype, db_dtype)
+    dbias = torch.empty((b.shape[2],), dtype=dbias_dtype, device=dc.device) if need_dbias else _empty(dc)
     return da, db, dbias

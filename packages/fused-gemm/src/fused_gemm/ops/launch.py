@@ -88,11 +88,13 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, dtype, has_bias, activation, num_sms, split=1):
+def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, has_bias, activation, num_sms,
+              split=1):  # fmt: skip
     """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
-    portable kernel: a descriptor cannot have a zero-sized dim). The dtype is part of the key: the
-    autotuner may choose differently per dtype. split > 1: c is the split-K workspace, fp32
-    (split x batch, M, N) row-major."""
+    portable kernel: a descriptor cannot have a zero-sized dim). The dtypes (the operands', and c's
+    element size c_size: 4 for an fp32 output) are part of the key: the autotuner may choose
+    differently per dtype. split > 1: c is the split-K workspace, fp32 (split x batch, M, N)
+    row-major."""
     element_size = dtype.itemsize
     batch, m, k = a_shape
     n = b_shape[2]
@@ -104,7 +106,7 @@ def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, z, dtype, has_bias
         for shape, stride, size in (
             (a_shape, a_stride, element_size),
             (b_shape, b_stride, element_size),
-            (c_shape, c_stride, 4 if split > 1 else element_size),
+            (c_shape, c_stride, c_size),
         )
     ]
     if None in layouts:
@@ -130,8 +132,8 @@ def tma_plan(a, b, c, z=None, bias=None, activation: int = 0, split: int = 1) ->
     if z is not None and (z.data_ptr() % 16 or z.stride() != c.stride()):
         return None
     return _tma_plan(
-        a.shape, a.stride(), b.shape, b.stride(), c.stride(), z is not None, a.dtype, bias is not None, activation,
-        multiprocessor_count(a.device), split,
+        a.shape, a.stride(), b.shape, b.stride(), c.stride(), c.element_size(), z is not None, a.dtype,
+        bias is not None, activation, multiprocessor_count(a.device), split,
     )  # fmt: skip
 
 
@@ -156,7 +158,7 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
         return (min(work, num_sms * meta["PROGRAMS_PER_SM"]),)
 
     def blocks(meta):
-        halves = splits_epilogue(meta, activation, store_z, split_out)
+        halves = splits_epilogue(meta, activation, store_z, c.element_size() == 4)
         return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves, split_out)
 
     # Placeholder block shapes of the right rank: the autotuner's pre-hook sets each config's.
@@ -218,7 +220,8 @@ def launch_matmul(
     """Compute c (written in place) from a and b; returns the kernel that ran: "tma", "portable", or
     "none" when c is empty.
 
-    a (batch, M, K), b (batch, K, N), c (batch, M, N): same dtype, any strides.
+    a (batch, M, K), b (batch, K, N): same dtype; c (batch, M, N): that dtype, or fp32 (the
+    accumulator stored uncast); any strides.
     bias: (N,); activation: kernels.common ACTIVATION code; z: laid out like c, receives the
     pre-activation acc + bias. path: None picks; "tma" / "portable" force one (tests), "tma"
     raising where it cannot run. split: the TMA kernel's K slices for a plain product (None:
@@ -268,11 +271,16 @@ def _grad_plan(batch: int, m: int, n: int, programs: int):
 
 
 def launch_activation_grad(
-    dy: torch.Tensor, saved: Optional[torch.Tensor], activation: int, write_dz: bool, column_sum: bool
+    dy: torch.Tensor,
+    saved: Optional[torch.Tensor],
+    activation: int,
+    write_dz: bool,
+    column_sum: bool,
+    sum_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(dz, d(bias)) for dy (batch, M, N), any strides: dz = dy * act'(z) contiguous (batch, M, N) in
     dy's dtype when write_dz (else dy itself), and, when column_sum, dz summed over every batch
-    and row (N,) in dy's dtype (else None). saved: contiguous (batch, M, N): z for the GELUs, the
+    and row (N,) in sum_dtype (default dy's; else None). saved: contiguous (batch, M, N): z for the GELUs, the
     output for ReLU, None without activation."""
     batch, m, n = dy.shape
     dz = torch.empty((batch, m, n), dtype=dy.dtype, device=dy.device) if write_dz else dy
@@ -289,5 +297,6 @@ def launch_activation_grad(
         )  # fmt: skip
     if not column_sum:
         return dz, None
-    dbias = partial.sum(0).to(dy.dtype) if partial_rows else torch.zeros(n, dtype=dy.dtype, device=dy.device)
+    sum_dtype = sum_dtype or dy.dtype
+    dbias = partial.sum(0).to(sum_dtype) if partial_rows else torch.zeros(n, dtype=sum_dtype, device=dy.device)
     return dz, dbias

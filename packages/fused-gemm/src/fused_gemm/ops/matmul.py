@@ -4,6 +4,12 @@ Host path per call: the checks read each attribute once; without grad (inference
 requiring grad) the forward launcher runs directly, with no autograd node; otherwise one
 autograd.Function, whose backward enters torch's autocast context only when the forward ran
 under autocast (_compat.custom_bwd).
+
+Autocast: operands of another dtype (fp32 parameters) enter GemmFunction as they are and are cast
+inside it, so that each gradient is written in its operand's dtype by the kernel that computes
+it: an fp32 weight's gradient is the matmul's fp32 accumulator, stored once, where a cast before
+the Function would add a bf16 store and a cast-back kernel per parameter (autograd's ToCopy
+backward). The bias joins the epilogue's fp32 sum unrounded.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ class GemmFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, a, b, bias, activation: Optional[str], allow_tf32: bool):
+    def forward(ctx, a, b, bias, activation: Optional[str], allow_tf32: bool, dtype: torch.dtype):
+        # Gradients come back in each operand's own dtype (the module docstring).
+        ctx.grad_dtypes = (a.dtype, b.dtype, dtype if bias is None else bias.dtype)
+        a, b = a.to(dtype), b.to(dtype)
         c, z = gemm_fwd_op(a, b, bias, activation, True, allow_tf32)
         saved = z if activation in SAVES_Z else (c if activation == "relu" else None)
         # a only for db; b always (a weight, alive anyway; its layout shapes db).
@@ -42,8 +51,10 @@ class GemmFunction(torch.autograd.Function):
     def backward(ctx, dc):
         a, b, saved = ctx.saved_tensors
         need_da, need_db, need_dbias = ctx.needs_input_grad[:3]
-        da, db, dbias = gemm_bwd_op(dc, a, b, saved, ctx.activation, need_da, need_db, need_dbias, ctx.allow_tf32)
-        return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None)
+        da, db, dbias = gemm_bwd_op(
+            dc, a, b, saved, ctx.activation, need_da, need_db, need_dbias, ctx.allow_tf32, *ctx.grad_dtypes
+        )
+        return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None, None)
 
 
 def _check_options(activation, allow_tf32) -> bool:
@@ -61,24 +72,23 @@ def _check_bias(bias: Optional[torch.Tensor], n_out: int, what: str) -> None:
         raise ValueError(f"bias must have shape ({n_out},) ({what}), got {tuple(bias.shape)}")
 
 
-def _operands(*named: Tuple[str, Optional[torch.Tensor]]) -> Tuple[Optional[torch.Tensor], ...]:
-    """The (name, tensor) operands as the kernels take them: under autocast cast to its dtype,
-    otherwise required to share one dtype; on one device either way."""
+def _compute_dtype(*named: Tuple[str, Optional[torch.Tensor]]) -> torch.dtype:
+    """The dtype the kernels multiply in: autocast's where it is on (operands of other dtypes are
+    cast to it), else the (name, tensor) operands' one dtype; all on one device either way."""
     dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
-    if dtype is not None:
-        named = tuple((name, None if t is None else t.to(dtype)) for name, t in named)
-    else:
+    if dtype is None:
         check_same_dtype(*named)
+        dtype = named[0][1].dtype
     check_device(*named)
-    return tuple(t for _, t in named)
+    return dtype
 
 
-def _apply(a, b, bias, activation, allow_tf32):
+def _apply(a, b, bias, activation, allow_tf32, dtype):
     """The forward through autograd when it must save for backward (grad mode on and an operand
-    requiring grad), else the launcher alone."""
+    requiring grad), else the launcher alone; a and b in any dtype, multiplied in `dtype`."""
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
-        return GemmFunction.apply(a, b, bias, activation, allow_tf32)
-    return gemm_fwd_op(a, b, bias, activation, False, allow_tf32)[0]
+        return GemmFunction.apply(a, b, bias, activation, allow_tf32, dtype)
+    return gemm_fwd_op(a.to(dtype), b.to(dtype), bias, activation, False, allow_tf32)[0]
 
 
 def matmul(
@@ -98,9 +108,10 @@ def matmul(
     activation: None, "relu", "gelu" (exact, erf) or "gelu_tanh" (tanh approximation).
     allow_tf32: fp32 inputs only: True multiplies through TF32 tensor cores, False in full fp32;
        None (default) follows torch.backends.cuda.matmul.allow_tf32 (False unless set).
-    x, w and bias share one dtype (fp32, fp16, bf16); under torch.autocast they are cast to its
-    dtype, as F.linear is. On a CUDA device (the CPU under TRITON_INTERPRET=1).
-    Returns (..., k) in that dtype; accumulation is fp32.
+    x, w and bias share one dtype (fp32, fp16, bf16); under torch.autocast x and w are multiplied
+    in its dtype, as F.linear does, and each gradient comes back in its operand's dtype (an fp32
+    weight's straight from the kernel). On a CUDA device (the CPU under TRITON_INTERPRET=1).
+    Returns (..., k) in that dtype (autocast's under autocast); accumulation is fp32.
     """
     check_tensor("x", x)
     check_tensor("w", w)
@@ -119,10 +130,10 @@ def matmul(
             f"{tuple(w_shape)} (n = {w_shape[0]}); pass an nn.Linear weight as weight.t()"
         )
     _check_bias(bias, w_shape[1], "w.shape[1]")
-    x, w, bias = _operands(("x", x), ("w", w), ("bias", bias))
+    dtype = _compute_dtype(("x", x), ("w", w), ("bias", bias))
     # (1, M, n) view of x (a copy only when its leading dims cannot be flattened into one stride).
     a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
-    c = _apply(a, w.unsqueeze(0), bias, activation, tf32)
+    c = _apply(a, w.unsqueeze(0), bias, activation, tf32, dtype)
     return c.view(*x_shape[:-1], w_shape[1])
 
 
@@ -158,5 +169,5 @@ def bmm(
             f"{tuple(b_shape)} (n = {b_shape[1]})"
         )
     _check_bias(bias, b_shape[2], "b.shape[2]")
-    a, b, bias = _operands(("a", a), ("b", b), ("bias", bias))
-    return _apply(a, b, bias, activation, tf32)
+    dtype = _compute_dtype(("a", a), ("b", b), ("bias", bias))
+    return _apply(a, b, bias, activation, tf32, dtype)
