@@ -203,7 +203,7 @@ def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
         tma = use_tma_input_grad(t.g, t.u, t.w_gate, t.w_up)
         tuned = _swiglu_input_grad_tma_kernel if tma else _swiglu_input_grad_kernel
     else:
-        ours = lambda: swiglu_weight_grad(t.x, t.g, t.u)  # noqa: E731
+        ours = lambda: swiglu_weight_grad(t.x, t.g, t.u, t.x.dtype)  # noqa: E731
         d_cat = torch.cat([t.g, t.u], 1)
         cublas = lambda: torch.mm(t.x.t(), d_cat)  # noqa: E731
         tuned = _swiglu_weight_grad_kernel

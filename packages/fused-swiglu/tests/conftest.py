@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tritonformer_testkit import assert_close_to_reference, interpreting, poisoned_allocations
 
 from fused_swiglu.kernels.backward import (
@@ -101,6 +102,54 @@ def make_inputs(leading, d_model, d_inter, dtype, device, bias=False):
     return [x, w_gate, w_up, b_gate, b_up]
 
 
+def swiglu_linear(x, w_gate, w_up, b_gate=None, b_up=None):
+    """swiglu_reference through F.linear, as a model of nn.Linear layers computes it: under
+    autocast every operand, biases included, is cast to its dtype (`x @ w + b` would add an fp32
+    bias in fp32, and run the activation and its gradient in fp32 after it)."""
+    return F.silu(F.linear(x, w_gate.t(), b_gate)) * F.linear(x, w_up.t(), b_up)
+
+
+def swiglu_mlp_linear(x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
+    """swiglu_mlp_reference through F.linear (see swiglu_linear)."""
+    return F.linear(swiglu_linear(x, w_gate, w_up, b_gate, b_up), w_down.t(), b_down)
+
+
+def check_autocast_against_torch(ours: Callable, twin: Callable, reference: Callable, inputs, names=NAMES):
+    """ours(*inputs) under bf16 autocast (inputs fp32, all requiring grad) against the float64
+    reference, y and every gradient (fp32, checked) as close as torch's own autocast computation
+    (`twin`, through F.linear, under autocast) is."""
+    device = inputs[0].device.type
+    twin_inputs = detached(inputs)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        with poisoned_allocations():
+            y = ours(*inputs)
+        y_twin = twin(*twin_inputs)
+    assert y.dtype == y_twin.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, inputs, dy)
+    grads_twin = torch.autograd.grad(y_twin, twin_inputs, dy)
+    y_ref, grads_ref, _ = outputs_and_grads(reference, detached(inputs, torch.float64), dy.double())
+    assert_close_to_reference(y, y_ref, y_twin, name="y")
+    for name, g, g_ref, g_twin in zip(names, grads, grads_ref, grads_twin):
+        assert g.dtype == g_twin.dtype == torch.float32, f"d{name}: {g.dtype}"
+        assert_close_to_reference(g, g_ref, g_twin, name=f"d{name}")
+
+
+def returned_grad_dtypes(monkeypatch, function) -> list:
+    """Spies on `function`'s backward: the list gets, per call, the dtype (or None) of each gradient
+    it returns, before autograd casts any to its input's dtype."""
+    calls = []
+    backward = function.backward
+
+    def spy(ctx, *grads):
+        out = backward(ctx, *grads)
+        calls.append([None if g is None else g.dtype for g in out])
+        return out
+
+    monkeypatch.setattr(function, "backward", staticmethod(spy))
+    return calls
+
+
 def pin_configs(monkeypatch, index: int = -1) -> None:
     """Each autotuned kernel runs with its `index`-th config only (its last where it has fewer)."""
     for kernel, configs in ALL_CONFIGS.items():
@@ -119,9 +168,13 @@ def _pinned_configs(request, monkeypatch):
 def sw():
     return types.SimpleNamespace(
         check_against_reference=check_against_reference,
+        check_autocast_against_torch=check_autocast_against_torch,
         detached=detached,
         linear_weight=linear_weight,
         make_inputs=make_inputs,
         outputs_and_grads=outputs_and_grads,
         pin_configs=pin_configs,
+        returned_grad_dtypes=returned_grad_dtypes,
+        swiglu_linear=swiglu_linear,
+        swiglu_mlp_linear=swiglu_mlp_linear,
     )

@@ -94,21 +94,36 @@ CASES = {
 }
 
 
+# The weight gradient of fp32 weights under autocast: 16-bit operands, dw_gate and dw_up in fp32
+# (the accumulator stored uncast); every config once.
+WEIGHT_GRAD_FP32_OUT_CASES = [
+    ("bf16", True, dict(ALLOW_TF32=False, EVEN_M=True)),
+    ("fp16", False, dict(ALLOW_TF32=False, EVEN_M=False)),
+    ("bf16", True, dict(ALLOW_TF32=False, EVEN_M=False)),
+    ("fp16", True, dict(ALLOW_TF32=False, EVEN_M=True)),
+    ("bf16", False, dict(ALLOW_TF32=False, EVEN_M=True)),
+]
+
+
 def _params():
-    for name, cases in CASES.items():
+    groups = [(name, cases, None) for name, cases in CASES.items()]
+    groups.append(("weight_grad", WEIGHT_GRAD_FP32_OUT_CASES, "fp32"))
+    for name, cases, out_dtype in groups:
         configs = autotune_configs(KERNELS[name][0])
         # Under the interpreter the kernels carry its one config, and these tests are skipped.
         assert interpreting() or len(configs) == len(cases), f"{name}: {len(configs)} configs but {len(cases)} cases"
         for index, (config, (dtype, contiguous, constexprs)) in enumerate(zip(configs, cases)):
             for arch in ARCHS:
                 layout = "contiguous" if contiguous else "strided"
+                out = f"-to-{out_dtype}" if out_dtype else ""
                 yield pytest.param(
-                    name, config, dtype, contiguous, constexprs, arch, id=f"{name}-cfg{index}-{dtype}-{layout}-sm{arch}"
-                )
+                    name, config, dtype, out_dtype or dtype, contiguous, constexprs, arch,
+                    id=f"{name}-cfg{index}-{dtype}{out}-{layout}-sm{arch}",
+                )  # fmt: skip
 
 
-@pytest.mark.parametrize("name, config, dtype, contiguous, constexprs, arch", list(_params()))
-def test_autotuned_kernels_compile(name, config, dtype, contiguous, constexprs, arch):
+@pytest.mark.parametrize("name, config, dtype, out_dtype, contiguous, constexprs, arch", list(_params()))
+def test_autotuned_kernels_compile(name, config, dtype, out_dtype, contiguous, constexprs, arch):
     kernel, pointers, ints, unit_strides = KERNELS[name]
     config = dict(config)
     num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
@@ -117,7 +132,7 @@ def test_autotuned_kernels_compile(name, config, dtype, contiguous, constexprs, 
     signature.update({i: "i32" for i in ints if i not in fixed})
     constexprs = dict(constexprs, UPCAST=False, **config, **fixed)
     if name == "weight_grad":
-        signature["ws_ptr"] = "*fp32"
+        signature.update(ws_ptr="*fp32", dwg_ptr=POINTER[out_dtype], dwu_ptr=POINTER[out_dtype])
         constexprs["NUM_SMS"] = NUM_SMS[arch]
     compile_to_cubin(
         kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps, num_stages=num_stages
@@ -148,7 +163,8 @@ def test_grad_kernel_compiles(dtype, arch):
 )
 def test_weight_grad_reduce_kernel_compiles(dtype, blocks, arch):
     """The partial-sum reduction takes its tile from the weight gradient's config: each
-    (BLOCK_K, BLOCK_N, GROUP_K) of weight_grad_configs once, every dtype."""
+    (BLOCK_K, BLOCK_N, GROUP_K) of weight_grad_configs once, every dtype of dw_gate and dw_up
+    (fp32: fp32 weights, or 16-bit ones under autocast; it reads only the fp32 workspace)."""
     block_k, block_n, group_k = blocks
     signature = {"ws_ptr": "*fp32", "dwg_ptr": POINTER[dtype], "dwu_ptr": POINTER[dtype]}
     signature.update({i: "i32" for i in ("stride_dwk", "N", "K", "split")})

@@ -67,6 +67,20 @@ def test_second_backward_through_the_graph_raises(device, sw):
         y.sum().backward()
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_autocast_with_fp32_parameters(bias, device, sw, monkeypatch):
+    """fp32 inputs under torch.autocast: every gradient in fp32, as close to the float64 reference
+    as F.linear's under autocast; those of w_gate, w_up and the biases leave FusedSwiGLUMLP's
+    backward in fp32 (written so by the kernels and the sums), w_down's in bf16 (cuBLAS's mm,
+    cast by autograd)."""
+    returned = sw.returned_grad_dtypes(monkeypatch, FusedSwiGLUMLP)
+    inputs = make_mlp_inputs(sw, (2, 11), 40, 48, torch.float32, device, bias=bias, d_out=24)
+    sw.check_autocast_against_torch(swiglu_mlp, sw.swiglu_mlp_linear, swiglu_mlp_reference, inputs)
+    (dtypes,) = returned
+    fp32, biases = torch.float32, [torch.float32] * 3 if bias else [None] * 3
+    assert dtypes[1:] == [fp32, fp32, torch.bfloat16, *biases], dtypes
+
+
 @pytest.mark.torch_compile
 def test_torch_compile_fullgraph(device, sw):
     inputs = make_mlp_inputs(sw, (2, 11), 32, 40, torch.bfloat16, device, bias=True)

@@ -9,7 +9,7 @@ from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, _compat, swiglu
 from fused_swiglu._compat import multiprocessor_count
 from fused_swiglu.kernels.backward import _swiglu_weight_grad_kernel
 from fused_swiglu.kernels.configs import weight_grad_split
-from fused_swiglu.ops.launchers import launch_forward
+from fused_swiglu.ops.launchers import launch_forward, swiglu_weight_grad
 from fused_swiglu.reference import swiglu_reference
 
 pytestmark = pytest.mark.kernels
@@ -152,22 +152,41 @@ def test_second_backward_through_the_graph_raises(device, sw):
         y.sum().backward()
 
 
-def test_autocast_casts_like_linear(device, sw):
-    """fp32 inputs under torch.autocast run in the autocast dtype; gradients come back in fp32."""
-    x, w_gate, w_up = sw.make_inputs((2, 11), 40, 48, torch.float32, device)
-    with torch.autocast(device, dtype=torch.bfloat16):
-        y = swiglu(x, w_gate, w_up)
-    assert y.dtype == torch.bfloat16
-    dy = torch.randn_like(y)
-    grads = torch.autograd.grad(y, (x, w_gate, w_up), dy)
-    assert all(g.dtype == torch.float32 for g in grads)
-    low = sw.detached([x, w_gate, w_up], torch.bfloat16)
-    _, grads_low, _ = sw.outputs_and_grads(swiglu_reference, low, dy)
-    ref = sw.detached([x, w_gate, w_up], torch.float64)
-    y_ref, grads_ref, _ = sw.outputs_and_grads(swiglu_reference, ref, dy.double())
-    assert_close_to_reference(y, y_ref, swiglu_reference(*low), name="y")
-    for name, g, g_ref, g_low in zip(("dx", "dw_gate", "dw_up"), grads, grads_ref, grads_low):
-        assert_close_to_reference(g.to(torch.bfloat16), g_ref, g_low, name=name)
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_autocast_with_fp32_parameters(bias, device, sw, monkeypatch):
+    """fp32 inputs under torch.autocast run in its dtype, as F.linear's do; every gradient comes
+    back in fp32, as close to the float64 reference as F.linear's under autocast, and those of the
+    weights and biases leave FusedSwiGLU's backward in fp32 (written so by the kernels: no cast)."""
+    returned = sw.returned_grad_dtypes(monkeypatch, FusedSwiGLU)
+    inputs = sw.make_inputs((2, 11), 40, 48, torch.float32, device, bias)
+    sw.check_autocast_against_torch(swiglu, sw.swiglu_linear, swiglu_reference, inputs)
+    (dtypes,) = returned
+    assert dtypes[1:] == [torch.float32] * (4 if bias else 2) + [None] * (0 if bias else 2), dtypes
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole-tiles", "split-last-wave"])
+def test_weight_gradient_in_fp32_of_bf16_operands(split, device):
+    """swiglu_weight_grad(..., torch.float32) of bf16 operands stores the fp32 sums uncast, by the
+    main kernel and by the split reduction: held to fp32's precision (torch's fp32 product of the
+    same operands), which a bf16 rounding on the way would miss by far."""
+    config = _swiglu_weight_grad_kernel.configs[0].kwargs
+    assert len(_swiglu_weight_grad_kernel.configs) == 1  # pinned (GPU) or the interpreter's one config
+    sms = multiprocessor_count(torch.device(device))
+    # Split: the shape of test_weight_gradient_split_of_the_last_wave; whole: one full wave of
+    # tiles, ragged at the edges.
+    m, k, n = (42, 40, 70) if split else (37, config["BLOCK_K"] - 8, config["BLOCK_N"] * sms - 10)
+    tiles = triton.cdiv(k, config["BLOCK_K"]) * triton.cdiv(n, config["BLOCK_N"])
+    assert (weight_grad_split(tiles, sms, triton.cdiv(m, config["BLOCK_M"])) > 1) == split
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    d_gate, d_up = (torch.randn(m, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    with poisoned_allocations():
+        dw_gate, dw_up = swiglu_weight_grad(x, d_gate, d_up, torch.float32)
+    for name, dw, d in (("dw_gate", dw_gate, d_gate), ("dw_up", dw_up, d_up)):
+        assert dw.dtype == torch.float32 and dw.shape == (k, n)
+        reference = x.double().t() @ d.double()
+        assert_close_to_reference(dw, reference, x.float().t() @ d.float(), name=name)
+        with pytest.raises(AssertionError):  # the check would see a bf16 rounding
+            assert_close_to_reference(dw.to(torch.bfloat16).float(), reference, x.float().t() @ d.float())
 
 
 @pytest.mark.torch_compile

@@ -240,16 +240,17 @@ def _weight_grad_workspace_elements(M: int, N: int, K: int, sms: int, blocks: Tu
 
 
 @library_op("swiglu_weight_grad")
-def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor) -> Tuple[Tensor, Tensor]:
-    """(dw_gate, dw_up) = (x^T @ d_gate, x^T @ d_up), reduced over all M rows -> (K, N) each.
+def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """(dw_gate, dw_up) = (x^T @ d_gate, x^T @ d_up), reduced over all M rows -> (K, N) each, in
+    `dtype`: x's, or fp32 for fp32 weights under autocast (the fp32 accumulator stored uncast).
 
     A last, partial wave of output tiles splits its reduction (configs.weight_grad_split): those
     programs write fp32 partial sums to a workspace, which a second kernel adds up in order.
     """
     M, K = x.shape
     N = d_gate.shape[1]
-    dw_gate = torch.empty((K, N), dtype=x.dtype, device=x.device)
-    dw_up = torch.empty((K, N), dtype=x.dtype, device=x.device)
+    dw_gate = torch.empty((K, N), dtype=dtype, device=x.device)
+    dw_up = torch.empty((K, N), dtype=dtype, device=x.device)
     if M == 0:
         return dw_gate.zero_(), dw_up.zero_()
     sms = multiprocessor_count(x.device)
@@ -281,6 +282,6 @@ def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor) -> Tuple[Tensor,
 
 
 @swiglu_weight_grad.register_fake
-def _(x, d_gate, d_up):
+def _(x, d_gate, d_up, dtype):
     shape = (x.shape[1], d_gate.shape[1])
-    return x.new_empty(shape), x.new_empty(shape)
+    return x.new_empty(shape, dtype=dtype), x.new_empty(shape, dtype=dtype)

@@ -9,6 +9,10 @@ Backward: dh = dy @ w_down^T is our kernel with the SwiGLU backward as its epilo
 reaches memory: d_gate and d_up overwrite g and u, and h is rewritten for dw_down = h^T @ dy
 (cuBLAS); then dx and (dw_gate, dw_up) as in FusedSwiGLU. Peak memory of a forward+backward is
 then g, u, h and y, with no dh (Liger: gate, up, h, dh and y).
+
+Autocast: as in FusedSwiGLU (ops/swiglu.py), the operands are cast inside the Function and the
+gradients of w_gate, w_up and the biases are written in their parameters' dtypes; dw_down is
+cuBLAS's, in the autocast dtype (autograd casts it to an fp32 w_down's dtype).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import torch
 
 from .._compat import custom_bwd, custom_fwd
 from .._validation import FLOAT_DTYPES, check_device, check_vector
-from .launchers import mlp_down_grad_, swiglu_fwd, swiglu_input_grad, swiglu_weight_grad
-from .swiglu import prepare_swiglu_inputs
+from .launchers import mlp_down_grad_, swiglu_fwd, swiglu_input_grad
+from .swiglu import grad_dtypes, prepare_swiglu_inputs, weight_and_bias_grads
 
 
 class FusedSwiGLUMLP(torch.autograd.Function):
@@ -33,6 +37,9 @@ class FusedSwiGLUMLP(torch.autograd.Function):
         t, has_bias = prepare_swiglu_inputs(
             x, w_gate, w_up, b_gate, b_up, FLOAT_DTYPES, {"w_down": w_down, "b_down": b_down}
         )
+        # Before autocast's casts: the dtypes the weight and bias gradients are written in.
+        ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
+        ctx.b_down_dtype = None if b_down is None else b_down.dtype
         n = t["w_gate"].shape[1]
         w_down, b_down = t["w_down"], t["b_down"]
         if w_down.dim() != 2 or w_down.shape[0] != n or w_down.shape[1] == 0:
@@ -59,16 +66,15 @@ class FusedSwiGLUMLP(torch.autograd.Function):
         need = ctx.needs_input_grad
         dy2d = dy.reshape(x2d.shape[0], w_down.shape[1])
         h = mlp_down_grad_(dy2d, w_down, g, u)  # g, u now hold d_gate, d_up
+        # In h's dtype, cast by autograd for an fp32 w_down: torch.mm's out_dtype is recent torch's, and not on CPU.
         dw_down = torch.mm(h.t(), dy2d) if need[3] else None
         del h
-        db_down = dy2d.sum(0) if ctx.has_down_bias and need[6] else None
-        dx = dw_gate = dw_up = db_gate = db_up = None
+        db_down = dy2d.sum(0, dtype=ctx.b_down_dtype) if ctx.has_down_bias and need[6] else None
+        dx = None
         if need[0]:
             dx = swiglu_input_grad(g, u, w_gate, w_up, False).view(*ctx.leading, x2d.shape[1])
-        if need[1] or need[2]:
-            dw_gate, dw_up = swiglu_weight_grad(x2d, g, u)
-        if ctx.has_bias and (need[4] or need[5]):
-            db_gate, db_up = g.sum(0), u.sum(0)
+        grads = weight_and_bias_grads(ctx, x2d, g, u, need[1] or need[2], ctx.has_bias and (need[4] or need[5]))
+        dw_gate, dw_up, db_gate, db_up = grads
         return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 

@@ -15,6 +15,12 @@ Backward: (1) d_gate, d_up from dh, g, u in one elementwise pass, written over g
 dw_up = x^T @ (d_gate, d_up) in one kernel reducing over every leading dim. Only the
 gradients that are needed are computed. Because g and u are overwritten, backpropagating twice
 through the same graph (retain_graph=True) raises autograd's in-place modification error.
+
+Autocast: the Functions take the operands as they are and cast them inside, so each weight's
+and bias's gradient comes back in that operand's own dtype, written there by the kernel (or
+the sum) that computes it: an fp32 weight's gradient is the weight-gradient kernel's fp32
+accumulator, stored once, where a bf16 gradient would cost autograd a cast-back kernel per
+parameter. dx is computed in the autocast dtype (autograd casts it to an fp32 x's dtype).
 """
 
 from __future__ import annotations
@@ -65,11 +71,31 @@ def prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes: Sequence[torch.
     return named, has_bias
 
 
+def grad_dtypes(w_gate, w_up, b_gate, b_up):
+    """(dw dtype, db_gate dtype, db_up dtype) of the operands as passed (before autocast's casts):
+    both weight gradients come from one kernel in one dtype, the wider of the two weights' (where
+    they differ, autograd casts the other one down); each bias gradient in its bias's dtype."""
+    dw = torch.promote_types(w_gate.dtype, w_up.dtype)
+    return dw, *(None if b is None else b.dtype for b in (b_gate, b_up))
+
+
+def weight_and_bias_grads(ctx, x2d, d_gate, d_up, need_w: bool, need_b: bool):
+    """(dw_gate, dw_up, db_gate, db_up) in the dtypes of ctx.grad_dtypes, None where not needed."""
+    dw_dtype, db_gate_dtype, db_up_dtype = ctx.grad_dtypes
+    dw_gate, dw_up = swiglu_weight_grad(x2d, d_gate, d_up, dw_dtype) if need_w else (None, None)
+    if not need_b:
+        return dw_gate, dw_up, None, None
+    # Summed straight into the bias's dtype (in fp32 for an fp32 bias: no cast kernel after).
+    return dw_gate, dw_up, d_gate.sum(0, dtype=db_gate_dtype), d_up.sum(0, dtype=db_up_dtype)
+
+
 def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dtypes) -> torch.Tensor:
     """The forward shared by both Functions: validation, autocast, one kernel, what backward needs."""
     leading = x.shape[:-1]
     t, has_bias = prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes, {})
     check_device(x=t["x"], w_gate=t["w_gate"], w_up=t["w_up"], b_gate=t["b_gate"], b_up=t["b_up"])
+    # Before autocast's casts: the dtypes the weight and bias gradients are written in.
+    ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
     x2d, w_gate, w_up = t["x2d"], t["w_gate"], t["w_up"]
     save = any(ctx.needs_input_grad)
     h, g, u = swiglu_fwd(x2d, w_gate, w_up, t["b_gate"], t["b_up"], save, fp16_accumulate)
@@ -83,14 +109,10 @@ def swiglu_backward(ctx, dh: torch.Tensor, need_x: bool, need_w: bool, need_b: b
     """(dx, dw_gate, dw_up, db_gate, db_up), None where not needed."""
     x2d, w_gate, w_up, g, u = ctx.saved_tensors
     swiglu_grad_(dh.reshape(g.shape), g, u)  # g, u now hold d_gate, d_up
-    dx = dw_gate = dw_up = db_gate = db_up = None
+    dx = None
     if need_x:
         dx = swiglu_input_grad(g, u, w_gate, w_up, ctx.fp16_accumulate).view(*ctx.leading, x2d.shape[1])
-    if need_w:
-        dw_gate, dw_up = swiglu_weight_grad(x2d, g, u)
-    if need_b:
-        db_gate, db_up = g.sum(0), u.sum(0)
-    return dx, dw_gate, dw_up, db_gate, db_up
+    return (dx, *weight_and_bias_grads(ctx, x2d, g, u, need_w, need_b))
 
 
 class FusedSwiGLU(torch.autograd.Function):
@@ -152,6 +174,8 @@ def swiglu(
     All of one dtype: bf16 or fp16 (fp32 accumulation), or fp32 (fp32 matmuls; TF32 only when
     torch.backends.cuda.matmul.allow_tf32 is set, as for torch's own). Under torch.autocast the
     inputs are cast to its dtype first, as F.linear's are. On a CUDA device (the CPU under
-    TRITON_INTERPRET=1). Returns (..., d_intermediate) in that dtype.
+    TRITON_INTERPRET=1). Returns (..., d_intermediate) in that dtype. Under autocast each weight
+    and bias gradient comes back in its parameter's dtype (fp32 for an fp32 parameter), written
+    in it by the kernel that computes it (the module docstring).
     """
     return FusedSwiGLU.apply(x, w_gate, w_up, b_gate, b_up)
