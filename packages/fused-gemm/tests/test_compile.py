@@ -170,6 +170,8 @@ TMA_CASES = [
     (6, "bmm-split-k", "bf16"),
     (0, "dw-fp32-transposed-out", "bf16"),
     (4, "dx-fp32-out", "bf16"),
+    (8, "fwd-linear-weight-bias-gelu-z", "bf16"),
+    (9, "bmm-fwd-bias-gelu-tanh-z", "bf16"),
 ]
 
 

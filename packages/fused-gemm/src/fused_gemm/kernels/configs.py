@@ -172,6 +172,8 @@ def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
         _tma_config(64, 256, 64, 4, 2, programs=2),
         _tma_config(128, 128, 64, 4, 3),
         _tma_config(64, 128, 64, 4, 4),
+        _tma_config(128, 128, 64, 4, 3, programs=2, split=True),
+        _tma_config(128, 128, 64, 8, 3, programs=2, split=True),
     ]
 
 

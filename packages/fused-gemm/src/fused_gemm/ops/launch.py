@@ -257,7 +257,11 @@ def _launch_split_tma(a, b, c, split: int) -> bool:
     if plan is None:
         return False
     _launch_tma(plan, a, b, workspace, None, None)
-    c.copy_(workspace.view(split, batch, m, n).sum(0))
+    partials = workspace.view(split, batch, m, n)
+    if c.dtype == torch.float32 and c.is_contiguous():  # an fp32 weight's gradient: summed in place
+        torch.sum(partials, 0, out=c)
+    else:
+        c.copy_(partials.sum(0))
     return True
 
 
