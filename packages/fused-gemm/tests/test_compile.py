@@ -27,6 +27,11 @@ def _flags(bias=False, activation=0, z=False):
     return dict(HAS_BIAS=bias, ACTIVATION=activation, STORE_Z=z)
 
 
+def _grad_flags(activation, column_sum):
+    """The TMA kernel's fused activation gradient (GRAD_Z): reads the saved tile, optional column sums."""
+    return dict(_flags(activation=activation), GRAD_Z=True, COLUMN_SUM=column_sum)
+
+
 # Portable kernel launch variants: flags and the strides that are 1. Forward: A = x (row-major),
 # B = weight.t() (unit stride along K) or a row-major w; dX: A = dZ, B = w^T; dW^T: A = dZ^T
 # (unit stride along M), B = x, C = dW^T (row-major, or transposed for a row-major w).
@@ -150,6 +155,8 @@ TMA_VARIANTS = {
     ),
     "bmm-db": (_flags(), True, False, True, True, False, False),
     "bmm-split-k": (_flags(), False, False, False, True, True, True),
+    "dh-gelu-grad-colsum": (_grad_flags(GELU, True), False, False, False, False, False, False),
+    "dh-relu-grad": (_grad_flags(RELU, False), False, False, False, False, False, False),
 }
 # (config index, variant, dtype), sm_90: the headline configs on the forward and both backward
 # products, the two-programs-per-SM (ping-pong) configs on whole-tile and half-tile epilogues, the
@@ -163,15 +170,18 @@ TMA_CASES = [
     (3, "dx", "fp16"),
     (4, "bmm-fwd-bias-gelu-tanh-z", "fp16"),
     (5, "fwd-bias-relu", "bf16"),
-    (6, "dw-transposed-out", "fp16"),
-    (7, "bmm-db", "bf16"),
+    (8, "dw-transposed-out", "fp16"),
+    (9, "bmm-db", "bf16"),
     (0, "dw-split-k", "bf16"),
     (4, "dw-split-k", "fp16"),
-    (6, "bmm-split-k", "bf16"),
+    (8, "bmm-split-k", "bf16"),
     (0, "dw-fp32-transposed-out", "bf16"),
     (4, "dx-fp32-out", "bf16"),
-    (8, "fwd-linear-weight-bias-gelu-z", "bf16"),
-    (9, "bmm-fwd-bias-gelu-tanh-z", "bf16"),
+    (6, "fwd-linear-weight-bias-gelu-z", "bf16"),
+    (7, "bmm-fwd-bias-gelu-tanh-z", "bf16"),
+    (0, "dh-gelu-grad-colsum", "bf16"),
+    (6, "dh-gelu-grad-colsum", "bf16"),
+    (4, "dh-relu-grad", "fp16"),
 ]
 
 
@@ -194,7 +204,9 @@ def test_tma_kernel_compiles(config, variant, dtype):
     def desc(block, dtype=dtype, three_d=batched):
         return f"tensordesc<{dtype}[{','.join(str(d) for d in [1] * three_d + block)}]>"
 
-    halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], fp32_out)
+    flags = {"GRAD_Z": False, "COLUMN_SUM": False, **flags}
+    uses_z = flags["STORE_Z"] or flags["GRAD_Z"]
+    halves = splits_epilogue(config, flags["ACTIVATION"], uses_z, fp32_out)
     c_cols = bn // 2 if halves else bn
     c_block = [c_cols, bm] if c_trans else [bm, c_cols]
     signature = {
@@ -202,10 +214,11 @@ def test_tma_kernel_compiles(config, variant, dtype):
         "b_desc": desc([bn, bk] if b_trans else [bk, bn]),
         "c_desc": desc(c_block, "fp32" if fp32_out else dtype, batched or split_out),
         "bias_ptr": f"*{dtype}",
+        "colsum_ptr": "*fp32",
         "M": "i32", "N": "i32", "K": "i32", "BATCH": "i32", "SPLIT_K": "i32",
     }  # fmt: skip
     optional = {}
-    if flags["STORE_Z"]:
+    if uses_z:
         signature["z_desc"] = desc(c_block)
     else:
         optional["z_desc"] = None  # the launcher passes None: a constexpr
@@ -302,7 +315,8 @@ def test_the_sets_cover_every_value():
     assert {configs[case[0]]["EPILOGUE_SPLIT"] for case in plain} == {True, False}, "split and whole plain epilogues"
     for index, variant, _ in TMA_CASES:
         config, flags, fp32_out = configs[index], TMA_VARIANTS[variant][0], TMA_VARIANTS[variant][6]
-        halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"], fp32_out)
+        grad_z = flags.get("GRAD_Z", False)
+        halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"] or grad_z, fp32_out)
         smem = _tma_smem(config, config["num_stages"], 2, halves, 4 if fp32_out else 2)
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)

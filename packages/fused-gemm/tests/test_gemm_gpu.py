@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tritonformer_testkit import assert_close_to_reference
 
-from fused_gemm import Linear, bmm, matmul
+from fused_gemm import Linear, bmm, matmul, mlp
 from fused_gemm._compat import supports_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import portable_configs, tma_configs
@@ -61,6 +61,20 @@ def test_every_epilogue_and_dtype_compiled(activation, dtype, check):
 def test_issue_shapes_bias_gelu(k, n, check):
     x, w, b = _operands(16384, k, n, torch.bfloat16)
     check(_ours("gelu"), _reference("gelu"), (x.view(4, 4096, k), w, b), NAMES)
+
+
+@pytest.mark.gpu(reason="a GPT-2 410M layer's MLP (16384 tokens) needs a GPU")
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_mlp_at_model_size(activation, check):
+    """mlp's fused activation gradient (the TMA kernel's GRAD_Z epilogue on Hopper) at real size."""
+    x, w1, b1 = _operands(16384, 1024, 4096, torch.bfloat16)
+    _, w2, b2 = _operands(1, 4096, 1024, torch.bfloat16)
+
+    def reference(x, w1, b1, w2, b2):
+        return matmul_reference(matmul_reference(x, w1, b1, activation), w2, b2)
+
+    check(lambda *t: mlp(*t, activation), reference, (x.view(8, 2048, 1024), w1, b1, w2, b2),
+          ("x", "w1", "b1", "w2", "b2"))  # fmt: skip
 
 
 @pytest.mark.gpu(reason="bmm of the issue's size needs a GPU")

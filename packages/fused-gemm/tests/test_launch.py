@@ -23,7 +23,7 @@ from fused_gemm.reference import activation_reference
 pytestmark = pytest.mark.kernels
 
 # A_TRANS, B_TRANS, C_TRANS, BATCHED in a TMA plan's kernel arguments (ops.launch._tma_plan).
-LAYOUT = slice(8, 12)
+LAYOUT = slice(10, 14)
 
 
 def _matrix(batch, rows, cols, transposed, device, dtype, scale=1.0):

@@ -3,7 +3,9 @@
 The same modules under the same names as `TorchTransformer`, so one state_dict loads into
 both; every computation runs in the kernel packages:
 
-    linear layers           fused_gemm.Linear (bias and GELU/ReLU epilogues fused into fc1)
+    linear layers           fused_gemm.Linear (bias epilogues)
+    GELU / ReLU MLP         fused_gemm.mlp (the activation fused into fc1's epilogue, its
+                            derivative into the epilogue of fc2's input gradient)
     attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA); without
                             RoPE flash_attention_qkvpacked on the qkv projection's output, whose
                             backward writes the packed gradient (no concatenation of dq, dk, dv)
@@ -59,6 +61,8 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
         apis.append((fused_rope, "apply_rotary_qk", "position='rope'"))
     if config.mlp == "swiglu":
         apis.append((fused_swiglu, "swiglu_mlp", "mlp='swiglu'"))
+    else:
+        apis.append((fused_gemm, "mlp", f"mlp={config.mlp!r}"))
     return apis
 
 
@@ -123,7 +127,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc2(act(fc1(x))): the activation is fc1's fused epilogue."""
+    """fc2(act(fc1(x))) in one fused_gemm.mlp call: the activation is fc1's fused epilogue, its
+    derivative the epilogue of fc2's input gradient."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -132,7 +137,8 @@ class MLP(nn.Module):
         self.fc2 = fused_gemm.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.fc1(x))  # (B, S, d) -> (B, S, F) -> (B, S, d)
+        fc1, fc2 = self.fc1, self.fc2  # (B, S, d) -> (B, S, F) -> (B, S, d)
+        return fused_gemm.mlp(x, fc1.weight.t(), fc1.bias, fc2.weight.t(), fc2.bias, fc1.activation)
 
 
 class SwiGLUMLP(torch_model.SwiGLUMLP):

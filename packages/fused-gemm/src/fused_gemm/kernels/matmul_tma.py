@@ -29,7 +29,14 @@ a tile never crosses into the next batch; the output tile gets its unit batch di
 which keeps the accumulator's register layout (an expand_dims there cost a layout conversion
 through shared memory before every batched store).
 
-HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers. UPCAST: interpreter
+HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers.
+
+GRAD_Z (the backward of an activation fused into the product that feeds it, e.g. an MLP's
+dH = dY @ W2^T): the epilogue reads the tile of `saved` (z for the GELUs, the output for ReLU;
+through z_desc, laid out like c) and stores dZ = acc * act'(saved) instead of acc, and with
+COLUMN_SUM each tile's fp32 column sums of dZ (d(bias)) to row pid_m of colsum_ptr (num_pid_m, N),
+which the launcher adds up. This replaces a separate elementwise pass (kernels.grad) that reads
+dH and saved and writes dZ: two M x N memory passes fewer. Row-major, unbatched c only. UPCAST: interpreter
 only (fp32 dot operands, rounded bf16 casts, no inline PTX).
 
 Split K (SPLIT_K > 1 with SPLIT_OUT; plain products only, configs.split_k): a problem with too few
@@ -42,7 +49,7 @@ import triton
 import triton.language as tl
 
 from .._compat import AUTOTUNE_TIMING
-from .common import ACT_NONE, _activation, _add_bias, _cast, _grouped_tile
+from .common import ACT_NONE, _activation, _activation_grad, _add_bias, _cast, _grouped_tile
 from .configs import TMA_KEY, prune_tma_configs, tma_configs
 
 
@@ -77,20 +84,29 @@ def _store_tile(desc, batch, off_0, off_1, tile, TRANS: tl.constexpr, BATCHED: t
 
 
 @triton.jit
-def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N, HAS_BIAS: tl.constexpr,
-              ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr,
-              C_BATCHED: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, GRAD_Z: tl.constexpr,
+              COLUMN_SUM: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr, C_BATCHED: tl.constexpr,
+              UPCAST: tl.constexpr):  # fmt: skip
     """Bias, activation, casts and stores of the (BLOCK_M, acc.shape[1]) output tile at (off_m, off_n)
-    (c's batch index c_batch: with SPLIT_OUT, a split's partial-sum slice).
+    (c's batch index c_batch: with SPLIT_OUT, a split's partial-sum slice); with GRAD_Z the
+    activation's backward instead (module docstring).
 
     z is stored before the activation is computed, so that the activation's math overlaps the
     TMA engine's read of the staging buffer (which the next store reuses).
     """
     cols = off_n + tl.arange(0, acc.shape[1])
-    z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
-    if STORE_Z:
-        _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
-    y = _activation(z, ACTIVATION, UPCAST, False)  # 16-bit results only
+    if GRAD_Z:
+        # Rows past M read zeros, and their acc is zero (A's rows there are zeros): dZ = 0 there.
+        saved = _load_tile(z_desc, batch, off_m, off_n, acc.shape[0], acc.shape[1], C_TRANS, BATCHED)
+        y = _activation_grad(acc, saved.to(tl.float32), ACTIVATION, UPCAST, False)  # 16-bit results only
+        if COLUMN_SUM:
+            tl.store(colsum_ptr + (off_m // acc.shape[0]) * N + cols, tl.sum(y, axis=0), mask=cols < N)
+    else:
+        z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
+        if STORE_Z:
+            _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
+        y = _activation(z, ACTIVATION, UPCAST, False)  # 16-bit results only
     _store_tile(c_desc, c_batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, C_BATCHED)
 
 
@@ -106,6 +122,7 @@ def _matmul_tma_kernel(
     z_desc,
     bias_ptr,
     stride_bias,
+    colsum_ptr,
     M,
     N,
     K,
@@ -114,6 +131,8 @@ def _matmul_tma_kernel(
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     STORE_Z: tl.constexpr,
+    GRAD_Z: tl.constexpr,
+    COLUMN_SUM: tl.constexpr,
     A_TRANS: tl.constexpr,
     B_TRANS: tl.constexpr,
     C_TRANS: tl.constexpr,
@@ -161,10 +180,13 @@ def _matmul_tma_kernel(
         if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or c_desc.dtype == tl.float32:
             # Two halves of BLOCK_N / 2 columns (configs.splits_epilogue; the module docstring).
             acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N,
-                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
-            _epilogue(acc_1, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n + BLOCK_N // 2, N,
-                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
+            _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED, BATCHED or SPLIT_OUT,
+                      UPCAST)  # fmt: skip
+            _epilogue(acc_1, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m,
+                      off_n + BLOCK_N // 2, N, HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED,
+                      BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
         else:
-            _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, batch, c_batch, off_m, off_n, N,
-                      HAS_BIAS, ACTIVATION, STORE_Z, C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
+            _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+                      HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED, BATCHED or SPLIT_OUT,
+                      UPCAST)  # fmt: skip

@@ -89,12 +89,13 @@ class _Plan:
 
 @functools.lru_cache(maxsize=1024)
 def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, has_bias, activation, num_sms,
-              split=1):  # fmt: skip
+              split=1, grad_z=False, column_sum=False):  # fmt: skip
     """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
     portable kernel: a descriptor cannot have a zero-sized dim). The dtypes (the operands', and c's
     element size c_size: 4 for an fp32 output) are part of the key: the autotuner may choose
     differently per dtype. split > 1: c is the split-K workspace, fp32 (split x batch, M, N)
-    row-major."""
+    row-major. grad_z: z is the activation's saved input of a fused activation gradient (c row-major,
+    unbatched), column_sum its d(bias) partial sums."""
     element_size = dtype.itemsize
     batch, m, k = a_shape
     n = b_shape[2]
@@ -118,13 +119,19 @@ def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, 
         _descriptor_geometry(b_shape, b_stride, b_trans, batched),
         _descriptor_geometry(c_shape, c_stride, c_trans, batched or split > 1),
     )
-    flags = (has_bias, activation, z, a_trans, b_trans, c_trans, batched, split > 1)
+    if grad_z and (c_trans or batched):
+        return None
+    store_z = z and not grad_z
+    flags = (has_bias, activation, store_z, grad_z, column_sum, a_trans, b_trans, c_trans, batched, split > 1)
     return _Plan(geometry, (m, n, k, batch, split, *flags, INTERPRETING, num_sms))
 
 
-def tma_plan(a, b, c, z=None, bias=None, activation: int = 0, split: int = 1) -> Optional[_Plan]:
+def tma_plan(
+    a, b, c, z=None, bias=None, activation: int = 0, split: int = 1, grad_z: bool = False, column_sum: bool = False
+) -> Optional[_Plan]:
     """The TMA kernel's plan for these operands (z laid out like c; with split > 1, c is the fp32
-    split-K workspace), or None where it cannot run."""
+    split-K workspace; with grad_z, z is read for a fused activation gradient), or None where it
+    cannot run."""
     if a.dtype not in TMA_DTYPES or not supports_tma(a.device):
         return None
     if a.data_ptr() % 16 or b.data_ptr() % 16 or c.data_ptr() % 16:
@@ -133,22 +140,24 @@ def tma_plan(a, b, c, z=None, bias=None, activation: int = 0, split: int = 1) ->
         return None
     return _tma_plan(
         a.shape, a.stride(), b.shape, b.stride(), c.stride(), c.element_size(), z is not None, a.dtype,
-        bias is not None, activation, multiprocessor_count(a.device), split,
+        bias is not None, activation, multiprocessor_count(a.device), split, grad_z, column_sum,
     )  # fmt: skip
 
 
-def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
+def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
     (a_shape, a_strides), (b_shape, b_strides), (c_shape, c_strides) = plan.geometry
     m, n, k, batch, split, *flags, _, num_sms = plan.args
-    has_bias, activation, store_z, a_trans, b_trans, c_trans, batched, split_out = flags
-    bias_args = (bias, bias.stride(0)) if has_bias else (c, 0)
+    has_bias, activation, store_z, grad_z, _, a_trans, b_trans, c_trans, batched, split_out = flags
+    uses_z = store_z or grad_z
+    # Placeholder pointers (c) where there is no bias or no column sum.
+    bias_args = ((bias, bias.stride(0)) if has_bias else (c, 0)) + (colsum if colsum is not None else c,)
     if plan.tuned_for(_matmul_tma_kernel):
         a_block, b_block, c_block = plan.blocks
         _matmul_tma_kernel.fn[plan.grid](
             tensor_descriptor(a, a_shape, a_strides, a_block),
             tensor_descriptor(b, b_shape, b_strides, b_block),
             tensor_descriptor(c, c_shape, c_strides, c_block),
-            tensor_descriptor(z, c_shape, c_strides, c_block) if store_z else None,
+            tensor_descriptor(z, c_shape, c_strides, c_block) if uses_z else None,
             *bias_args, *plan.args, **plan.meta,
         )  # fmt: skip
         return
@@ -158,7 +167,7 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
         return (min(work, num_sms * meta["PROGRAMS_PER_SM"]),)
 
     def blocks(meta):
-        halves = splits_epilogue(meta, activation, store_z, c.element_size() == 4)
+        halves = splits_epilogue(meta, activation, uses_z, c.element_size() == 4)
         return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves, split_out)
 
     # Placeholder block shapes of the right rank: the autotuner's pre-hook sets each config's.
@@ -167,7 +176,7 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias) -> None:
         tensor_descriptor(a, a_shape, a_strides, unit),
         tensor_descriptor(b, b_shape, b_strides, unit),
         tensor_descriptor(c, c_shape, c_strides, c_unit),
-        tensor_descriptor(z, c_shape, c_strides, c_unit) if store_z else None,
+        tensor_descriptor(z, c_shape, c_strides, c_unit) if uses_z else None,
         *bias_args, *plan.args,
     )  # fmt: skip
     plan.tune(_matmul_tma_kernel, grid, blocks)
@@ -263,6 +272,44 @@ def _launch_split_tma(a, b, c, split: int) -> bool:
     else:
         c.copy_(partials.sum(0))
     return True
+
+
+def launch_matmul_activation_grad(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    saved: torch.Tensor,
+    activation: int,
+    column_sum: bool,
+    path: Optional[str] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(dz, d(bias)): dz = (a @ b) * act'(saved), (1, M, N) contiguous in a's dtype, and, when
+    column_sum, dz summed over its rows (N,) in fp32 (else None).
+
+    a (1, M, K), b (1, K, N): the upstream gradient and the next layer's weight (dH = dY @ W2^T in
+    an MLP); saved: contiguous (1, M, N), what kernels.grad's pass reads for act' (z for the GELUs,
+    the output for ReLU). The TMA kernel forms dz in its epilogue (kernels.matmul_tma, GRAD_Z);
+    where it cannot run, the plain product and then the elementwise pass. path: None picks,
+    "tma" / "unfused" force one (tests; "tma" raising where it cannot run).
+    """
+    _, m, _ = a.shape
+    n = b.shape[2]
+    dz = torch.empty((1, m, n), dtype=a.dtype, device=a.device)
+    plan = None
+    if path == "tma" or (path is None and not INTERPRETING):
+        if m * n and a.shape[2]:
+            plan = tma_plan(a, b, dz, saved, activation=activation, grad_z=True, column_sum=column_sum)
+        if plan is None and path == "tma":
+            raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
+    if plan is None:
+        launch_matmul(a, b, dz, path=None if path is None else "portable")
+        return launch_activation_grad(dz, saved, activation, True, column_sum, torch.float32)
+    colsum = None
+    if column_sum:
+        # One partial row per row tile of the smallest BLOCK_M any config has; tiles write theirs.
+        row_tiles = -(-m // min(config.kwargs["BLOCK_M"] for config in _matmul_tma_kernel.configs))
+        colsum = torch.zeros((row_tiles, n), dtype=torch.float32, device=a.device)
+    _launch_tma(plan, a, b, dz, saved, None, colsum)
+    return dz, colsum.sum(0) if column_sum else None
 
 
 @functools.lru_cache(maxsize=1024)
