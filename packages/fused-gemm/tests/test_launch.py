@@ -230,21 +230,23 @@ def test_kernel_choice(device):
 
 def test_tma_split_epilogue_without_activation(device, monkeypatch):
     """A config whose epilogue is staged in halves (EPILOGUE_SPLIT) on plain outputs: 2-D and 3-D,
-    row-major and transposed. Interpreted: the interpreter's tile with the split; compiled: the
-    four-stage config that has it."""
+    row-major and transposed. Interpreted: the interpreter's tile with the split; compiled: each
+    config that has it (the four-stage cooperative one and the ping-pong ones)."""
     if not supports_tma(torch.device(device)):
         pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
-    (config,) = [c for c in _matmul_tma_kernel.configs if INTERPRETING] or [
+    configs = [c for c in _matmul_tma_kernel.configs if INTERPRETING] or [
         c for c in tma_configs(interpreting=False) if c.kwargs["EPILOGUE_SPLIT"]
     ]
-    split = triton.Config(dict(config.kwargs, EPILOGUE_SPLIT=True), num_warps=config.num_warps,
-                          num_stages=config.num_stages, pre_hook=config.pre_hook)  # fmt: skip
-    monkeypatch.setattr(_matmul_tma_kernel, "configs", [split])
     m, k, n, dtype = 40, 48, 24, torch.bfloat16
-    for batch, c_t in [(1, False), (1, True), (3, False), (3, True)]:
-        a = _matrix(batch, m, k, False, device, dtype)
-        b = _matrix(batch, k, n, True, device, dtype, scale=k**-0.5)
-        with poisoned_allocations():
-            c = _empty_matrix(batch, m, n, c_t, device, dtype)
-        assert launch_matmul(a, b, c, path="tma") == "tma"
-        assert_close_to_reference(c, torch.bmm(a.double(), b.double()), torch.bmm(a, b), name=f"c {batch} {c_t}")
+    for config in configs:
+        split = triton.Config(dict(config.kwargs, EPILOGUE_SPLIT=True), num_warps=config.num_warps,
+                              num_stages=config.num_stages, pre_hook=config.pre_hook)  # fmt: skip
+        monkeypatch.setattr(_matmul_tma_kernel, "configs", [split])
+        for batch, c_t in [(1, False), (1, True), (3, False), (3, True)]:
+            a = _matrix(batch, m, k, False, device, dtype)
+            b = _matrix(batch, k, n, True, device, dtype, scale=k**-0.5)
+            with poisoned_allocations():
+                c = _empty_matrix(batch, m, n, c_t, device, dtype)
+            assert launch_matmul(a, b, c, path="tma") == "tma"
+            reference, low = torch.bmm(a.double(), b.double()), torch.bmm(a, b)
+            assert_close_to_reference(c, reference, low, name=f"c {config} {batch} {c_t}")
