@@ -11,6 +11,10 @@ Groups:
   and against both plain matmuls (ours and cuBLAS), so that time/ours of "tritonformer, no
   epilogue" reads the cost of the fused epilogue directly.
 - "bmm": ours against torch.bmm.
+- "mlp": fc2(gelu(fc1(x))) with biases at a GPT-2 410M layer's size (16k tokens, 1024 -> 4096 ->
+  1024) and a 1.4B GPT-2's (2048 -> 8192 -> 2048): ours as one `mlp` call (the GELU's backward in
+  the epilogue of fc2's input gradient), ours as two `matmul` calls (the separate elementwise
+  pass), and torch's F.linear / F.gelu / F.linear. Flops: both products.
 """
 
 import pytest
@@ -18,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tritonformer_testkit.bench import OURS, measure
 
-from fused_gemm import bmm, matmul
+from fused_gemm import bmm, matmul, mlp
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
@@ -90,3 +94,27 @@ def test_bmm(benchmark, provider, mode):
     b = (torch.randn(batch, k, n, device="cuda") / k**0.5).to(torch.bfloat16)
     fn = bmm if provider == OURS else torch.bmm
     _run(benchmark, "bmm", f"{batch}x{m}x{k}x{n}", provider, mode, fn, (a, b), 2 * batch * m * k * n)
+
+
+MLP_SHAPES = [(16384, 1024, 4096), (16384, 2048, 8192)]
+MLP_PROVIDERS = [OURS, "tritonformer, two matmuls", "torch (F.linear + F.gelu + F.linear)"]
+
+
+def _mlp_fn(provider: str):
+    """(x, w1 (H, D), b1, w2 (D, H), b2) -> output, nn.Linear weights, for each provider."""
+    return {
+        OURS: lambda x, w1, b1, w2, b2: mlp(x, w1.t(), b1, w2.t(), b2, "gelu"),
+        "tritonformer, two matmuls": lambda x, w1, b1, w2, b2: matmul(matmul(x, w1.t(), b1, "gelu"), w2.t(), b2),
+        "torch (F.linear + F.gelu + F.linear)": lambda x, w1, b1, w2, b2: F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2),
+    }[provider]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", MLP_PROVIDERS)
+@pytest.mark.parametrize("shape", MLP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_mlp(benchmark, shape, provider, mode):
+    m, d, h = shape
+    x, w1, b1 = _linear_inputs(m, d, h)
+    _, w2, b2 = _linear_inputs(1, h, d)
+    _run(benchmark, "mlp", "x".join(map(str, shape)), provider, mode, _mlp_fn(provider), (x, w1, b1, w2, b2),
+         4 * m * d * h)  # fmt: skip
