@@ -4,8 +4,8 @@ The same modules under the same names as `TorchTransformer`, so one state_dict l
 both; every computation runs in the kernel packages:
 
     linear layers           fused_gemm.Linear (bias epilogues)
-    GELU / ReLU MLP         fused_gemm.mlp (the activation fused into fc1's epilogue, its
-                            derivative into the epilogue of fc2's input gradient)
+    GELU / ReLU MLP         fused_gemm.MLP, one fused_gemm.mlp call (the activation fused into
+                            fc1's epilogue, its derivative into the epilogue of fc2's input gradient)
     attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA); without
                             RoPE flash_attention_qkvpacked on the qkv projection's output, whose
                             backward writes the packed gradient (no concatenation of dq, dk, dv)
@@ -62,7 +62,7 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
     if config.mlp == "swiglu":
         apis.append((fused_swiglu, "swiglu_mlp", "mlp='swiglu'"))
     else:
-        apis.append((fused_gemm, "mlp", f"mlp={config.mlp!r}"))
+        apis.append((fused_gemm, "MLP", f"mlp={config.mlp!r}"))
     return apis
 
 
@@ -126,19 +126,13 @@ class Attention(nn.Module):
         return self.proj(y.reshape(B, S, H * D))  # contiguous (B, S, H, D): a free reshape
 
 
-class MLP(nn.Module):
-    """fc2(act(fc1(x))) in one fused_gemm.mlp call: the activation is fc1's fused epilogue, its
-    derivative the epilogue of fc2's input gradient."""
+class MLP(fused_gemm.MLP):
+    """The twin's fc1 and fc2 as fused_gemm.MLP: one fused_gemm.mlp call, the activation in fc1's
+    epilogue, its derivative in the epilogue of fc2's input gradient."""
 
     def __init__(self, config: TransformerConfig):
-        super().__init__()
         act = "relu" if config.mlp == "relu" else ("gelu_tanh" if config.gelu_approximate == "tanh" else "gelu")
-        self.fc1 = fused_gemm.Linear(config.d_model, config.d_ff, bias=config.use_linear_bias, activation=act)
-        self.fc2 = fused_gemm.Linear(config.d_ff, config.d_model, bias=config.use_linear_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fc1, fc2 = self.fc1, self.fc2  # (B, S, d) -> (B, S, F) -> (B, S, d)
-        return fused_gemm.mlp(x, fc1.weight.t(), fc1.bias, fc2.weight.t(), fc2.bias, fc1.activation)
+        super().__init__(config.d_model, config.d_ff, activation=act, bias=config.use_linear_bias)
 
 
 class SwiGLUMLP(torch_model.SwiGLUMLP):

@@ -16,10 +16,9 @@ output (split-K partials, or an fp32 parameter's gradient), or the config asks f
 (EPILOGUE_SPLIT; configs.splits_epilogue): the accumulator is split in registers (no data
 movement), each half's bias, activation, casts and stores hold half the live registers of a
 whole-tile epilogue (a 128x256 GELU epilogue with z saved spilled at 255 registers when done at
-once: 246, no spills, in halves), the c and z
-descriptors' blocks are (BLOCK_M, BLOCK_N / 2), and the staging buffer that every store of the
-tile reuses is half as large. A plain epilogue otherwise stores its whole tile at once: one wait
-on the staging buffer per tile instead of two.
+once: 246, no spills, in halves), the c and z descriptors' blocks are (BLOCK_M, BLOCK_N / 2),
+and the staging buffer that every store of the tile reuses is half as large. A plain epilogue
+otherwise stores its whole tile at once: one wait on the staging buffer per tile instead of two.
 
 Layouts: a descriptor needs a unit stride in its last dim. A logical operand whose memory is
 the transpose (e.g. B = W^T when W is an nn.Linear weight, or A = dZ^T in dW = dZ^T X) is read
@@ -29,15 +28,16 @@ a tile never crosses into the next batch; the output tile gets its unit batch di
 which keeps the accumulator's register layout (an expand_dims there cost a layout conversion
 through shared memory before every batched store).
 
-HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers.
+HAS_BIAS, ACTIVATION, STORE_Z are kernels.matmul's, from the same helpers. UPCAST: interpreter
+only (fp32 dot operands, rounded bf16 casts, no inline PTX).
 
 GRAD_Z (the backward of an activation fused into the product that feeds it, e.g. an MLP's
 dH = dY @ W2^T): the epilogue reads the tile of `saved` (z for the GELUs, the output for ReLU;
-through z_desc, laid out like c) and stores dZ = acc * act'(saved) instead of acc, and with
-COLUMN_SUM each tile's fp32 column sums of dZ (d(bias)) to row pid_m of colsum_ptr (num_pid_m, N),
-which the launcher adds up. This replaces a separate elementwise pass (kernels.grad) that reads
-dH and saved and writes dZ: two M x N memory passes fewer. Row-major, unbatched c only. UPCAST: interpreter
-only (fp32 dot operands, rounded bf16 casts, no inline PTX).
+through z_desc, laid out like c; like a stored z, it makes the epilogue work in halves) and
+stores dZ = acc * act'(saved) instead of acc, and with COLUMN_SUM each tile's fp32 column sums of
+dZ (d(bias)) to row pid_m of colsum_ptr (num_pid_m, N), which the launcher adds up. This
+replaces a separate elementwise pass (kernels.grad) that reads dH and saved and writes dZ: two
+M x N memory passes fewer. Row-major, unbatched c only.
 
 Split K (SPLIT_K > 1 with SPLIT_OUT; plain products only, configs.split_k): a problem with too few
 output tiles to fill the GPU (a weight gradient, whose output is a weight and whose K is every
@@ -177,7 +177,7 @@ def _matmul_tma_kernel(
             else:
                 acc = tl.dot(a, b, acc)
 
-        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or c_desc.dtype == tl.float32:
+        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or GRAD_Z or c_desc.dtype == tl.float32:
             # Two halves of BLOCK_N / 2 columns (configs.splits_epilogue; the module docstring).
             acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
             _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,

@@ -67,9 +67,30 @@ def _check_options(activation, allow_tf32) -> bool:
     return allow_tf32
 
 
-def _check_bias(bias: Optional[torch.Tensor], n_out: int, what: str) -> None:
+def _check_bias(bias: Optional[torch.Tensor], n_out: int, what: str, name: str = "bias") -> None:
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n_out):
-        raise ValueError(f"bias must have shape ({n_out},) ({what}), got {tuple(bias.shape)}")
+        raise ValueError(f"{name} must have shape ({n_out},) ({what}), got {tuple(bias.shape)}")
+
+
+def check_linear_operands(x, w, bias, names: Tuple[str, str, str] = ("x", "w", "bias")) -> None:
+    """x (..., n), w (n, k) and bias (k,) or None, checked before any launch, each error naming
+    its argument (`names`): tensors of a supported dtype, ranks, and the dims that must match."""
+    x_name, w_name, bias_name = names
+    check_tensor(x_name, x)
+    check_tensor(w_name, w)
+    if bias is not None:
+        check_tensor(bias_name, bias)
+    x_shape, w_shape = x.shape, w.shape
+    if not x_shape:
+        raise ValueError(f"{x_name} must have at least 1 dim (..., n), got a 0-dim tensor")
+    if len(w_shape) != 2:
+        raise ValueError(f"{w_name} must be 2-D (n, k), got shape {tuple(w_shape)}")
+    if x_shape[-1] != w_shape[0]:
+        raise ValueError(
+            f"inner dimensions do not match: {x_name} has shape {tuple(x_shape)} (n = {x_shape[-1]}) but {w_name} "
+            f"has shape {tuple(w_shape)} (n = {w_shape[0]}); pass an nn.Linear weight as weight.t()"
+        )
+    _check_bias(bias, w_shape[1], f"{w_name}.shape[1]", bias_name)
 
 
 def _compute_dtype(*named: Tuple[str, Optional[torch.Tensor]]) -> torch.dtype:
@@ -113,23 +134,9 @@ def matmul(
     weight's straight from the kernel). On a CUDA device (the CPU under TRITON_INTERPRET=1).
     Returns (..., k) in that dtype (autocast's under autocast); accumulation is fp32.
     """
-    check_tensor("x", x)
-    check_tensor("w", w)
-    if bias is not None:
-        check_tensor("bias", bias)
+    check_linear_operands(x, w, bias)
     tf32 = _check_options(activation, allow_tf32)
-    x_shape = x.shape
-    if not x_shape:
-        raise ValueError("x must have at least 1 dim (..., n), got a 0-dim tensor")
-    w_shape = w.shape
-    if len(w_shape) != 2:
-        raise ValueError(f"w must be 2-D (n, k), got shape {tuple(w_shape)}")
-    if x_shape[-1] != w_shape[0]:
-        raise ValueError(
-            f"inner dimensions do not match: x has shape {tuple(x_shape)} (n = {x_shape[-1]}) but w has shape "
-            f"{tuple(w_shape)} (n = {w_shape[0]}); pass an nn.Linear weight as weight.t()"
-        )
-    _check_bias(bias, w_shape[1], "w.shape[1]")
+    x_shape, w_shape = x.shape, w.shape
     dtype = _compute_dtype(("x", x), ("w", w), ("bias", bias))
     # (1, M, n) view of x (a copy only when its leading dims cannot be flattened into one stride).
     a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])

@@ -28,7 +28,7 @@ from ..kernels.common import ACTIVATION_CODES
 from .custom_ops import gemm_fwd_op
 from .gemm import SAVES_Z, _empty, gemm_bwd, gemm_bwd_fake
 from .launch import launch_activation_grad, launch_matmul_activation_grad
-from .matmul import _check_bias, _check_options, _compute_dtype
+from .matmul import _check_bias, _check_options, _compute_dtype, check_linear_operands
 
 
 def mlp_bwd(
@@ -87,6 +87,15 @@ else:  # pragma: no cover - torch < 2.4
     _mlp_bwd_custom = mlp_bwd
 
 
+def _forward(x, w1, b1, w2, b2, activation, save_z: bool, allow_tf32: bool):
+    """(y, h, z): h = act(x @ w1 + b1) and y = h @ w2 + b2 for x (1, M, d_in), w1 (1, d_in, d_hidden)
+    and w2 (1, d_hidden, d_out) in the compute dtype; z = x @ w1 + b1 when save_z and a GELU, else
+    a placeholder."""
+    h, z = gemm_fwd_op(x, w1, b1, activation, save_z, allow_tf32)
+    y, _ = gemm_fwd_op(h, w2, b2, None, False, allow_tf32)
+    return y, h, z
+
+
 class MLPFunction(torch.autograd.Function):
     """y = act(x @ w1 + b1) @ w2 + b2 for x (1, M, d_in), w1 (d_in, d_hidden), w2 (d_hidden, d_out)."""
 
@@ -97,8 +106,7 @@ class MLPFunction(torch.autograd.Function):
             dtype if t is None else t.dtype for t in (x, w1, b1, w2, b2)
         )  # gradients in each operand's own dtype (ops.matmul)
         x, w1, w2 = x.to(dtype), w1.to(dtype).unsqueeze(0), w2.to(dtype).unsqueeze(0)
-        h, z = gemm_fwd_op(x, w1, b1, activation, True, allow_tf32)
-        y, _ = gemm_fwd_op(h, w2, b2, None, False, allow_tf32)
+        y, h, z = _forward(x, w1, b1, w2, b2, activation, True, allow_tf32)
         saved = z if activation in SAVES_Z else h
         ctx.save_for_backward(x, w1, saved if activation else None, h, w2)
         ctx.activation, ctx.allow_tf32 = activation, allow_tf32
@@ -135,29 +143,24 @@ def mlp(
     (nn.Linear weights as weight.t(), no copy); b1: (d_hidden,) or None; b2: (d_out,) or None.
     activation, allow_tf32, dtypes, autocast and devices: as `matmul`. Returns (..., d_out).
     """
-    for name, value in (("x", x), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2)):
-        if value is not None:
-            check_tensor(name, value)
-    tf32 = _check_options(activation, allow_tf32)
-    x_shape = x.shape
-    if not x_shape:
-        raise ValueError("x must have at least 1 dim (..., d_in), got a 0-dim tensor")
-    if w1.dim() != 2 or w2.dim() != 2:
-        raise ValueError(f"w1 and w2 must be 2-D, got shapes {tuple(w1.shape)} and {tuple(w2.shape)}")
-    if x_shape[-1] != w1.shape[0]:
-        raise ValueError(f"inner dimensions do not match: x has shape {tuple(x_shape)} but w1 has shape "
-                         f"{tuple(w1.shape)}; pass an nn.Linear weight as weight.t()")  # fmt: skip
+    check_linear_operands(x, w1, b1, ("x", "w1", "b1"))
+    check_tensor("w2", w2)
+    if w2.dim() != 2:
+        raise ValueError(f"w2 must be 2-D (d_hidden, d_out), got shape {tuple(w2.shape)}")
     if w1.shape[1] != w2.shape[0]:
         raise ValueError(f"hidden dimensions do not match: w1 has shape {tuple(w1.shape)} but w2 has shape "
                          f"{tuple(w2.shape)}")  # fmt: skip
-    _check_bias(b1, w1.shape[1], "w1.shape[1]")
-    _check_bias(b2, w2.shape[1], "w2.shape[1]")
+    if b2 is not None:
+        check_tensor("b2", b2)
+    _check_bias(b2, w2.shape[1], "w2.shape[1]", "b2")
+    tf32 = _check_options(activation, allow_tf32)
     dtype = _compute_dtype(("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))
+    x_shape = x.shape
     a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
     operands = (a, w1, b1, w2, b2)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
         y = MLPFunction.apply(*operands, activation, tf32, dtype)
     else:
-        h, _ = gemm_fwd_op(a.to(dtype), w1.to(dtype).unsqueeze(0), b1, activation, False, tf32)
-        y, _ = gemm_fwd_op(h, w2.to(dtype).unsqueeze(0), b2, None, False, tf32)
+        w1_3d, w2_3d = w1.to(dtype).unsqueeze(0), w2.to(dtype).unsqueeze(0)
+        y, _, _ = _forward(a.to(dtype), w1_3d, b1, w2_3d, b2, activation, False, tf32)
     return y.view(*x_shape[:-1], w2.shape[1])
