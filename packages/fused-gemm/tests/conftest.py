@@ -93,28 +93,6 @@ def check_against_reference(
     return y, grads
 
 
-def check_autocast_against_reference(y, expected, operands, reference: Callable, names: Sequence[str], dy):
-    """Under autocast: our output `y` and torch's `expected` (both in autocast's dtype) from the fp32
-    `operands`; every operand's gradient must come back in fp32 and be as close to `reference`
-    (float64, on the operands upcast) as torch's own autocast computation's."""
-    assert y.dtype == expected.dtype, (y.dtype, expected.dtype)
-    grads = torch.autograd.grad(y, operands, dy)
-    expected_grads = torch.autograd.grad(expected, operands, dy)
-    leaves = [t.detach().double().requires_grad_() for t in operands]
-    y_ref = reference(*leaves)
-    grads_ref = torch.autograd.grad(y_ref, leaves, dy.double())
-    assert_close_to_reference(y, y_ref, expected, name="y")
-    for name, grad, grad_ref, torch_grad in zip(names, grads, grads_ref, expected_grads):
-        assert grad.dtype == torch.float32, name
-        assert_close_to_reference(grad, grad_ref, torch_grad, name=f"d{name}")
-
-
-@pytest.fixture
-def check_autocast():
-    """check_autocast(y, expected, operands, reference, names, dy): see check_autocast_against_reference."""
-    return check_autocast_against_reference
-
-
 @pytest.fixture
 def check():
     """check(ours, reference, tensors, names, dy=None): see check_against_reference."""

@@ -8,7 +8,12 @@ Triton 3.x interpreter), the others the portable kernel; test_gemm_gpu.py runs t
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
+from tritonformer_testkit import (
+    assert_autocast_close_to_reference,
+    assert_close_to_reference,
+    dtype_params,
+    poisoned_allocations,
+)
 
 from fused_gemm import matmul
 from fused_gemm.reference import matmul_reference
@@ -174,7 +179,7 @@ def _autograd_node_names(tensor):
 
 
 @pytest.mark.parametrize("activation", [None, "gelu"])
-def test_autocast_multiplies_like_f_linear_with_fp32_gradients(activation, device, check_autocast):
+def test_autocast_multiplies_like_f_linear_with_fp32_gradients(activation, device):
     """Under autocast, fp32 operands are multiplied in its dtype, and the gradients of x, w and
     bias come back in fp32, as close to the float64 reference as F.linear's under autocast."""
     x = torch.randn(20, 32, device=device, requires_grad=True)
@@ -186,7 +191,9 @@ def test_autocast_multiplies_like_f_linear_with_fp32_gradients(activation, devic
         expected = act(torch.nn.functional.linear(x, w, b))
     assert y.dtype == torch.bfloat16
     reference = lambda x, w, b: matmul_reference(x, w.t(), b, activation)  # noqa: E731
-    check_autocast(y, expected, (x, w, b), reference, NAMES, torch.randn(20, 24, device=device))
+    operands = (x, w, b)
+    dy = torch.randn(20, 24, device=device)
+    assert_autocast_close_to_reference(y, expected, operands, operands, reference, dy, NAMES)
 
 
 def test_autocast_gradients_need_no_cast_back(device):

@@ -20,7 +20,12 @@ from typing import Callable, Optional, Sequence
 import pytest
 import torch
 import torch.nn.functional as F
-from tritonformer_testkit import assert_close_to_reference, interpreting, poisoned_allocations
+from tritonformer_testkit import (
+    assert_autocast_close_to_reference,
+    assert_close_to_reference,
+    interpreting,
+    poisoned_allocations,
+)
 
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
@@ -125,14 +130,7 @@ def check_autocast_against_torch(ours: Callable, twin: Callable, reference: Call
             y = ours(*inputs)
         y_twin = twin(*twin_inputs)
     assert y.dtype == y_twin.dtype == torch.bfloat16
-    dy = torch.randn_like(y)
-    grads = torch.autograd.grad(y, inputs, dy)
-    grads_twin = torch.autograd.grad(y_twin, twin_inputs, dy)
-    y_ref, grads_ref, _ = outputs_and_grads(reference, detached(inputs, torch.float64), dy.double())
-    assert_close_to_reference(y, y_ref, y_twin, name="y")
-    for name, g, g_ref, g_twin in zip(names, grads, grads_ref, grads_twin):
-        assert g.dtype == g_twin.dtype == torch.float32, f"d{name}: {g.dtype}"
-        assert_close_to_reference(g, g_ref, g_twin, name=f"d{name}")
+    assert_autocast_close_to_reference(y, y_twin, inputs, twin_inputs, reference, torch.randn_like(y), names)
 
 
 def returned_grad_dtypes(monkeypatch, function) -> list:

@@ -1,5 +1,6 @@
 """Dev-only helpers shared by the Tritonformer test suites and benchmarks."""
 
+from .autocast import assert_autocast_close_to_reference
 from .dtypes import FLOAT_DTYPES, LOW_PRECISION_DTYPES, dtype_params
 from .poison import poisoned_allocations
 from .runtime import (
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FLOAT_DTYPES",
     "LOW_PRECISION_DTYPES",
+    "assert_autocast_close_to_reference",
     "assert_close_to_reference",
     "assert_rms_close_to_reference",
     "can_execute_kernels",
