@@ -8,8 +8,7 @@ accumulators (128 registers a thread) and spills a little (TMA, causal, atomic d
 180-230 bytes, 16x128 about 90, 32x64 about 60; without the atomic dQ 32x128 spills about 80),
 at 64 it is spill-free, at 256 it spills (its [64, 256] accumulators). K and V stay in shared
 memory as the A operands of their products; P^T and dS^T feed theirs from registers. Lists are
-short because each entry is a compile on first use (and the dQ kernel, which only the
-deterministic backward runs below BLOCK_D 256, has one entry there).
+short because each entry is a compile on first use.
 The autotuner keys on the head dim, the mask/bias specialization and the dQ mode (and the
 dtypes), not on exact sequence lengths, so a varlen batch never re-tunes; there is one autotuner
 per class of longest sequence (a power of two, clamped to 1024..8192), because the best tile
@@ -90,10 +89,27 @@ C = KernelConfig
 # S = 2048, H = 16 (a 410M GPT's attention), dK/dV 32x128 4 warps 0.958 ms and dQ 64x64 4 warps
 # 0.913 ms, against 1.001 with the earlier candidates (cuDNN 0.761); at S = 1024 dQ 64x64 1.072
 # against 1.207; at S = 4096 (atomic dQ) dK/dV 64x64 4 warps 3.321 against 3.401.
+# At 128, session 8 (H100, B = 4, H = 16, S = 4096, backward alone, one kernel's config forced,
+# the other at 32x128 8 warps / 128x64 8 warps 2 stages): dK/dV 64x64 4 warps 2 stages 2.236 ms
+# causal (3.792 without a mask) against 2.589 (4.617) for the earlier 32x128 8 warps; 32x64 4
+# warps 3 stages 2.322 (4.058); 64x128 8 warps 3 stages, flex_attention's Hopper shape, 2.878
+# (3.915); 16x128 8 warps 3.231 (6.095): dropped. dQ 128x64 8 warps 3 stages 2.360 (4.387)
+# against 2.574 (4.637) with 2 stages; 64x64 4 warps 2 stages 2.402 (4.497). The forward (H200,
+# same shape, CUDA-graph timing): 128x128 8 warps 3 stages 0.555 ms causal (1.014 without a mask)
+# against 0.696 (1.167) with 2 stages and 0.611 (1.078) for 128x64; at the 410M shape (D = 64,
+# B = 8, S = 2048, causal) 64x128 4 warps 0.212 and 128x64 4 warps 0.218 against 0.222 for 64x64
+# (128x128 8 warps 0.299). Together (H100 benchmark, run 53): D = 128 causal S = 4096 backward
+# 265.9 -> 315.8 TFLOP/s, forward+backward 303.2 -> 351.6.
 TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
     "fwd": {
-        64: [C(128, 128, 8, 3, True), C(128, 64, 8, 3, True), C(64, 64, 4, 3, True)],
-        128: [C(128, 128, 8, 2, True), C(128, 64, 8, 3, True)],
+        64: [
+            C(128, 128, 8, 3, True),
+            C(128, 64, 8, 3, True),
+            C(64, 64, 4, 3, True),
+            C(64, 128, 4, 3, True),
+            C(128, 64, 4, 3, True),
+        ],
+        128: [C(128, 128, 8, 3, True), C(128, 64, 8, 3, True), C(64, 64, 4, 3, True)],
         256: [C(64, 64, 8, 2, True), C(128, 32, 8, 2, True)],
     },
     "dkdv": {
@@ -104,12 +120,12 @@ TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
             C(32, 128, 4, 2, True),
             C(64, 64, 4, 2, True),
         ],
-        128: [C(32, 128, 8, 2, True), C(16, 128, 8, 2, True), C(32, 64, 8, 2, True)],
+        128: [C(64, 64, 4, 2, True), C(32, 64, 4, 3, True), C(64, 128, 8, 3, True), C(32, 128, 8, 2, True)],
         256: [C(16, 64, 8, 2, True)],
     },
     "dq": {
         64: [C(128, 64, 8, 3, True), C(64, 64, 4, 3, True), C(64, 32, 4, 3, True), C(128, 64, 4, 3, True)],
-        128: [C(128, 64, 8, 2, True)],
+        128: [C(128, 64, 8, 3, True), C(64, 64, 4, 2, True)],
         256: [C(64, 32, 8, 2, True), C(64, 64, 8, 2, True)],
     },
 }
