@@ -4,7 +4,7 @@
 #   TESTS="packages/fused-rope/tests" BENCH="packages/fused-rope/benchmarks" \
 #     bash tools/gpu/session.sh tests3 tests22 bench
 # Steps: tests3 (= small3 gpu3), tests22 (= small22 gpu22), bench.
-# TESTS / BENCH default to every package. Tests that fit beside each other run in XDIST (default
+# TESTS / BENCH default to every package; BENCH_K selects benchmarks by pytest -k. Tests that fit beside each other run in XDIST (default
 # 8) processes, compiling in parallel; the `gpu`-marked ones (large shapes) in XDIST_GPU (default
 # 2) so that they do not run out of memory together; the benchmarks always run alone. Carried in .carry/ (never committed): triton22-cp312.tar.xz
 # (a stripped Triton 2.2.0 for Python 3.12, unpacked to /tmp/t22) and wheels (*.whl, e.g.
@@ -57,7 +57,7 @@ for step in "$@"; do
     small22|gpu22) run_suite tests-22 "${step%22}" "$T22" ;;
     bench)
       # shellcheck disable=SC2086
-      timeout "$STAGE_TIMEOUT" python3 -m pytest -q -p no:xdist $BENCH --bench-table "$OUT/bench.md" 2>&1 \
+      timeout "$STAGE_TIMEOUT" python3 -m pytest -q -p no:xdist $BENCH ${BENCH_K:+-k "$BENCH_K"} --bench-table "$OUT/bench.md" 2>&1 \
         | tee "$OUT/bench.log" | grep -E " passed| failed|FAILED|ERROR" | tail -20
       PYTHONPATH=tools/testkit/src python3 tools/gpu/rows_to_tables.py "$OUT/bench_rows.jsonl" ;;
     *) echo "unknown step $step"; exit 2 ;;

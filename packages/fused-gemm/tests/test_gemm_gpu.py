@@ -77,6 +77,26 @@ def test_mlp_at_model_size(activation, check):
           ("x", "w1", "b1", "w2", "b2"))  # fmt: skip
 
 
+@pytest.mark.gpu(reason="timing every candidate config needs a GPU")
+def test_first_call_tunes_over_every_candidate(check, monkeypatch):
+    """Unpinned: the first call of each product times every candidate the prune keeps (ops.tuning)
+    and its result must still be exact. The 410M MLP's fused activation gradient with d(bias) is
+    the sharp case: its candidates differ in BLOCK_M (64 to 256), each writes one partial column
+    sum per row tile, and the rows a wider tile leaves alone must not keep another candidate's."""
+    monkeypatch.setattr(_matmul_tma_kernel, "configs", tma_configs(interpreting=False))  # a fresh list: re-tunes
+    monkeypatch.setattr(_matmul_kernel, "configs", portable_configs(interpreting=False))
+    x, w1, b1 = _operands(16384, 1024, 4096, torch.bfloat16)
+    _, w2, b2 = _operands(1, 4096, 1024, torch.bfloat16)
+
+    def reference(x, w1, b1, w2, b2):
+        return matmul_reference(matmul_reference(x, w1, b1, "gelu"), w2, b2)
+
+    check(lambda *t: mlp(*t, "gelu"), reference, (x, w1, b1, w2, b2), ("x", "w1", "b1", "w2", "b2"))
+    # fp32 operands take the portable kernel: its candidates are timed the same way.
+    x, w, b = _operands(1000, 520, 1032, torch.float32)
+    check(_ours("gelu"), _reference("gelu"), (x, w, b), NAMES)
+
+
 @pytest.mark.gpu(reason="bmm of the issue's size needs a GPU")
 def test_bmm_issue_shape(check):
     a = torch.randn(64, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)

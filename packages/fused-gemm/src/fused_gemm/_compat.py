@@ -55,6 +55,26 @@ def _autotune_bench(kernel_call, quantiles):
 AUTOTUNE_TIMING = {"do_bench": _autotune_bench} if TRITON_VERSION >= (3, 1) else {"warmup": 10, "rep": 40}
 
 
+def _launch_errors() -> tuple:
+    """What a config that does not fit the GPU raises at its first launch (too much shared memory,
+    registers, a failed ptxas or static assertion), as Triton's autotuner skips it."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime import errors
+
+    return tuple(
+        error
+        for error in (
+            getattr(errors, "OutOfResources", None),
+            getattr(errors, "PTXASError", None),
+            CompileTimeAssertionFailure,
+        )  # fmt: skip
+        if error is not None
+    )
+
+
+LAUNCH_ERRORS = _launch_errors()
+
+
 def config_launch_kwargs(config: triton.Config) -> dict:
     """The keywords the autotuner launches `config` with (meta-parameters and compile options), so
     that a direct launch with them finds the kernel it compiled: Config.all_kwargs (Triton >= 3.0)

@@ -255,16 +255,35 @@ def _prune(configs: List[triton.Config], m: int, n: int, batch: int, smem_bytes,
     return [min(configs, key=smem_bytes)]
 
 
+def portable_candidates(configs, m: int, n: int, element_size: int, device) -> List[triton.Config]:
+    """The portable kernel's configs worth timing for an (m, n) output of `element_size` operands
+    (the batch is not counted: it is in the grid, not an argument of the kernel)."""
+    return _prune(
+        configs, m, n, 1,
+        lambda c: _portable_smem(c.kwargs, c.num_stages, element_size), max_shared_memory(device),
+        _portable_large_candidate,
+    )  # fmt: skip
+
+
 def prune_portable_configs(configs, named_args, **kwargs):
     """early_config_prune (Triton 2.2 passes only the positional arguments: everything but the tiles)."""
     args = {**named_args, **kwargs}
     a = args["a_ptr"]
-    size = a.element_size()
-    # The batch count is not an argument of the portable kernel (it is in the grid): counted as 1.
+    return portable_candidates(configs, args["M"], args["N"], a.element_size(), a.device)
+
+
+def tma_candidates(configs, m: int, n: int, batch: int, element_size: int, activation, uses_z: bool,
+                   out_size: int, device) -> List[triton.Config]:  # fmt: skip
+    """The TMA kernel's configs worth timing for `batch` (times the split-K slices) (m, n) outputs
+    of `out_size`-byte elements from `element_size` operands, with this epilogue."""
     return _prune(
-        configs, args["M"], args["N"], 1,
-        lambda c: _portable_smem(c.kwargs, c.num_stages, size), max_shared_memory(a.device),
-        _portable_large_candidate,
+        configs, m, n, batch,
+        lambda c: _tma_smem(
+            c.kwargs, c.num_stages, element_size, splits_epilogue(c.kwargs, activation, uses_z, out_size == 4),
+            out_size,
+        ),
+        max_shared_memory(device),
+        _tma_large_candidate,
     )  # fmt: skip
 
 
@@ -272,16 +291,9 @@ def prune_tma_configs(configs, named_args, **kwargs):
     """early_config_prune of the TMA kernel."""
     args = {**named_args, **kwargs}
     a = args["a_desc"].base
-    size, activation = a.element_size(), args["ACTIVATION"]
-    uses_z = args["STORE_Z"] or args["GRAD_Z"]
-    out_size = args["c_desc"].base.element_size()
-    return _prune(
-        configs, args["M"], args["N"], args["BATCH"] * args["SPLIT_K"],
-        lambda c: _tma_smem(
-            c.kwargs, c.num_stages, size, splits_epilogue(c.kwargs, activation, uses_z, out_size == 4), out_size
-        ),
-        max_shared_memory(a.device),
-        _tma_large_candidate,
+    return tma_candidates(
+        configs, args["M"], args["N"], args["BATCH"] * args["SPLIT_K"], a.element_size(), args["ACTIVATION"],
+        args["STORE_Z"] or args["GRAD_Z"], args["c_desc"].base.element_size(), a.device,
     )  # fmt: skip
 
 

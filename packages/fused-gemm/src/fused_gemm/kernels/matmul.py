@@ -102,6 +102,9 @@ def _accumulate_fp32_in_groups(a_ptrs, b_ptrs, stride_ak, stride_bk, K, offs_k, 
     return acc
 
 
+# The autotuner holds the candidate configs and their prune rule. ops.launch times the candidates
+# itself (ops.tuning: interleaved rounds, robust to the GPU's clock drift) and launches the JIT
+# function directly; the autotuner times them only where this kernel is called through it.
 @triton.autotune(
     configs=portable_configs(),
     key=PORTABLE_KEY,

@@ -110,6 +110,9 @@ def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_b
     _store_tile(c_desc, c_batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, C_BATCHED)
 
 
+# The autotuner holds the candidate configs and their prune rule. ops.launch times the candidates
+# itself (ops.tuning: interleaved rounds, robust to the GPU's clock drift) and launches the JIT
+# function directly; the autotuner times them only where this kernel is called through it.
 @triton.autotune(
     configs=tma_configs(), key=TMA_KEY, prune_configs_by={"early_config_prune": prune_tma_configs}, **AUTOTUNE_TIMING
 )

@@ -14,10 +14,11 @@ launcher picks the kernel:
 
 Host path: what depends only on shapes, strides, dtypes and options (kernel choice, layouts,
 descriptor geometry) is computed once per distinct problem, a plan (functools.lru_cache). The
-first launch of a plan goes through Triton's autotuner; the plan then keeps the config it chose
-(with its grid and descriptor block shapes), and later launches call the kernel with it
-directly: no autotuner key, pre-hook or grid callback per call. A plan re-tunes when the
-kernel's config list is replaced (tests pin configs that way).
+first launch of a plan times the kernel's candidate configs for it (its autotuner's list, pruned
+by the autotuner's rule, timed by ops.tuning in interleaved rounds rather than by Triton's
+autotuner); the plan then keeps the fastest (with its grid and descriptor block shapes), and
+every launch calls the kernel with it directly: no autotuner key, pre-hook or grid callback per
+call. A plan re-tunes when the kernel's config list is replaced (tests pin configs that way).
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ from typing import Optional, Tuple
 import torch
 
 from .._compat import INTERPRETING, config_launch_kwargs, multiprocessor_count, supports_tma, tensor_descriptor
-from ..kernels.configs import grad_rows, grad_tile, interpreter_config, split_k, splits_epilogue, tma_block_shapes
+from ..kernels.configs import (
+    grad_rows,
+    grad_tile,
+    interpreter_config,
+    portable_candidates,
+    split_k,
+    splits_epilogue,
+    tma_block_shapes,
+    tma_candidates,
+)
 from ..kernels.grad import _activation_grad_kernel
 from ..kernels.matmul import _matmul_kernel
 from ..kernels.matmul_tma import _matmul_tma_kernel
+from .tuning import fastest
 
 TMA_DTYPES = (torch.float16, torch.bfloat16)
 PATHS = ("tma", "portable")
@@ -76,8 +87,7 @@ class _Plan:
         self.configs = None
 
     def tune(self, kernel, grid, blocks=None, config=None) -> None:
-        """Keep `config` (by default the one the autotuner just launched) for the next launches."""
-        config = config or kernel.best_config
+        """Keep `config`, one of `kernel`'s, for the next launches."""
         self.configs = kernel.configs
         self.meta = config_launch_kwargs(config)
         self.grid = grid(config.kwargs)
@@ -151,35 +161,45 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
     uses_z = store_z or grad_z
     # Placeholder pointers (c) where there is no bias or no column sum.
     bias_args = ((bias, bias.stride(0)) if has_bias else (c, 0)) + (colsum if colsum is not None else c,)
-    if plan.tuned_for(_matmul_tma_kernel):
-        a_block, b_block, c_block = plan.blocks
-        _matmul_tma_kernel.fn[plan.grid](
+
+    def run(grid, blocks, meta) -> None:
+        a_block, b_block, c_block = blocks
+        _matmul_tma_kernel.fn[grid](
             tensor_descriptor(a, a_shape, a_strides, a_block),
             tensor_descriptor(b, b_shape, b_strides, b_block),
             tensor_descriptor(c, c_shape, c_strides, c_block),
             tensor_descriptor(z, c_shape, c_strides, c_block) if uses_z else None,
-            *bias_args, *plan.args, **plan.meta,
+            *bias_args, *plan.args, **meta,
         )  # fmt: skip
-        return
 
-    def grid(meta):
-        work = batch * split * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
-        return (min(work, num_sms * meta["PROGRAMS_PER_SM"]),)
+    if not plan.tuned_for(_matmul_tma_kernel):
 
-    def blocks(meta):
-        halves = splits_epilogue(meta, activation, uses_z, c.element_size() == 4)
-        return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves, split_out)
+        def grid(meta):
+            work = batch * split * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
+            return (min(work, num_sms * meta["PROGRAMS_PER_SM"]),)
 
-    # Placeholder block shapes of the right rank: the autotuner's pre-hook sets each config's.
-    unit, c_unit = [1] * len(a_shape), [1] * len(c_shape)
-    _matmul_tma_kernel[grid](
-        tensor_descriptor(a, a_shape, a_strides, unit),
-        tensor_descriptor(b, b_shape, b_strides, unit),
-        tensor_descriptor(c, c_shape, c_strides, c_unit),
-        tensor_descriptor(z, c_shape, c_strides, c_unit) if uses_z else None,
-        *bias_args, *plan.args,
-    )  # fmt: skip
-    plan.tune(_matmul_tma_kernel, grid, blocks)
+        def blocks(meta):
+            halves = splits_epilogue(meta, activation, uses_z, c.element_size() == 4)
+            return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves, split_out)
+
+        candidates = tma_candidates(
+            _matmul_tma_kernel.configs, m, n, batch * split, a.element_size(), activation, uses_z, c.element_size(),
+            a.device,
+        )  # fmt: skip
+        config = _fastest(candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), blocks(cfg.kwargs),
+                                                                    config_launch_kwargs(cfg)))  # fmt: skip
+        plan.tune(_matmul_tma_kernel, grid, blocks, config)
+        if colsum is not None and len(candidates) > 1:
+            colsum.zero_()  # candidates with other BLOCK_M wrote partial sums into other rows
+    run(plan.grid, plan.blocks, plan.meta)
+
+
+def _fastest(candidates, launch_of):
+    """The fastest of `candidates` (ops.tuning), each launched by launch_of(config)(); the only
+    one without launching it."""
+    if len(candidates) == 1:
+        return candidates[0]
+    return candidates[fastest([launch_of(config) for config in candidates])]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -198,20 +218,25 @@ def _launch_portable(a, b, c, z, bias, activation: int, allow_tf32: bool) -> Non
     tensors = (a, b, c, z if z is not None else c, bias if has_bias else c)
     args = (*plan.args, bias.stride(0) if has_bias else 0, m, n, k, has_bias, activation, z is not None, allow_tf32,
             INTERPRETING)  # fmt: skip
-    if plan.tuned_for(_matmul_kernel):
+
+    def run(grid, meta) -> None:
         # The kernel under the autotuner and the EVEN_K heuristic.
-        _matmul_kernel.fn.fn[plan.grid](*tensors, *args, EVEN_K=k % plan.meta["BLOCK_K"] == 0, **plan.meta)
-        return
+        _matmul_kernel.fn.fn[grid](*tensors, *args, EVEN_K=k % meta["BLOCK_K"] == 0, **meta)
 
-    def grid(meta):
-        return (batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"]),)
+    if not plan.tuned_for(_matmul_kernel):
 
-    if INTERPRETING:  # nothing to time: the config follows the problem's size
-        plan.tune(_matmul_kernel, grid, config=interpreter_config(_matmul_kernel.configs, m, n))
-        _launch_portable(a, b, c, z, bias, activation, allow_tf32)
-        return
-    _matmul_kernel[grid](*tensors, *args)
-    plan.tune(_matmul_kernel, grid)
+        def grid(meta):
+            return (batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"]),)
+
+        if INTERPRETING:  # nothing to time: the config follows the problem's size
+            config = interpreter_config(_matmul_kernel.configs, m, n)
+        else:
+            candidates = portable_candidates(_matmul_kernel.configs, m, n, a.element_size(), a.device)
+            config = _fastest(
+                candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), config_launch_kwargs(cfg))
+            )
+        plan.tune(_matmul_kernel, grid, config=config)
+    run(plan.grid, plan.meta)
 
 
 def launch_matmul(

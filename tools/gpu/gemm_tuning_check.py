@@ -1,0 +1,96 @@
+"""Does fused-gemm's tuner (ops.tuning) pick the same config twice, and how close to the best?
+
+    python3 tools/gpu/gemm_tuning_check.py [TUNINGS]
+
+For each product (the issue's three forwards, and the GPT-2 410M layer's four at 16k tokens):
+tunes it TUNINGS times (default 3; a fresh config list each time, so the plan re-tunes), then
+times each distinct pick and cuBLAS by CUDA-graph replays of 20 back-to-back calls, in
+interleaved rounds (the median of 5). A lab tool for the GPU runs recorded in NOTES.md; prints a
+table, changes nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from fused_gemm.kernels.configs import tma_configs
+from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
+from fused_gemm.ops import launch
+
+PRODUCTS = {
+    "16384x2048x8192": (16384, 2048, 8192),
+    "16384x8192x2048": (16384, 8192, 2048),
+    "16384x2048x6144": (16384, 2048, 6144),
+    "410M qkv": (16384, 1024, 3072),
+    "410M fc1": (16384, 1024, 4096),
+    "410M fc2": (16384, 4096, 1024),
+    "410M proj": (16384, 1024, 1024),
+}
+CALLS, ROUNDS = 20, 5
+
+
+def _name(meta) -> str:
+    split = "s" if meta["EPILOGUE_SPLIT"] else ""
+    return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']} w{meta['num_warps']} s{meta['num_stages']}"
+            f" p{meta['PROGRAMS_PER_SM']}{split}")  # fmt: skip
+
+
+def _graph(fn):
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    return graph
+
+
+def _interleaved_ms(graphs):
+    samples = {name: [] for name in graphs}
+    names = list(graphs)
+    for round_index in range(ROUNDS):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / CALLS)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _row(label: str, m: int, k: int, n: int, tunings: int) -> str:
+    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+    b = w.t().unsqueeze(0)
+    c = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
+    picks, configs = [], {}
+    for _ in range(tunings):
+        _matmul_tma_kernel.configs = tma_configs()  # a fresh list: the plan re-tunes
+        launch.launch_matmul(a, b, c, split=1)
+        plan = launch.tma_plan(a, b, c)
+        picks.append(_name(plan.meta))
+        configs[picks[-1]] = (plan.meta, plan.grid, plan.blocks)
+    graphs = {}
+    for name, (plan.meta, plan.grid, plan.blocks) in configs.items():  # each pick, captured in turn
+        graphs[name] = _graph(lambda: launch.launch_matmul(a, b, c, split=1))
+    graphs["cuBLAS"] = _graph(lambda: F.linear(a, w))
+    ms = _interleaved_ms(graphs)
+    cublas = ms.pop("cuBLAS")
+    times = ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
+    return f"| {label} | {', '.join(picks)} | {times} | {cublas:.3f} | {cublas / min(ms.values()):.2f} |"
+
+
+def main(tunings: int) -> None:
+    print(f"| product | picks over {tunings} tunings | ms of each pick (graph) | cuBLAS ms | cuBLAS / best pick |")
+    print("|---|---|---|---:|---:|")
+    for label, (m, k, n) in PRODUCTS.items():
+        print(_row(label, m, k, n, tunings), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
