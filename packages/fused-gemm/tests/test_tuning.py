@@ -17,30 +17,39 @@ OutOfResources = LAUNCH_ERRORS[0]  # triton.runtime.errors.OutOfResources(requir
 
 
 class DriftingGpu:
-    """A timer whose readings grow with the GPU time spent so far (`drift` per millisecond)."""
+    """A model of the GPU whose times per call grow with the GPU time spent so far (`drift` per
+    millisecond); `measure` replays candidates as ops.tuning.replay_rounds does."""
 
     def __init__(self, true_ms, drift=0.002):
         self.true_ms = true_ms
         self.drift = drift
         self.busy_ms = 0.0
-        self.timed = []  # (candidate, calls) in timing order
+        self.replayed = []  # candidate indices in replay order, warm-up rounds included
 
     def launch(self, index):
         return lambda: index
 
-    def timer(self, launch, calls):
-        index = launch()
+    def run(self, index, calls):
         per_call = self.true_ms[index] * (1 + self.drift * self.busy_ms)
         self.busy_ms += per_call * calls
-        self.timed.append((index, calls))
+        self.replayed.append(index)
         return per_call
+
+    def measure(self, launches, rounds):
+        indices = [launch() for launch in launches]
+        calls = tuning.calls_per_timing(min(self.true_ms[i] for i in indices))
+        samples = [[] for _ in launches]
+        for round_index in range(tuning.WARMUP_ROUNDS + rounds):
+            for position in tuning.round_order(len(launches), round_index):
+                per_call = self.run(indices[position], calls)
+                if round_index >= tuning.WARMUP_ROUNDS:
+                    samples[position].append(per_call)
+        return samples
 
 
 def sequential_pick(gpu: DriftingGpu, samples: int) -> int:
     """What timing each candidate in turn, `samples` times, would pick."""
-    times = []
-    for index in range(len(gpu.true_ms)):
-        times.append(min(gpu.timer(gpu.launch(index), 1) for _ in range(samples)))
+    times = [min(gpu.run(index, 1) for _ in range(samples)) for index in range(len(gpu.true_ms))]
     return times.index(min(times))
 
 
@@ -50,17 +59,14 @@ def test_interleaved_rounds_pick_the_fastest_under_drift():
     true_ms = [0.80, 0.82, 0.81, 0.77, 0.83]
     assert sequential_pick(DriftingGpu(true_ms), samples=20) == 0
     gpu = DriftingGpu(true_ms)
-    assert tuning.fastest([gpu.launch(i) for i in range(len(true_ms))], timer=gpu.timer) == 3
+    assert tuning.fastest([gpu.launch(i) for i in range(len(true_ms))], measure=gpu.measure) == 3
 
 
-def test_every_candidate_timed_once_per_round_in_alternating_order():
+def test_rounds_alternate_their_order():
     gpu = DriftingGpu([0.5, 0.25, 1.0], drift=0.0)
-    tuning.fastest([gpu.launch(i) for i in range(3)], timer=gpu.timer, rounds=4)
-    estimates, rounds = gpu.timed[:3], gpu.timed[3:]
-    assert [calls for _, calls in estimates] == [1, 1, 1]
-    # One timing lasts about MEASUREMENT_MS at the fastest candidate's estimate (0.25 ms).
-    assert {calls for _, calls in rounds} == {tuning.calls_per_timing(0.25)} == {4}
-    assert [index for index, _ in rounds] == [0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0]
+    tuning.fastest([gpu.launch(i) for i in range(3)], measure=gpu.measure, rounds=2)
+    rounds = [[0, 1, 2], [2, 1, 0]] * 3
+    assert gpu.replayed == [i for order in rounds[: tuning.WARMUP_ROUNDS + 2] for i in order]
 
 
 def test_calls_per_timing_is_bounded():
@@ -79,9 +85,9 @@ def test_candidates_that_cannot_launch_drop_out():
         raise OutOfResources(262144, 232448, "shared memory")
 
     launches = [does_not_fit, gpu.launch(1), None, gpu.launch(2)]
-    assert tuning.fastest(launches, timer=gpu.timer) == 3
+    assert tuning.fastest(launches, measure=gpu.measure) == 3
     assert calls == ["failed"]  # tried once, never timed
-    assert {index for index, _ in gpu.timed} == {1, 2}
+    assert set(gpu.replayed) == {1, 2}
 
 
 def test_a_single_usable_candidate_is_not_timed():
@@ -90,8 +96,8 @@ def test_a_single_usable_candidate_is_not_timed():
     def does_not_fit():
         raise OutOfResources(300, 255, "registers")
 
-    assert tuning.fastest([does_not_fit, gpu.launch(1)], timer=gpu.timer) == 1
-    assert gpu.timed == []
+    assert tuning.fastest([does_not_fit, gpu.launch(1)], measure=gpu.measure) == 1
+    assert gpu.replayed == []
 
 
 def test_no_usable_candidate_is_an_error():
@@ -99,7 +105,7 @@ def test_no_usable_candidate_is_an_error():
         raise OutOfResources(262144, 232448, "shared memory")
 
     with pytest.raises(RuntimeError, match="no candidate config"):
-        tuning.fastest([does_not_fit, None], timer=DriftingGpu([]).timer)
+        tuning.fastest([does_not_fit, None], measure=DriftingGpu([]).measure)
 
 
 def test_other_launch_errors_propagate():
@@ -107,4 +113,4 @@ def test_other_launch_errors_propagate():
         raise ValueError("bad argument")
 
     with pytest.raises(ValueError, match="bad argument"):
-        tuning.fastest([broken, lambda: None], timer=DriftingGpu([0.1, 0.1]).timer)
+        tuning.fastest([broken, lambda: None], measure=DriftingGpu([0.1, 0.1]).measure)

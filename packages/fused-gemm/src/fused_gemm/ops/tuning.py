@@ -1,19 +1,20 @@
-"""Choosing a kernel config by timing the candidates in interleaved rounds.
+"""Choosing a kernel config by timing the candidates in interleaved rounds, under sustained load.
 
 Why not Triton's autotuner: it times each candidate over ~40 ms, one after another, each call
 after an L2 flush. On the H100 the same kernel's time drifted by up to 15 % within seconds
-under sustained load (NOTES.md, run 57: every config of a shape was fastest in the first round,
-as clocks fall while the GPU heats), so a candidate timed later looked slower than it is, and
-two tunings of one shape picked different configs, 4-14 % slower than the best one. The
+(NOTES.md, run 57: every config of a shape was fastest in the first round, as clocks fall while
+the GPU heats and meets its power limit), so a candidate timed later looked slower than it is,
+and two tunings of one shape picked different configs, 4-14 % slower than the best one. The
 isolated, L2-flushed calls also ranked some configs differently from back-to-back calls (a
 4-warp ping-pong config was among the fastest by the autotuner's timer and among the slower in
 a CUDA graph of the same calls).
 
-Here every candidate is timed once per round, the order reversing from round to round, and
-keeps its median over the rounds: a slow phase of the GPU costs every candidate alike. Each
-timing is a few back-to-back calls, as a training step runs its products. The calls are queued
-behind a GPU sleep, so the host's launch time is not counted (a small product runs faster
-than its launch).
+Here each candidate's calls are captured in a CUDA graph, a few back-to-back calls each (as a
+training step runs its products). The graphs replay with no pause between them: first a few
+untimed rounds that bring the GPU to its sustained-load clocks (a first version paused before
+each timing, and its picks still changed from tuning to tuning: run 58), then timed rounds in
+which every candidate runs once, the order reversing from round to round; each candidate keeps
+its median over the rounds, so a slow phase of the GPU costs every candidate alike.
 """
 
 from __future__ import annotations
@@ -26,28 +27,16 @@ import torch
 
 from .._compat import LAUNCH_ERRORS
 
-# Rounds over the candidates; each candidate's median over them is its time.
+# Untimed rounds that bring the GPU to sustained load, then timed rounds; each candidate's
+# median over the timed ones is its time.
+WARMUP_ROUNDS = 3
 ROUNDS = 7
 # GPU time of one timing: 1-2 calls of a large product (~0.8 ms), tens of a small one.
 MEASUREMENT_MS = 1.0
 MAX_CALLS = 32
-# GPU cycles of sleep per queued call, so the host has queued a timing's calls before the first
-# one runs: ~100 us at the H100's 1.98 GHz, above a direct launch's host time (tens of us).
-SLEEP_CYCLES_PER_CALL = 200_000
 
-Timer = Callable[[Callable[[], None], int], float]
-
-
-def time_calls(launch: Callable[[], None], calls: int) -> float:
-    """GPU milliseconds per call of `calls` back-to-back launches (queued before the GPU starts them)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * calls)
-    start.record()
-    for _ in range(calls):
-        launch()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+# measure(launches, rounds) -> per launch, its time per call (ms) in each timed round.
+Measure = Callable[[Sequence[Callable[[], None]], int], List[List[float]]]
 
 
 def round_order(count: int, round_index: int) -> List[int]:
@@ -64,7 +53,46 @@ def calls_per_timing(estimate_ms: float) -> int:
     return max(1, min(MAX_CALLS, math.ceil(MEASUREMENT_MS / estimate_ms)))
 
 
-def fastest(launches: Sequence[Optional[Callable[[], None]]], timer: Timer = time_calls, rounds: int = ROUNDS) -> int:
+def _time_once(launch: Callable[[], None]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def replay_rounds(launches: Sequence[Callable[[], None]], rounds: int) -> List[List[float]]:
+    """Each launch's GPU time per call (ms) in each of `rounds` interleaved rounds of CUDA-graph
+    replays, after WARMUP_ROUNDS untimed ones; every launch has run once (compiled)."""
+    calls = calls_per_timing(min(_time_once(launch) for launch in launches))
+    graphs = []
+    for launch in launches:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                launch()
+        graphs.append(graph)
+    timings = []  # (launch, start, end) in replay order
+    for round_index in range(WARMUP_ROUNDS + rounds):
+        for index in round_order(len(graphs), round_index):
+            if round_index < WARMUP_ROUNDS:
+                graphs[index].replay()
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[index].replay()
+            end.record()
+            timings.append((index, start, end))
+    torch.cuda.synchronize()
+    samples = [[] for _ in launches]
+    for index, start, end in timings:
+        samples[index].append(start.elapsed_time(end) / calls)
+    return samples
+
+
+def fastest(launches: Sequence[Optional[Callable[[], None]]], measure: Measure = replay_rounds,
+            rounds: int = ROUNDS) -> int:  # fmt: skip
     """Index of the fastest of `launches`, each running one candidate config on the same operands
     (idempotently: each overwrites what the others wrote); None marks a candidate that cannot
     launch. Every candidate runs once first (compiling it); one that fails there with an error
@@ -83,10 +111,6 @@ def fastest(launches: Sequence[Optional[Callable[[], None]]], timer: Timer = tim
         raise RuntimeError("no candidate config of the kernel could launch on this GPU")
     if len(usable) == 1:
         return usable[0]
-    calls = calls_per_timing(min(timer(launches[index], 1) for index in usable))
-    samples = {index: [] for index in usable}
-    for round_index in range(rounds):
-        for position in round_order(len(usable), round_index):
-            index = usable[position]
-            samples[index].append(timer(launches[index], calls))
-    return min(usable, key=lambda index: statistics.median(samples[index]))
+    samples = measure([launches[index] for index in usable], rounds)
+    medians = [statistics.median(times) for times in samples]
+    return usable[medians.index(min(medians))]
