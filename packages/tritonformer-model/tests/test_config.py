@@ -71,6 +71,7 @@ def test_round_trip_through_a_dict():
         (dict(mlp="geglu"), ValueError, "unknown mlp='geglu'"),
         (dict(gelu_approximate="erf"), ValueError, "unknown gelu_approximate='erf'"),
         (dict(n_layer=0), ValueError, "n_layer must be positive"),
+        (dict(loss_chunk_size=0), ValueError, "loss_chunk_size must be positive"),
         (dict(d_model=64.0), TypeError, "d_model must be an int"),
         (dict(vocab_size=True), TypeError, "vocab_size must be an int"),
         (dict(dropout=1.0), ValueError, "dropout must be a probability"),

@@ -103,7 +103,10 @@ WHOLE_MODELS = [
         marks=pytest.mark.torch_dynamo,  # the twin's chunked loss is checkpointed
     ),  # fmt: skip
     pytest.param(
-        dict(position="alibi", mlp="relu", fused_loss=True), id="alibi-relu-fused_loss", marks=pytest.mark.torch_dynamo
+        # loss_chunk_size: the fused loss in several chunks of tokens (the default is one here).
+        dict(position="alibi", mlp="relu", fused_loss=True, loss_chunk_size=24),
+        id="alibi-relu-fused_loss",
+        marks=pytest.mark.torch_dynamo,
     ),
 ]
 

@@ -40,6 +40,9 @@ class TransformerConfig:
             probabilities are not dropped: the fused attention kernel has no dropout).
         fused_loss: with targets, compute the loss with a linear+cross-entropy that never holds the
             full (tokens, vocab) logits; `forward` then returns logits None.
+        loss_chunk_size: tokens per chunk of the fused loss (`Transformer` only; None: fused_norm_xent's
+            default, the largest power of two <= d_model). Larger chunks hold a larger (chunk, vocab)
+            logits buffer and add the fp32 weight gradient up fewer times.
         activation_checkpointing: recompute each block in backward instead of storing activations.
         ignore_index: target value that contributes no loss.
     """
@@ -62,6 +65,7 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     fused_loss: bool = False
+    loss_chunk_size: Optional[int] = None
     activation_checkpointing: bool = False
     ignore_index: int = -100
 
@@ -76,6 +80,8 @@ class TransformerConfig:
         """Raise a ValueError / TypeError naming the first bad option."""
         for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_seq_len"):
             _check_positive_int(name, getattr(self, name))
+        if self.loss_chunk_size is not None:
+            _check_positive_int("loss_chunk_size", self.loss_chunk_size)
         _check_choice("position", self.position, POSITIONS)
         _check_choice("norm", self.norm, NORMS)
         _check_choice("mlp", self.mlp, MLPS)

@@ -211,4 +211,6 @@ class Transformer(CausalLM):
             # The cast autocast makes for F.linear (and linear_cross_entropy documents): fused_norm_xent
             # 0.2.0 rejects an fp32 weight beside a hidden already in the autocast dtype.
             weight = weight.to(amp)
-        return fused_norm_xent.linear_cross_entropy(hidden, weight, targets, ignore_index=self.config.ignore_index)
+        return fused_norm_xent.linear_cross_entropy(
+            hidden, weight, targets, ignore_index=self.config.ignore_index, chunk_size=self.config.loss_chunk_size
+        )
