@@ -4,9 +4,9 @@
 
 For each product (the issue's three forwards, and the GPT-2 410M layer's four at 16k tokens):
 tunes it TUNINGS times (default 3; a fresh config list each time, so the plan re-tunes), then
-times each distinct pick and cuBLAS by CUDA-graph replays of 20 back-to-back calls, in
-interleaved rounds (the median of 5). A lab tool for the GPU runs recorded in NOTES.md; prints a
-table, changes nothing.
+times each distinct pick and cuBLAS together by the tuner's own timer (ops.tuning.replay_rounds:
+CUDA-graph replays under sustained load, interleaved rounds, the median). A lab tool for the GPU
+runs recorded in NOTES.md; prints a table, changes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from fused_gemm.kernels.configs import tma_configs
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
-from fused_gemm.ops import launch
+from fused_gemm.ops import launch, tuning
 
 PRODUCTS = {
     "16384x2048x8192": (16384, 2048, 8192),
@@ -30,37 +30,12 @@ PRODUCTS = {
     "410M fc2": (16384, 4096, 1024),
     "410M proj": (16384, 1024, 1024),
 }
-CALLS, ROUNDS = 20, 5
 
 
 def _name(meta) -> str:
     split = "s" if meta["EPILOGUE_SPLIT"] else ""
     return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']} w{meta['num_warps']} s{meta['num_stages']}"
             f" p{meta['PROGRAMS_PER_SM']}{split}")  # fmt: skip
-
-
-def _graph(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    return graph
-
-
-def _interleaved_ms(graphs):
-    samples = {name: [] for name in graphs}
-    names = list(graphs)
-    for round_index in range(ROUNDS):
-        for name in names if round_index % 2 == 0 else names[::-1]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[name].replay()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) / CALLS)
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def _row(label: str, m: int, k: int, n: int, tunings: int) -> str:
@@ -75,11 +50,18 @@ def _row(label: str, m: int, k: int, n: int, tunings: int) -> str:
         plan = launch.tma_plan(a, b, c)
         picks.append(_name(plan.meta))
         configs[picks[-1]] = (plan.meta, plan.grid, plan.blocks)
-    graphs = {}
-    for name, (plan.meta, plan.grid, plan.blocks) in configs.items():  # each pick, captured in turn
-        graphs[name] = _graph(lambda: launch.launch_matmul(a, b, c, split=1))
-    graphs["cuBLAS"] = _graph(lambda: F.linear(a, w))
-    ms = _interleaved_ms(graphs)
+
+    def with_pick(state):
+        def call():
+            plan.meta, plan.grid, plan.blocks = state  # replays keep what the capture launched
+            launch.launch_matmul(a, b, c, split=1)
+
+        return call
+
+    names = [*configs, "cuBLAS"]
+    launches = [*(with_pick(state) for state in configs.values()), lambda: F.linear(a, w)]
+    samples = tuning.replay_rounds(launches, tuning.ROUNDS)  # the tuner's own timer
+    ms = {name: statistics.median(times) for name, times in zip(names, samples)}
     cublas = ms.pop("cuBLAS")
     times = ", ".join(f"{name} {value:.3f}" for name, value in ms.items())
     return f"| {label} | {', '.join(picks)} | {times} | {cublas:.3f} | {cublas / min(ms.values()):.2f} |"

@@ -39,11 +39,10 @@ class DriftingGpu:
         indices = [launch() for launch in launches]
         calls = tuning.calls_per_timing(min(self.true_ms[i] for i in indices))
         samples = [[] for _ in launches]
-        for round_index in range(tuning.WARMUP_ROUNDS + rounds):
-            for position in tuning.round_order(len(launches), round_index):
-                per_call = self.run(indices[position], calls)
-                if round_index >= tuning.WARMUP_ROUNDS:
-                    samples[position].append(per_call)
+        for position, timed in tuning.schedule(len(launches), rounds):
+            per_call = self.run(indices[position], calls)
+            if timed:
+                samples[position].append(per_call)
         return samples
 
 

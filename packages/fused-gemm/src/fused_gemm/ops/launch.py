@@ -86,7 +86,7 @@ class _Plan:
         self.args = args
         self.configs = None
 
-    def tune(self, kernel, grid, blocks=None, config=None) -> None:
+    def tune(self, kernel, config, grid, blocks=None) -> None:
         """Keep `config`, one of `kernel`'s, for the next launches."""
         self.configs = kernel.configs
         self.meta = config_launch_kwargs(config)
@@ -188,7 +188,7 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
         )  # fmt: skip
         config = _fastest(candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), blocks(cfg.kwargs),
                                                                     config_launch_kwargs(cfg)))  # fmt: skip
-        plan.tune(_matmul_tma_kernel, grid, blocks, config)
+        plan.tune(_matmul_tma_kernel, config, grid, blocks)
         if colsum is not None and len(candidates) > 1:
             colsum.zero_()  # candidates with other BLOCK_M wrote partial sums into other rows
     run(plan.grid, plan.blocks, plan.meta)
@@ -235,7 +235,7 @@ def _launch_portable(a, b, c, z, bias, activation: int, allow_tf32: bool) -> Non
             config = _fastest(
                 candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), config_launch_kwargs(cfg))
             )
-        plan.tune(_matmul_kernel, grid, config=config)
+        plan.tune(_matmul_kernel, config, grid)
     run(plan.grid, plan.meta)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -44,6 +44,13 @@ def round_order(count: int, round_index: int) -> List[int]:
     on average every candidate sits at the middle of the rounds' time."""
     order = list(range(count))
     return order if round_index % 2 == 0 else order[::-1]
+
+
+def schedule(count: int, rounds: int) -> Iterator[Tuple[int, bool]]:
+    """(candidate, timed) in replay order: WARMUP_ROUNDS untimed rounds, then `rounds` timed ones."""
+    for round_index in range(WARMUP_ROUNDS + rounds):
+        for index in round_order(count, round_index):
+            yield index, round_index >= WARMUP_ROUNDS
 
 
 def calls_per_timing(estimate_ms: float) -> int:
@@ -74,16 +81,15 @@ def replay_rounds(launches: Sequence[Callable[[], None]], rounds: int) -> List[L
                 launch()
         graphs.append(graph)
     timings = []  # (launch, start, end) in replay order
-    for round_index in range(WARMUP_ROUNDS + rounds):
-        for index in round_order(len(graphs), round_index):
-            if round_index < WARMUP_ROUNDS:
-                graphs[index].replay()
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    for index, timed in schedule(len(graphs), rounds):
+        if not timed:
             graphs[index].replay()
-            end.record()
-            timings.append((index, start, end))
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs[index].replay()
+        end.record()
+        timings.append((index, start, end))
     torch.cuda.synchronize()
     samples = [[] for _ in launches]
     for index, start, end in timings:
