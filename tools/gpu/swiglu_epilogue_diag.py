@@ -13,6 +13,9 @@ Down-projection backward (dh = dy @ w_down^T, the SwiGLU backward as its epilogu
   shipped  the package's pointer kernel, autotuned
   tma_ld   operand tiles by TMA, the shipped epilogue (dh parked in h, then row slices)
   tma_reg  operand tiles by TMA, g and u loaded before the main loop, one pass from registers
+Weight gradients (dw_gate, dw_up = x^T @ (d_gate, d_up), the shipped last-wave split):
+  shipped  the package's pointer kernel, autotuned
+  tma      operand tiles by TMA (x's tile transposed in shared memory), the same split
 
     PYTHONPATH=... python tools/gpu/swiglu_epilogue_diag.py
 """
@@ -28,8 +31,10 @@ from triton.testing import do_bench
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fused_swiglu.kernels.activation import _swiglu, _swiglu_backward_tile, _swiglu_grads
+from fused_swiglu.kernels.backward import _weight_grad_reduce_kernel, _weight_grad_work
+from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.kernels.matmul import _grouped_tile
-from fused_swiglu.ops.launchers import launch_forward, mlp_down_grad_, use_tma_forward
+from fused_swiglu.ops.launchers import launch_forward, mlp_down_grad_, swiglu_weight_grad, use_tma_forward
 
 M, K, N = 16384, 2048, 5632
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
@@ -102,6 +107,36 @@ def down_variant(dy_desc, wd_desc, g_ptr, u_ptr, h_ptr, M, N, D, MODE: tl.conste
             _swiglu_backward_tile(h_ptr, g_ptr, u_ptr, h_ptr, N, 1, N, offs_slice, offs_n, M, N, True, False)
 
 
+@triton.jit
+def wgrad_variant(x_desc, dg_desc, du_desc, dwg_ptr, dwu_ptr, ws_ptr, M, N, K, split, NUM_SMS: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                  GROUP_K: tl.constexpr):  # fmt: skip
+    tile, r_begin, r_end, part_program = _weight_grad_work(
+        tl.program_id(0), M, K, N, split, NUM_SMS, BLOCK_K, BLOCK_N, BLOCK_M
+    )
+    pid_k, pid_n = _grouped_tile(tile, K, N, BLOCK_K, BLOCK_N, GROUP_K)
+    off_k = pid_k * BLOCK_K
+    off_n = pid_n * BLOCK_N
+    acc_g = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for off_m in range(r_begin, r_end, BLOCK_M):
+        xt = x_desc.load([off_m, off_k]).T
+        acc_g = tl.dot(xt, dg_desc.load([off_m, off_n]), acc_g)
+        acc_u = tl.dot(xt, du_desc.load([off_m, off_n]), acc_u)
+    if part_program < 0:
+        offs_k = off_k + tl.arange(0, BLOCK_K)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+        offs = offs_k.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(dwg_ptr + offs, acc_g.to(dwg_ptr.dtype.element_ty), mask=mask)
+        tl.store(dwu_ptr + offs, acc_u.to(dwu_ptr.dtype.element_ty), mask=mask)
+    else:
+        tile_offs = tl.arange(0, BLOCK_K)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        ws_tile = ws_ptr + part_program.to(tl.int64) * (2 * BLOCK_K * BLOCK_N) + tile_offs
+        tl.store(ws_tile, acc_g)
+        tl.store(ws_tile + BLOCK_K * BLOCK_N, acc_u)
+
+
 def rel_err(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -165,9 +200,11 @@ def down_section(dy, wd):
     fns = {"shipped (autotuned)": lambda: mlp_down_grad_(dy, wd, g, u)}
     hbuf = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     for mode, (bm, bn, bd, stages, warps, epi) in itertools.product(
-        (0, 1), [(128, 128, 64, 3, 8, 32), (128, 256, 64, 3, 8, 32), (128, 128, 64, 4, 8, 32), (128, 256, 64, 4, 8, 32)]
-    ):
-        if mode == 1 and bn == 256:
+        (0, 1),
+        [(128, 128, 64, 3, 8, 32), (128, 128, 64, 3, 8, 16), (128, 128, 64, 3, 8, 64), (128, 128, 64, 3, 4, 32),
+         (128, 128, 64, 2, 8, 32), (256, 128, 64, 3, 8, 32), (128, 256, 64, 4, 8, 32)],
+    ):  # fmt: skip
+        if mode == 1 and (bn == 256 or bm == 256 or epi != 32):
             continue  # g, u and a 128x256 accumulator do not fit in registers
         dy_desc = TensorDescriptor.from_tensor(dy, [bm, bd])
         wd_desc = TensorDescriptor.from_tensor(wd, [bn, bd])
@@ -178,7 +215,7 @@ def down_section(dy, wd):
             down_variant[grid](dy_desc, wd_desc, g, u, hbuf, M, N, dy.shape[1], MODE=mode, BLOCK_M=bm, BLOCK_N=bn,
                                BLOCK_D=bd, GROUP_M=8, EPILOGUE_M=epi, num_warps=warps, num_stages=stages)  # fmt: skip
 
-        name = f"{'tma_reg' if mode else 'tma_ld'} {bm}x{bn}x{bd} s{stages} w{warps}"
+        name = f"{'tma_reg' if mode else 'tma_ld'} {bm}x{bn}x{bd} s{stages} w{warps} e{epi}"
         g.copy_(g0)
         u.copy_(u0)
         hbuf.fill_(float("nan"))
@@ -199,23 +236,78 @@ def down_section(dy, wd):
     return fns
 
 
+def wgrad_section(x, dg, du):
+    ref_g, ref_u = x.float().t() @ dg.float(), x.float().t() @ du.float()
+    dwg, dwu = swiglu_weight_grad(x, dg, du, x.dtype)
+    print("shipped wgrad errors", rel_err(dwg, ref_g), rel_err(dwu, ref_u))
+    fns = {"shipped (autotuned)": lambda: swiglu_weight_grad(x, dg, du, x.dtype)}
+    dwg, dwu = (torch.empty(K, N, device="cuda", dtype=x.dtype) for _ in range(2))
+    for bk, bn, bm, stages, warps, use_split in [
+        (128, 128, 64, 3, 8, True), (128, 128, 64, 3, 8, False), (128, 128, 64, 4, 8, True),
+        (128, 128, 32, 5, 8, True), (128, 64, 64, 4, 4, True),
+    ]:  # fmt: skip
+        tiles = triton.cdiv(K, bk) * triton.cdiv(N, bn)
+        split = weight_grad_split(tiles, SMS, triton.cdiv(M, bm)) if use_split else 1
+        ws = torch.empty(max((tiles % SMS) * split * 2 * bk * bn, 1), device="cuda", dtype=torch.float32)
+        descs = [TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(dg, [bm, bn]),
+                 TensorDescriptor.from_tensor(du, [bm, bn])]  # fmt: skip
+        grid = (tiles + (tiles % SMS) * (split - 1),)
+
+        def run(descs=descs, grid=grid, ws=ws, split=split, bk=bk, bn=bn, bm=bm, stages=stages, warps=warps,
+                tails=tiles % SMS):  # fmt: skip
+            wgrad_variant[grid](*descs, dwg, dwu, ws, M, N, K, split, NUM_SMS=SMS, BLOCK_K=bk, BLOCK_N=bn,
+                                BLOCK_M=bm, GROUP_K=8, num_warps=warps, num_stages=stages)  # fmt: skip
+            if split > 1:
+                reduce = _weight_grad_reduce_kernel[(tails, 2)]
+                reduce(ws, dwg, dwu, N, N, K, split, UPCAST=False, NUM_SMS=SMS, BLOCK_K=bk, BLOCK_N=bn, GROUP_K=8,
+                       ROWS=32, num_warps=4)  # fmt: skip
+
+        name = f"tma {bk}x{bn}x{bm} s{stages} w{warps} split{split}"
+        dwg.fill_(float("nan"))
+        dwu.fill_(float("nan"))
+        try:
+            run()
+            torch.cuda.synchronize()
+        except Exception as error:
+            print(f"{name}: {type(error).__name__}: {str(error)[:200]}")
+            continue
+        errs = [rel_err(dwg, ref_g), rel_err(dwu, ref_u)]
+        print(f"{name}: errors {[format(e, '.2e') for e in errs]}")
+        if max(errs) > 1e-2 or any(e != e for e in errs):
+            print(f"{name}: WRONG, not timed")
+            continue
+        fns[name] = run
+    dcat = torch.cat([dg, du], 1)
+    fns["cuBLAS x^T @ [dg|du]"] = lambda: torch.mm(x.t(), dcat)
+    return fns
+
+
 def main():
+    """Every section, or those named on the command line (forward, down-projection, weight)."""
     torch.manual_seed(0)
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     x = torch.randn(M, K, **bf16)
-    wg, wu = (torch.randn(K, N, **bf16) * K**-0.5 for _ in range(2))
-    assert use_tma_forward(x, wg, wu)
-    wcat = torch.cat([wg, wu], 1)
-    fwd = forward_section(x, wg, wu)
-    fwd["cuBLAS x @ [wg|wu]"] = lambda: torch.mm(x, wcat)
-    dy = torch.randn(M, K, **bf16)
-    wd = torch.randn(N, K, **bf16) * N**-0.5
-    down = down_section(dy, wd)
-    for title, fns, flops in (("forward", fwd, 4 * M * K * N), ("down-projection backward", down, 2 * M * K * N)):
+    only = sys.argv[1:]
+    sections = []
+    if not only or "forward" in only:
+        wg, wu = (torch.randn(K, N, **bf16) * K**-0.5 for _ in range(2))
+        assert use_tma_forward(x, wg, wu)
+        wcat = torch.cat([wg, wu], 1)
+        fwd = forward_section(x, wg, wu)
+        fwd["cuBLAS x @ [wg|wu]"] = lambda: torch.mm(x, wcat)
+        sections.append(("forward", fwd, 4 * M * K * N))
+    if not only or "down-projection" in only:
+        dy = torch.randn(M, K, **bf16)
+        wd = torch.randn(N, K, **bf16) * N**-0.5
+        sections.append(("down-projection backward", down_section(dy, wd), 2 * M * K * N))
+    if not only or "weight" in only:
+        dg, du = (torch.randn(M, N, **bf16) for _ in range(2))
+        sections.append(("weight gradients", wgrad_section(x, dg, du), 4 * M * K * N))
+    for title, fns, flops in sections:
         times = timed_rounds(fns)
         print(f"\n{title} (ms, median of 5 interleaved do_bench medians; TFLOP/s)")
         for name, ms in sorted(times.items(), key=lambda kv: kv[1]):
-            print(f"  {name:32s} {ms:.4f}  {flops / ms / 1e9:.1f}")
+            print(f"  {name:40s} {ms:.4f}  {flops / ms / 1e9:.1f}")
     sys.stdout.flush()
 
 

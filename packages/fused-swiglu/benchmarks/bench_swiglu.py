@@ -16,8 +16,9 @@ medians), so that a drift of the GPU's clocks or the host's speed falls on all o
 - the headline's kernels one by one (the fused forward, the down-projection backward with the
   SwiGLU step, the input gradient, the weight gradients), each against cuBLAS doing the same
   matmuls without the fusion (torch.mm on concatenated operands: the floor our kernel must
-  reach), the forward also against the portable pointer kernel on its first config (what runs
-  off Hopper); the shape column names the config the autotuner chose;
+  reach), the forward, the down-projection backward and the weight gradients also against the
+  portable pointer kernel on its first config (what runs off Hopper); the shape column names the
+  config the autotuner chose;
 - the seed's sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024,
   2048, 4096 and 8192, against torch eager and Liger-Kernel: torch.compile runs at the headline only (its
   compile time per shape and mode would not fit), and so does fp16 (bf16's kernels on fp16
@@ -33,18 +34,22 @@ from tritonformer_testkit.bench import OURS, measure, measure_paired
 from fused_swiglu import swiglu, swiglu_mlp
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
+    _mlp_down_grad_tma_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
+    _swiglu_weight_grad_tma_kernel,
 )
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 from fused_swiglu.ops.launchers import (
+    launch_down_grad,
     launch_forward,
-    mlp_down_grad_,
+    launch_weight_grad,
     swiglu_input_grad,
-    swiglu_weight_grad,
+    use_tma_down_grad,
     use_tma_forward,
     use_tma_input_grad,
+    use_tma_weight_grad,
 )
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
@@ -174,52 +179,59 @@ def headline():
 @pytest.mark.parametrize("kernel", ["forward", "down-projection backward", "input gradient", "weight gradients"])
 def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
     """Each of our kernels alone at the headline shape, then cuBLAS on the same matmul (concatenated
-    operands, no activation, no fusion). The down-projection backward overwrites its g and u on
-    every call (a kernel's time does not depend on the values)."""
+    operands, no activation, no fusion), and, where a Hopper TMA kernel ran, the portable pointer
+    kernel on its first config (what runs off Hopper). The down-projection backward overwrites its
+    g and u on every call (a kernel's time does not depend on the values)."""
     t = headline
     flops = 4 * t.rows * t.d_model * t.d_inter
     group = "swiglu MLP kernels bf16 (16384x2048->5632->2048)"
+    dw_gate, dw_up = (torch.empty(t.d_model, t.d_inter, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     if kernel == "forward":
         tma = use_tma_forward(t.x, t.w_gate, t.w_up)
 
-        def ours():
+        def run(tma):
             launch_forward(t.x, t.w_gate, t.w_up, None, None, t.h, t.g, t.u, True, False, tma)
 
         w_cat = torch.cat([t.w_gate, t.w_up], 1)
         cublas = lambda: torch.mm(t.x, w_cat)  # noqa: E731
-        tuned = _swiglu_fwd_tma_kernel if tma else _swiglu_fwd_kernel
+        kernels = (_swiglu_fwd_kernel, _swiglu_fwd_tma_kernel)
     elif kernel == "down-projection backward":
         flops //= 2
+        tma = use_tma_down_grad(t.dy, t.w_down)
 
-        def ours():
-            mlp_down_grad_(t.dy, t.w_down, t.g, t.u)
+        def run(tma):
+            launch_down_grad(t.dy, t.w_down, t.g, t.u, t.h, tma)
 
         cublas = lambda: torch.mm(t.dy, t.w_down.t())  # noqa: E731
-        tuned = _mlp_down_grad_kernel
+        kernels = (_mlp_down_grad_kernel, _mlp_down_grad_tma_kernel)
     elif kernel == "input gradient":
-        ours = lambda: swiglu_input_grad(t.g, t.u, t.w_gate, t.w_up, False)  # noqa: E731
+        tma = use_tma_input_grad(t.g, t.u, t.w_gate, t.w_up)
+
+        def run(tma):
+            swiglu_input_grad(t.g, t.u, t.w_gate, t.w_up, False)
+
         d_cat, w_cat = torch.cat([t.g, t.u], 1), torch.cat([t.w_gate, t.w_up], 1)
         cublas = lambda: torch.mm(d_cat, w_cat.t())  # noqa: E731
-        tma = use_tma_input_grad(t.g, t.u, t.w_gate, t.w_up)
-        tuned = _swiglu_input_grad_tma_kernel if tma else _swiglu_input_grad_kernel
+        kernels = (_swiglu_input_grad_kernel, _swiglu_input_grad_tma_kernel)
     else:
-        ours = lambda: swiglu_weight_grad(t.x, t.g, t.u, t.x.dtype)  # noqa: E731
+        tma = use_tma_weight_grad(t.x, t.g, t.u)
+
+        def run(tma):
+            launch_weight_grad(t.x, t.g, t.u, dw_gate, dw_up, tma)
+
         d_cat = torch.cat([t.g, t.u], 1)
         cublas = lambda: torch.mm(t.x.t(), d_cat)  # noqa: E731
-        tuned = _swiglu_weight_grad_kernel
-    ours()  # autotune first: the label names the chosen config
+        kernels = (_swiglu_weight_grad_kernel, _swiglu_weight_grad_tma_kernel)
+    pointer_kernel, tuned = kernels[0], kernels[tma]
+    run(tma)  # autotune first: the label names the chosen config
     shape = f"{kernel} ({_config_label(tuned)})"
-    measure_paired(benchmark, group=group, shape=shape, fns={OURS: ours, CUBLAS: cublas}, flops=flops)
-    if kernel == "forward" and tma:
-        # The portable kernel on its workhorse config only (autotuning it would compile the rest).
-        monkeypatch.setattr(_swiglu_fwd_kernel, "configs", _swiglu_fwd_kernel.configs[:1])
-
-        def pointer():
-            launch_forward(t.x, t.w_gate, t.w_up, None, None, t.h, t.g, t.u, True, False, False)
-
-        pointer()
-        provider = f"pointer kernel ({_config_label(_swiglu_fwd_kernel)})"
-        measure(None, group=group, shape=shape, provider=provider, fn=pointer, flops=flops)
+    measure_paired(benchmark, group=group, shape=shape, fns={OURS: lambda: run(tma), CUBLAS: cublas}, flops=flops)
+    if tma and kernel != "input gradient":  # (the input gradient's launcher has no choice to force)
+        # The portable kernel on its first config only (autotuning it would compile the rest).
+        monkeypatch.setattr(pointer_kernel, "configs", pointer_kernel.configs[:1])
+        run(False)
+        provider = f"pointer kernel ({_config_label(pointer_kernel)})"
+        measure(None, group=group, shape=shape, provider=provider, fn=lambda: run(False), flops=flops)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -29,9 +29,11 @@ from tritonformer_testkit import (
 
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
+    _mlp_down_grad_tma_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
+    _swiglu_weight_grad_tma_kernel,
 )
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
@@ -39,9 +41,11 @@ AUTOTUNED_KERNELS = (
     _swiglu_fwd_kernel,
     _swiglu_fwd_tma_kernel,
     _mlp_down_grad_kernel,
+    _mlp_down_grad_tma_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
+    _swiglu_weight_grad_tma_kernel,
 )
 # Each kernel's own list, before any test pins one.
 ALL_CONFIGS = {kernel: list(kernel.configs) for kernel in AUTOTUNED_KERNELS}

@@ -14,10 +14,12 @@ from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 from fused_swiglu._compat import TRITON_VERSION
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
+    _mlp_down_grad_tma_kernel,
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
+    _swiglu_weight_grad_tma_kernel,
     _weight_grad_reduce_kernel,
 )
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
@@ -180,6 +182,8 @@ def test_reduce_cases_cover_the_weight_grad_tiles():
         pytest.skip("the interpreter's config list is not the compiled one")
     tiles = {(c["BLOCK_K"], c["BLOCK_N"], c["GROUP_K"]) for c in autotune_configs(_swiglu_weight_grad_kernel)}
     assert tiles == {(128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 8)}
+    tma_tiles = {(c["BLOCK_K"], c["BLOCK_N"], c["GROUP_K"]) for c in autotune_configs(_swiglu_weight_grad_tma_kernel)}
+    assert tma_tiles <= tiles
 
 
 # The Hopper TMA forward: sm_90 only (the launcher never picks it elsewhere), 16-bit operands.
@@ -261,6 +265,80 @@ def test_tma_input_grad_compiles(config, dtype, constexprs):
         _swiglu_input_grad_tma_kernel,
         signature=signature,
         constexprs=dict(constexprs, UPCAST=False, **config),
+        arch=90,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+# The Hopper TMA down-projection backward: sm_90 only, 16-bit dy and w_down; every config once.
+TMA_DOWN_GRAD_DTYPES = ["bf16", "fp16", "bf16", "fp16"]
+
+
+def _tma_down_grad_params():
+    configs = autotune_configs(_mlp_down_grad_tma_kernel)
+    assert interpreting() or len(configs) == len(TMA_DOWN_GRAD_DTYPES)
+    for index, (config, dtype) in enumerate(zip(configs, TMA_DOWN_GRAD_DTYPES)):
+        yield pytest.param(config, dtype, id=f"down_grad_tma-cfg{index}-{dtype}-sm90")
+
+
+@pytest.mark.skipif(
+    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
+)
+@pytest.mark.parametrize("config, dtype", list(_tma_down_grad_params()))
+def test_tma_down_grad_compiles(config, dtype):
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    block_m, block_n, block_d = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_D"]
+    signature = {
+        "dy_desc": f"tensordesc<{dtype}[{block_m}, {block_d}]>",
+        "wd_desc": f"tensordesc<{dtype}[{block_n}, {block_d}]>",
+        **{p: POINTER[dtype] for p in ("g_ptr", "u_ptr", "h_ptr")},
+        **{i: "i32" for i in ("stride_gm", "M", "N", "D")},
+    }
+    compile_to_cubin(
+        _mlp_down_grad_tma_kernel,
+        signature=signature,
+        constexprs=dict(UPCAST=False, **config),
+        arch=90,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+# The Hopper TMA weight gradients: sm_90 only, 16-bit operands, dw_gate and dw_up in the operand
+# dtype or in fp32 (fp32 weights under autocast); the split count a runtime value.
+TMA_WEIGHT_GRAD_CASES = [("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32"), ("fp16", "fp16")]
+
+
+def _tma_weight_grad_params():
+    configs = autotune_configs(_swiglu_weight_grad_tma_kernel)
+    assert interpreting() or len(configs) == len(TMA_WEIGHT_GRAD_CASES)
+    for index, (config, (dtype, out_dtype)) in enumerate(zip(configs, TMA_WEIGHT_GRAD_CASES)):
+        yield pytest.param(config, dtype, out_dtype, id=f"weight_grad_tma-cfg{index}-{dtype}-to-{out_dtype}-sm90")
+
+
+@pytest.mark.skipif(
+    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
+)
+@pytest.mark.parametrize("config, dtype, out_dtype", list(_tma_weight_grad_params()))
+def test_tma_weight_grad_compiles(config, dtype, out_dtype):
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    block_k, block_n, block_m = config["BLOCK_K"], config["BLOCK_N"], config["BLOCK_M"]
+    signature = {
+        "x_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
+        "dg_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
+        "du_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
+        "dwg_ptr": POINTER[out_dtype],
+        "dwu_ptr": POINTER[out_dtype],
+        "ws_ptr": "*fp32",
+        **{i: "i32" for i in ("stride_dwk", "M", "N", "K", "split")},
+    }
+    compile_to_cubin(
+        _swiglu_weight_grad_tma_kernel,
+        signature=signature,
+        constexprs=dict(UPCAST=False, NUM_SMS=NUM_SMS[90], **config),
         arch=90,
         num_warps=num_warps,
         num_stages=num_stages,

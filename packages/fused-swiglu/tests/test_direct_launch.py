@@ -19,9 +19,11 @@ TUNED = (
     launchers.FORWARD,
     launchers.FORWARD_TMA,
     launchers.DOWN_GRAD,
+    launchers.DOWN_GRAD_TMA,
     launchers.INPUT_GRAD,
     launchers.INPUT_GRAD_TMA,
     launchers.WEIGHT_GRAD,
+    launchers.WEIGHT_GRAD_TMA,
 )
 
 

@@ -7,7 +7,13 @@ import torch
 from fused_swiglu.kernels import configs
 from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.ops import launchers
-from fused_swiglu.ops.launchers import tma_ready, use_tma_forward, use_tma_input_grad
+from fused_swiglu.ops.launchers import (
+    tma_ready,
+    use_tma_down_grad,
+    use_tma_forward,
+    use_tma_input_grad,
+    use_tma_weight_grad,
+)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +73,27 @@ def test_tma_input_grad_is_chosen_only_on_hopper_with_ready_operands(hopper, mon
     assert not use_tma_input_grad(d_gate, d_up, w_gate, w_up)
 
 
+@pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "sm80"])
+def test_tma_down_and_weight_grads_are_chosen_only_on_hopper_with_ready_operands(hopper, monkeypatch):
+    """The down-projection backward reads dy (M, D) and w_down (N, D) by TMA, the weight gradients
+    x (M, K), d_gate and d_up (M, N); what they write goes through pointers (any width)."""
+    monkeypatch.setattr(launchers, "HOPPER_TMA", True)
+    monkeypatch.setattr(launchers, "is_hopper", lambda index: hopper)
+    dy, w_down = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(72, 64, dtype=torch.bfloat16)
+    assert use_tma_down_grad(dy, w_down) is hopper
+    assert not use_tma_down_grad(dy, w_down.t().contiguous().t())  # a transposed weight: no unit-stride rows
+    assert not use_tma_down_grad(torch.zeros(8, 72, dtype=torch.bfloat16)[:, 1:65], w_down)  # unaligned base
+    assert not use_tma_down_grad(dy.float(), w_down.float())  # 16-bit only
+    x, d_gate, d_up = (torch.zeros(8, n, dtype=torch.bfloat16) for n in (64, 72, 72))
+    assert use_tma_weight_grad(x, d_gate, d_up) is hopper
+    assert not use_tma_weight_grad(x, torch.zeros(8, 76, dtype=torch.bfloat16)[:, :72], d_up)  # 152-byte row stride
+    assert not use_tma_weight_grad(x.float(), d_gate.float(), d_up.float())  # 16-bit only
+    assert not use_tma_weight_grad(torch.zeros(8, 60, dtype=torch.bfloat16), d_gate, d_up)  # 120-byte rows of x
+    monkeypatch.setattr(launchers, "HOPPER_TMA", False)  # Triton < 3.4, or interpreting
+    assert not use_tma_down_grad(dy, w_down)
+    assert not use_tma_weight_grad(x, d_gate, d_up)
+
+
 @pytest.mark.parametrize(
     "tiles, multiprocessors, steps, split",
     [
@@ -114,8 +141,13 @@ def test_config_lists():
     offers both epilogue schedules (row slices, and g, u prefetched: EPILOGUE_M ==
     BLOCK_M), and every EPILOGUE_M divides its BLOCK_M."""
     makers = [configs.forward_configs, configs.forward_tma_configs, configs.weight_grad_configs,
-              configs.input_grad_configs, configs.input_grad_tma_configs, configs.down_grad_configs]  # fmt: skip
+              configs.weight_grad_tma_configs, configs.input_grad_configs, configs.input_grad_tma_configs,
+              configs.down_grad_configs, configs.down_grad_tma_configs]  # fmt: skip
     assert all(len(make(interpreting=True)) == 1 for make in makers)
     down = configs.down_grad_configs(interpreting=False) + configs.down_grad_configs(interpreting=True)
     assert all(c.kwargs["BLOCK_M"] % c.kwargs["EPILOGUE_M"] == 0 for c in down)
     assert {c.kwargs["EPILOGUE_M"] == c.kwargs["BLOCK_M"] for c in down} == {True, False}
+    # The TMA kernel's epilogue is the row-slice one only.
+    down_tma = configs.down_grad_tma_configs(interpreting=False) + configs.down_grad_tma_configs(interpreting=True)
+    assert all(c.kwargs["EPILOGUE_M"] < c.kwargs["BLOCK_M"] for c in down_tma)
+    assert all(c.kwargs["BLOCK_M"] % c.kwargs["EPILOGUE_M"] == 0 for c in down_tma)

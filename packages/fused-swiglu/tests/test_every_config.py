@@ -1,8 +1,8 @@
 """Every autotune config of every kernel, compiled and run once (the other tests pin one per
 kernel: conftest.py). Config index i of each kernel's list (its last where the list is shorter),
 bf16, on the issue's odd dims at 1000 rows: the MLP at d_intermediate 2760 (16-byte rows: the
-TMA forward and input gradient on a Hopper; the weight gradient's last wave splits for most tiles) and SwiGLU at
-2730 (unaligned rows: the pointer forward and the elementwise gradient)."""
+TMA kernels on a Hopper; the weight gradient's last wave splits for most tiles) and SwiGLU at 2730 (unaligned rows:
+the pointer forward and weight gradients and the elementwise gradient)."""
 
 import pytest
 import torch
@@ -18,9 +18,11 @@ CONFIG_LISTS = (
     configs.forward_configs,
     configs.forward_tma_configs,
     configs.down_grad_configs,
+    configs.down_grad_tma_configs,
     configs.input_grad_configs,
     configs.input_grad_tma_configs,
     configs.weight_grad_configs,
+    configs.weight_grad_tma_configs,
 )
 MOST_CONFIGS = max(len(make()) for make in CONFIG_LISTS)
 

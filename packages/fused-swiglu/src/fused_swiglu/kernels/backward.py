@@ -9,6 +9,7 @@
   between layouts and spill (ptxas: 1 KB of spills per thread at 128x128). dh is rounded to the
   operand dtype there, as torch's own dh is. Two epilogue schedules (EPILOGUE_M, configs.py):
   row slices after the main loop, or g and u loaded before the main loop and one pass after it.
+  `_mlp_down_grad_tma_kernel` is the same with its operand tiles by TMA on Hopper (row slices).
 - `_swiglu_input_grad_kernel`: dx = d_gate @ w_gate^T + d_up @ w_up^T as ONE matmul over a
   2 * d_intermediate reduction (one accumulator, one write of dx); `_swiglu_input_grad_tma_kernel`
   is the same by TMA on Hopper.
@@ -16,7 +17,8 @@
   rows (every leading dim) inside the kernel; each x^T tile is loaded once for both. The tiles
   of a last, partial wave split their reduction over `split` programs (configs.weight_grad_split),
   which write fp32 partial sums to a workspace; `_weight_grad_reduce_kernel` adds them in a
-  fixed order (deterministic) and writes those tiles.
+  fixed order (deterministic) and writes those tiles. `_swiglu_weight_grad_tma_kernel` is the
+  same with its operand tiles by TMA on Hopper.
 """
 
 import triton
@@ -26,6 +28,7 @@ from .._compat import AUTOTUNE_TIMING
 from .activation import _swiglu_backward_store, _swiglu_backward_tile
 from .configs import (
     down_grad_configs,
+    down_grad_tma_configs,
     input_grad_configs,
     input_grad_tma_configs,
     prune_down_grad,
@@ -33,6 +36,7 @@ from .configs import (
     prune_weight_grad,
     weight_grad_configs,
     weight_grad_plan,
+    weight_grad_tma_configs,
 )
 from .matmul import _dot, _grouped_tile, _shared_a_matmul, _store, _sum_of_products_matmul, _wrapped_offsets, _zeros
 
@@ -112,12 +116,62 @@ def _mlp_down_grad_kernel(
         dh = tl.load(h_ptr + offs, mask=mask, other=0.0)
         _swiglu_backward_store(dh, g, u, g_ptr + offs, u_ptr + offs, h_ptr + offs, mask, True, UPCAST)
     else:
-        # In row slices: three loaded tiles of BLOCK_M rows at once would not fit in registers.
-        for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
-            offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
-            _swiglu_backward_tile(
-                h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST
-            )
+        _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST, BLOCK_M, EPILOGUE_M)
+
+
+@triton.jit
+def _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST: tl.constexpr,
+                          BLOCK_M: tl.constexpr, EPILOGUE_M: tl.constexpr):  # fmt: skip
+    """The SwiGLU step over a tile whose dh is parked in h, in row slices of EPILOGUE_M: three
+    loaded tiles of BLOCK_M rows at once would not fit in registers."""
+    for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
+        offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
+        _swiglu_backward_tile(
+            h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST
+        )
+
+
+@triton.autotune(
+    configs=down_grad_tma_configs(),
+    key=["M", "N", "D"],
+    prune_configs_by={"early_config_prune": prune_down_grad},
+    **AUTOTUNE_TIMING,
+)
+@triton.jit(do_not_specialize=["M"])
+def _mlp_down_grad_tma_kernel(
+    dy_desc,
+    wd_desc,
+    g_ptr,
+    u_ptr,
+    h_ptr,
+    stride_gm,
+    M,
+    N,
+    D,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPILOGUE_M: tl.constexpr,
+):
+    """The Hopper variant of `_mlp_down_grad_kernel` (Triton >= 3.4, 16-bit dy and w_down with
+    16-byte rows): dy's and w_down's tiles by TMA (w_down's (BLOCK_N, BLOCK_D) tile transposed in
+    shared memory, zeros past every edge), then the same row-slice epilogue. At the headline
+    (16384 x 2048 -> 5632, H100): 0.849 ms against 0.900 for the pointer kernel's best."""
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = _zeros(BLOCK_M, BLOCK_N, False)
+    for step in range(0, tl.cdiv(D, BLOCK_D)):
+        off_d = step * BLOCK_D
+        acc = _dot(dy_desc.load([off_m, off_d]), wd_desc.load([off_n, off_d]).T, acc, False, False, UPCAST)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    _store(h_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :], acc, mask, UPCAST)
+    tl.debug_barrier()  # the whole tile is in memory before any thread reads it back
+    _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST, BLOCK_M, EPILOGUE_M)
 
 
 @triton.autotune(
@@ -271,6 +325,14 @@ def _swiglu_weight_grad_kernel(
         stride_xk, stride_xm, stride_dm, 1, stride_dm, 1,
         r_begin, r_end, False, ALLOW_TF32, UPCAST, BLOCK_K, BLOCK_N, BLOCK_M, EVEN_M,
     )  # fmt: skip
+    _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, N, K,
+                       UPCAST, BLOCK_K, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, N, K,
+                       UPCAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """A whole tile's (dw_gate, dw_up) into the gradients; a split program's into the workspace."""
     if part_program < 0:
         offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -284,6 +346,54 @@ def _swiglu_weight_grad_kernel(
         ws_tile = ws_ptr + part_program.to(tl.int64) * (2 * BLOCK_K * BLOCK_N) + tile_offs
         tl.store(ws_tile, acc_g)
         tl.store(ws_tile + BLOCK_K * BLOCK_N, acc_u)
+
+
+@triton.autotune(
+    configs=weight_grad_tma_configs(),
+    key=["M", "N", "K"],
+    prune_configs_by={"early_config_prune": prune_weight_grad},
+    **AUTOTUNE_TIMING,
+)
+@triton.heuristics({"split": weight_grad_plan})
+@triton.jit(do_not_specialize=["M"])
+def _swiglu_weight_grad_tma_kernel(
+    x_desc,
+    dg_desc,
+    du_desc,
+    dwg_ptr,
+    dwu_ptr,
+    ws_ptr,
+    stride_dwk,
+    M,
+    N,
+    K,
+    split,
+    UPCAST: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    GROUP_K: tl.constexpr,
+):
+    """The Hopper variant of `_swiglu_weight_grad_kernel` (Triton >= 3.4, 16-bit x, d_gate, d_up
+    with 16-byte rows): x's (BLOCK_M, BLOCK_K) tile by TMA, transposed in shared memory, and the
+    gradients' tiles by TMA (zeros past the last row, so no masks); the same split of the last
+    wave and the same stores. At the headline (x 16384 x 2048, intermediate 5632, H100): 1.088 ms
+    against 1.205 for the pointer kernel's best and 1.109 for cuBLAS on [d_gate | d_up]."""
+    tile, r_begin, r_end, part_program = _weight_grad_work(
+        tl.program_id(0), M, K, N, split, NUM_SMS, BLOCK_K, BLOCK_N, BLOCK_M
+    )
+    pid_k, pid_n = _grouped_tile(tile, K, N, BLOCK_K, BLOCK_N, GROUP_K)
+    off_k = pid_k * BLOCK_K
+    off_n = pid_n * BLOCK_N
+    acc_g = _zeros(BLOCK_K, BLOCK_N, False)
+    acc_u = _zeros(BLOCK_K, BLOCK_N, False)
+    for off_m in range(r_begin, r_end, BLOCK_M):
+        x_t = x_desc.load([off_m, off_k]).T
+        acc_g = _dot(x_t, dg_desc.load([off_m, off_n]), acc_g, False, False, UPCAST)
+        acc_u = _dot(x_t, du_desc.load([off_m, off_n]), acc_u, False, False, UPCAST)
+    _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, N, K,
+                       UPCAST, BLOCK_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit

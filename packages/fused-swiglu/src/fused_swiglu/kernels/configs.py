@@ -106,6 +106,27 @@ _DOWN_GRAD_ROWS = [
     (64, 128, 64, 8, 8, 3, 64),  # 72 KB, 128 regs: small M, g, u prefetched, two programs per SM
     (64, 64, 32, 8, 4, 3, 32),  # 24 KB: anything, fp32 included
 ]
+# The down projection's backward by TMA (Hopper; row-slice epilogue only). Measured at the
+# headline (16384 x 2048 -> 5632, H100, tools/gpu/swiglu_epilogue_diag.py): 128x128x64 w8 s3
+# 0.849 ms, at 4 warps 0.869, EPILOGUE_M 16 0.869 and 64 1.070, 2 stages 1.045, 256x128 0.918,
+# 128x256 s4 0.914; the pointer kernel's best 0.900 in the same run.
+_DOWN_GRAD_TMA_ROWS = [
+    # M,   N,   D, group, warps, stages, EPILOGUE_M   smem (16-bit)
+    (128, 128, 64, 8, 8, 3, 32),  # 96 KB: two programs per SM
+    (128, 128, 64, 8, 4, 3, 32),  # 96 KB at 4 warps
+    (64, 128, 64, 8, 4, 3, 32),  # 72 KB: small M
+    (64, 64, 32, 8, 4, 3, 32),  # 24 KB: anything
+]
+# The weight gradients by TMA (Hopper). Measured at the headline: 128x128x64 w8 s4 1.088 ms,
+# s3 1.117 (1.145 without the last-wave split), 128x128x32 s5 1.244, 128x64x64 w4 s4 1.254; the
+# pointer kernel's best 1.205 and cuBLAS on [d_gate | d_up] 1.109 in the same run.
+_WEIGHT_GRAD_TMA_ROWS = [
+    # K,   N,   M, group, warps, stages   smem (16-bit)
+    (128, 128, 64, 8, 8, 4),  # 192 KB: the headline's
+    (128, 128, 64, 8, 8, 3),  # 144 KB
+    (64, 128, 64, 8, 4, 4),  # 160 KB: small d_model
+    (64, 64, 32, 8, 4, 3),  # 36 KB: anything
+]
 _INTERPRETER_ROW = [(32, 32, 16, 2, 4, 1)]
 _INTERPRETER_TMA_ROW = [(32, 32, 16, 2, 4, 1, 1)]
 # Row slices of 16 in the interpreter's 32-row tile: the sliced epilogue; tests pin the one-pass one.
@@ -151,6 +172,36 @@ def down_grad_configs(interpreting: bool = INTERPRETING):
     return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_D", "GROUP_M"), rows, extra=("EPILOGUE_M",))
 
 
+def _set_down_grad_tma_blocks(nargs):
+    """Each config's tile shapes onto the host tensor descriptors, before its launch."""
+    nargs["dy_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_D"]]
+    nargs["wd_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]
+
+
+def down_grad_tma_configs(interpreting: bool = INTERPRETING):
+    rows = _INTERPRETER_DOWN_ROW if interpreting else _DOWN_GRAD_TMA_ROWS
+    names = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "GROUP_M")
+    return _configs(names, rows, _set_down_grad_tma_blocks, extra=("EPILOGUE_M",))
+
+
+def _set_weight_grad_tma_blocks(nargs):
+    """Each config's tile shapes onto the host tensor descriptors, before its launch."""
+    block_m = nargs["BLOCK_M"]
+    nargs["x_desc"].block_shape = [block_m, nargs["BLOCK_K"]]
+    nargs["dg_desc"].block_shape = [block_m, nargs["BLOCK_N"]]
+    nargs["du_desc"].block_shape = [block_m, nargs["BLOCK_N"]]
+
+
+def weight_grad_tma_configs(interpreting: bool = INTERPRETING):
+    rows = _INTERPRETER_ROW if interpreting else _WEIGHT_GRAD_TMA_ROWS
+    return _configs(("BLOCK_K", "BLOCK_N", "BLOCK_M", "GROUP_K"), rows, _set_weight_grad_tma_blocks)
+
+
+def _element_size(named_args, pointer: str, descriptor: str) -> int:
+    """The operand's element size, from the pointer kernel's tensor or the TMA kernel's descriptor."""
+    return (named_args[pointer] if pointer in named_args else named_args[descriptor].base).element_size()
+
+
 def _prune(configs, size_p, size_q, p, q, r, b_tiles, element_size):
     """The configs that fit and suit a (size_p, size_q) output (see the module docstring); at
     least the smallest. p, q, r: the config's names for the output and reduction blocks;
@@ -184,22 +235,22 @@ def _prune(configs, size_p, size_q, p, q, r, b_tiles, element_size):
 
 # early_config_prune hooks (Triton 2.2 passes the positional arguments only: sizes and tensors).
 def prune_forward(configs, named_args, **kwargs):
-    x = named_args["x_ptr"] if "x_ptr" in named_args else named_args["x_desc"].base
-    return _prune(configs, named_args["M"], named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, x.element_size())
+    size = _element_size(named_args, "x_ptr", "x_desc")
+    return _prune(configs, named_args["M"], named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, size)
 
 
 def prune_weight_grad(configs, named_args, **kwargs):
-    size = named_args["x_ptr"].element_size()
+    size = _element_size(named_args, "x_ptr", "x_desc")
     return _prune(configs, named_args["K"], named_args["N"], "BLOCK_K", "BLOCK_N", "BLOCK_M", 2, size)
 
 
 def prune_input_grad(configs, named_args, **kwargs):
-    size = (named_args["dg_ptr"] if "dg_ptr" in named_args else named_args["dg_desc"].base).element_size()
+    size = _element_size(named_args, "dg_ptr", "dg_desc")
     return _prune(configs, named_args["M"], named_args["K"], "BLOCK_M", "BLOCK_K", "BLOCK_N", 1, size)
 
 
 def prune_down_grad(configs, named_args, **kwargs):
-    size = named_args["dy_ptr"].element_size()
+    size = _element_size(named_args, "dy_ptr", "dy_desc")
     return _prune(configs, named_args["M"], named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_D", 1, size)
 
 

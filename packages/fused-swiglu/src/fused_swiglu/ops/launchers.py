@@ -23,10 +23,12 @@ from .._compat import (
 )
 from ..kernels.backward import (
     _mlp_down_grad_kernel,
+    _mlp_down_grad_tma_kernel,
     _swiglu_grad_kernel,
     _swiglu_input_grad_kernel,
     _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
+    _swiglu_weight_grad_tma_kernel,
     _weight_grad_reduce_kernel,
 )
 from ..kernels.configs import weight_grad_split
@@ -39,9 +41,11 @@ Tensor = torch.Tensor
 FORWARD = TunedLaunches(_swiglu_fwd_kernel)
 FORWARD_TMA = TunedLaunches(_swiglu_fwd_tma_kernel)
 DOWN_GRAD = TunedLaunches(_mlp_down_grad_kernel)
+DOWN_GRAD_TMA = TunedLaunches(_mlp_down_grad_tma_kernel)
 INPUT_GRAD = TunedLaunches(_swiglu_input_grad_kernel)
 INPUT_GRAD_TMA = TunedLaunches(_swiglu_input_grad_tma_kernel)
 WEIGHT_GRAD = TunedLaunches(_swiglu_weight_grad_kernel)
+WEIGHT_GRAD_TMA = TunedLaunches(_swiglu_weight_grad_tma_kernel)
 
 # The elementwise gradient kernel: 64 x 128 tiles, 32 elements per thread over 8 warps.
 GRAD_BLOCK_M = 64
@@ -72,6 +76,11 @@ def tma_ready(t: Tensor) -> bool:
     return t.stride(1) == 1 and row_bytes > 0 and row_bytes % 16 == 0 and t.data_ptr() % 16 == 0
 
 
+def _tma_ready_on_hopper(*tensors: Tensor) -> bool:
+    """Every tensor TMA-ready (see tma_ready), on an sm_90 device."""
+    return all(tma_ready(t) for t in tensors) and is_hopper(tensors[0].device.index)
+
+
 def use_tma_forward(x: Tensor, w_gate: Tensor, w_up: Tensor) -> bool:
     """The Hopper TMA forward (see _compat) applies: Triton >= 3.4, sm_90, TMA-ready 16-bit
     operands, and outputs (new, contiguous (M, N) tensors) whose rows are a multiple of 16 bytes."""
@@ -79,8 +88,7 @@ def use_tma_forward(x: Tensor, w_gate: Tensor, w_up: Tensor) -> bool:
         HOPPER_TMA
         and x.dtype in (torch.float16, torch.bfloat16)
         and w_gate.shape[1] * x.element_size() % 16 == 0
-        and all(tma_ready(t) for t in (x, w_gate, w_up))
-        and is_hopper(x.device.index)
+        and _tma_ready_on_hopper(x, w_gate, w_up)
     )
 
 
@@ -166,15 +174,9 @@ def mlp_down_grad_(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor) -> Tensor:
 
     Returns h = silu(g) * u, recomputed for w_down's gradient (the forward does not keep it).
     """
-    M, N = g.shape
     h = torch.empty_like(g)
-    if M > 0:
-        DOWN_GRAD(
-            lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),), dy, w_down, g, u, h,
-            dy.stride(0), dy.stride(1), w_down.stride(0), w_down.stride(1), g.stride(0),
-            M, N, w_down.shape[1],
-            ALLOW_TF32=_allow_tf32(g.dtype), UPCAST=INTERPRETING,
-        )  # fmt: skip
+    if g.shape[0] > 0:
+        launch_down_grad(dy, w_down, g, u, h, use_tma_down_grad(dy, w_down))
     _mark_overwritten(g, u)
     return h
 
@@ -184,6 +186,33 @@ def _(dy, w_down, g, u):
     return torch.empty_like(g)
 
 
+def use_tma_down_grad(dy: Tensor, w_down: Tensor) -> bool:
+    """The Hopper TMA down-projection backward applies: Triton >= 3.4, sm_90, TMA-ready 16-bit dy
+    (M, D) and w_down (N, D) (g, u and h are read and written through pointers)."""
+    return HOPPER_TMA and dy.dtype in (torch.float16, torch.bfloat16) and _tma_ready_on_hopper(dy, w_down)
+
+
+def launch_down_grad(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor, h: Tensor, tma: bool) -> None:
+    """One down-projection backward launch (M > 0), by the TMA or the pointer kernel."""
+    M, N = g.shape
+    D = w_down.shape[1]
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    if tma:
+        # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
+        descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (dy, w_down)]
+        DOWN_GRAD_TMA(grid, *descriptors, g, u, h, g.stride(0), M, N, D, UPCAST=INTERPRETING)
+        return
+    DOWN_GRAD(
+        grid, dy, w_down, g, u, h,
+        dy.stride(0), dy.stride(1), w_down.stride(0), w_down.stride(1), g.stride(0),
+        M, N, D,
+        ALLOW_TF32=_allow_tf32(g.dtype), UPCAST=INTERPRETING,
+    )  # fmt: skip
+
+
 def use_tma_input_grad(d_gate: Tensor, d_up: Tensor, w_gate: Tensor, w_up: Tensor) -> bool:
     """The Hopper TMA input gradient applies: as for the forward, with d_gate, d_up (contiguous
     (M, N), of one allocation each) and dx (new, contiguous (M, K)) in 16-byte rows."""
@@ -191,8 +220,7 @@ def use_tma_input_grad(d_gate: Tensor, d_up: Tensor, w_gate: Tensor, w_up: Tenso
         HOPPER_TMA
         and d_gate.dtype in (torch.float16, torch.bfloat16)
         and w_gate.shape[0] * d_gate.element_size() % 16 == 0
-        and all(tma_ready(t) for t in (d_gate, d_up, w_gate, w_up))
-        and is_hopper(d_gate.device.index)
+        and _tma_ready_on_hopper(d_gate, d_up, w_gate, w_up)
     )
 
 
@@ -253,8 +281,29 @@ def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dty
     dw_up = torch.empty((K, N), dtype=dtype, device=x.device)
     if M == 0:
         return dw_gate.zero_(), dw_up.zero_()
+    launch_weight_grad(x, d_gate, d_up, dw_gate, dw_up, use_tma_weight_grad(x, d_gate, d_up))
+    return dw_gate, dw_up
+
+
+@swiglu_weight_grad.register_fake
+def _(x, d_gate, d_up, dtype):
+    shape = (x.shape[1], d_gate.shape[1])
+    return x.new_empty(shape, dtype=dtype), x.new_empty(shape, dtype=dtype)
+
+
+def use_tma_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor) -> bool:
+    """The Hopper TMA weight gradients apply: Triton >= 3.4, sm_90, TMA-ready 16-bit x (M, K),
+    d_gate and d_up (M, N) (the gradients are stored through pointers, in any dtype)."""
+    return HOPPER_TMA and x.dtype in (torch.float16, torch.bfloat16) and _tma_ready_on_hopper(x, d_gate, d_up)
+
+
+def launch_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dw_gate: Tensor, dw_up: Tensor, tma: bool) -> None:
+    """(dw_gate, dw_up) = x^T @ (d_gate, d_up) (M > 0), by the TMA or the pointer kernel, and the
+    reduction of the split last wave's partial sums when the chosen config splits it."""
+    M, K = x.shape
+    N = d_gate.shape[1]
     sms = multiprocessor_count(x.device)
-    kernel = _swiglu_weight_grad_kernel
+    kernel = _swiglu_weight_grad_tma_kernel if tma else _swiglu_weight_grad_kernel
     blocks = tuple((c.kwargs["BLOCK_K"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_M"]) for c in kernel.configs)
     workspace = torch.empty(
         max(_weight_grad_workspace_elements(M, N, K, sms, blocks), 1), dtype=torch.float32, device=x.device
@@ -264,12 +313,20 @@ def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dty
         tiles = triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"])
         return (tiles + (tiles % sms) * (meta["split"] - 1),)
 
-    config = WEIGHT_GRAD(
-        grid, x, d_gate, d_up, dw_gate, dw_up, workspace,
-        x.stride(0), x.stride(1), d_gate.stride(0), dw_gate.stride(0),
-        M, N, K,
-        ALLOW_TF32=_allow_tf32(x.dtype), UPCAST=INTERPRETING, NUM_SMS=sms,
-    ).kwargs  # fmt: skip
+    if tma:
+        # Placeholder tiles: each autotune config's pre_hook sets its own block shapes.
+        descriptors = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (x, d_gate, d_up)]
+        config = WEIGHT_GRAD_TMA(
+            grid, *descriptors, dw_gate, dw_up, workspace, dw_gate.stride(0), M, N, K,
+            UPCAST=INTERPRETING, NUM_SMS=sms,
+        ).kwargs  # fmt: skip
+    else:
+        config = WEIGHT_GRAD(
+            grid, x, d_gate, d_up, dw_gate, dw_up, workspace,
+            x.stride(0), x.stride(1), d_gate.stride(0), dw_gate.stride(0),
+            M, N, K,
+            ALLOW_TF32=_allow_tf32(x.dtype), UPCAST=INTERPRETING, NUM_SMS=sms,
+        ).kwargs  # fmt: skip
     tiles = triton.cdiv(K, config["BLOCK_K"]) * triton.cdiv(N, config["BLOCK_N"])
     split = weight_grad_split(tiles, sms, triton.cdiv(M, config["BLOCK_M"]))
     if split > 1:
@@ -278,10 +335,3 @@ def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dty
             UPCAST=INTERPRETING, NUM_SMS=sms, BLOCK_K=config["BLOCK_K"], BLOCK_N=config["BLOCK_N"],
             GROUP_K=config["GROUP_K"], ROWS=min(REDUCE_ROWS, config["BLOCK_K"]), num_warps=REDUCE_NUM_WARPS,
         )  # fmt: skip
-    return dw_gate, dw_up
-
-
-@swiglu_weight_grad.register_fake
-def _(x, d_gate, d_up, dtype):
-    shape = (x.shape[1], d_gate.shape[1])
-    return x.new_empty(shape, dtype=dtype), x.new_empty(shape, dtype=dtype)
