@@ -158,6 +158,14 @@ def pin_configs(monkeypatch, index: int = -1) -> None:
         monkeypatch.setattr(kernel, "configs", [configs[min(index, len(configs) - 1) if index >= 0 else index]])
 
 
+def unpin_configs(monkeypatch) -> None:
+    """Every autotuned kernel offers its whole list again and has tuned nothing yet (a fresh list
+    object also sends the launchers' direct launches back through the autotuner)."""
+    for kernel, configs in ALL_CONFIGS.items():
+        monkeypatch.setattr(kernel, "configs", list(configs))
+        monkeypatch.setattr(kernel, "cache", {})
+
+
 @pytest.fixture(autouse=True)
 def _pinned_configs(request, monkeypatch):
     """Compiled kernel tests run each autotuned kernel with its last config (see the module docstring)."""
@@ -176,6 +184,8 @@ def sw():
         make_inputs=make_inputs,
         outputs_and_grads=outputs_and_grads,
         pin_configs=pin_configs,
+        unpin_configs=unpin_configs,
+        all_configs=ALL_CONFIGS,
         returned_grad_dtypes=returned_grad_dtypes,
         swiglu_linear=swiglu_linear,
         swiglu_mlp_linear=swiglu_mlp_linear,

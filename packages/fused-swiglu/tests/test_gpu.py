@@ -11,7 +11,9 @@ import torch
 from tritonformer_testkit import FLOAT_DTYPES, assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, SwiGLUMLP, swiglu, swiglu_mlp
-from fused_swiglu.ops.launchers import launch_forward, use_tma_forward
+from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _mlp_down_grad_tma_kernel
+from fused_swiglu.kernels.configs import prune_down_grad
+from fused_swiglu.ops.launchers import launch_forward, use_tma_down_grad, use_tma_forward
 from fused_swiglu.reference import ROUNDINGS, swiglu_fp16_accumulate_reference, swiglu_mlp_reference, swiglu_reference
 
 
@@ -43,6 +45,24 @@ def test_mlp_odd_real_dims(bias, dtype, sw):
     if bias:
         inputs += [*biases, (0.5 * torch.randn(1000, device="cuda")).to(dtype).requires_grad_()]
     sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+
+
+@pytest.mark.gpu(reason="autotuning times several configs, which happens only compiled")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_first_call_tunes_every_candidate_and_stays_correct(dtype, sw, monkeypatch):
+    """Every config unpinned and nothing tuned yet: the MLP's first forward+backward times each
+    candidate of each kernel on the real tensors. The down-projection backward overwrites g and u
+    with d_gate and d_up, so every timed run must start from the saved values (autotune
+    restore_value); without that, the gradients are computed from d_gate, d_up taken for g, u.
+    bf16 runs the Hopper TMA kernels where they apply, fp32 the pointer kernels."""
+    sw.unpin_configs(monkeypatch)
+    x, w_gate, w_up = sw.make_inputs((2, 2048), 1000, 2760, dtype, "cuda")
+    w_down = sw.linear_weight(2760, 1000, "cuda", dtype).requires_grad_()
+    dy_like = torch.empty(4096, 1000, device="cuda", dtype=dtype)
+    down = _mlp_down_grad_tma_kernel if use_tma_down_grad(dy_like, w_down) else _mlp_down_grad_kernel
+    candidates = prune_down_grad(sw.all_configs[down], {"dy_ptr": dy_like, "M": 4096, "N": 2760})
+    assert len(candidates) > 1  # so that the in-place kernel is timed more than once
+    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, [x, w_gate, w_up, w_down])
 
 
 @pytest.mark.gpu(

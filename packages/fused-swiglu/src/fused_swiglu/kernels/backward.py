@@ -134,6 +134,7 @@ def _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, U
 @triton.autotune(
     configs=down_grad_tma_configs(),
     key=["M", "N", "D"],
+    restore_value=["g_ptr", "u_ptr"],  # each timed run overwrites them with d_gate, d_up
     prune_configs_by={"early_config_prune": prune_down_grad},
     **AUTOTUNE_TIMING,
 )
