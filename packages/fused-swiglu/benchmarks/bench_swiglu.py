@@ -20,9 +20,10 @@ medians), so that a drift of the GPU's clocks or the host's speed falls on all o
   portable pointer kernel on its first config (what runs off Hopper); the shape column names the
   config the autotuner chose;
 - the seed's sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024,
-  2048, 4096 and 8192, against torch eager and Liger-Kernel: torch.compile runs at the headline only (its
-  compile time per shape and mode would not fit), and so does fp16 (bf16's kernels on fp16
-  compile the whole set again).
+  2048, 4096 and 8192, bf16 and fp16, against torch eager and Liger-Kernel, and in fp16 also
+  FastAccumFusedSwiGLU with fp16 accumulation; torch.compile runs at the bf16 headline only (its
+  compile time per shape, dtype and mode would not fit).
+The headline also runs in fp16 (ours, torch, Liger).
 """
 
 import pytest
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from tritonformer_testkit import triton_version
 from tritonformer_testkit.bench import OURS, measure, measure_paired
 
-from fused_swiglu import swiglu, swiglu_mlp
+from fused_swiglu import FastAccumFusedSwiGLU, swiglu, swiglu_mlp
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
     _mlp_down_grad_tma_kernel,
@@ -54,7 +55,9 @@ from fused_swiglu.ops.launchers import (
 
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
+FAST_ACCUM = f"{OURS} (fp16 accumulate)"
 PROVIDERS = [OURS, "torch", "torch.compile", "liger"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SWEEP_D_MODEL = [1024, 2048, 4096, 8192]
 SWEEP_ROWS = 4 * 2048
 HEADLINE = (16384, 2048, 5632)  # rows, d_model, d_intermediate
@@ -84,6 +87,8 @@ def _provider_fn(provider: str, mlp: bool):
     nn.Linear-layout (out, in) ones; each gets its own layout contiguous (see _inputs)."""
     if provider == OURS:
         return swiglu_mlp if mlp else swiglu
+    if provider == FAST_ACCUM:
+        return lambda x, w_gate, w_up: FastAccumFusedSwiGLU.apply(x, w_gate, w_up, True)
     if provider == "torch":
         return _torch_swiglu_mlp if mlp else _torch_swiglu
     if provider == "torch.compile":
@@ -103,7 +108,7 @@ def _provider_fn(provider: str, mlp: bool):
 
 def _inputs(provider, x, weights):
     """x and the weights in the provider's layout, made contiguous outside the timing."""
-    if provider == OURS:
+    if provider in (OURS, FAST_ACCUM):
         weights = [w.t().contiguous() for w in weights]
     return [x, *weights]
 
@@ -136,18 +141,20 @@ def _run_in_turn(benchmark, group, shape, providers, mlp, inputs, mode, flops_fw
     measure_paired(benchmark, group=group, shape=shape, fns=fns, flops=flops, memory=memory)
 
 
-def _linear_weights(shapes):
-    """nn.Linear-layout (out, in) bf16 weights with nn.Linear's scale."""
-    return [torch.randn(out, fan_in, device="cuda", dtype=torch.bfloat16) * fan_in**-0.5 for out, fan_in in shapes]
+def _linear_weights(shapes, dtype=torch.bfloat16):
+    """nn.Linear-layout (out, in) weights with nn.Linear's scale."""
+    return [torch.randn(out, fan_in, device="cuda", dtype=dtype) * fan_in**-0.5 for out, fan_in in shapes]
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_swiglu_mlp_headline(benchmark, mode):
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_swiglu_mlp_headline(benchmark, dtype, mode):
     rows, d_model, d_inter = HEADLINE
-    x = torch.randn(rows, d_model, device="cuda", dtype=torch.bfloat16)
-    weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)])
-    _run_in_turn(benchmark, f"swiglu MLP {mode} bf16", f"{rows}x{d_model}->{d_inter}->{d_model}", PROVIDERS, True,
-                 [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
+    x = torch.randn(rows, d_model, device="cuda", dtype=DTYPES[dtype])
+    weights = _linear_weights([(d_inter, d_model), (d_inter, d_model), (d_model, d_inter)], DTYPES[dtype])
+    providers = PROVIDERS if dtype == "bf16" else [OURS, "torch", "liger"]  # compile: bf16 only (its time)
+    _run_in_turn(benchmark, f"swiglu MLP {mode} {dtype}", f"{rows}x{d_model}->{d_inter}->{d_model}", providers,
+                 True, [x, *weights], mode, 6 * rows * d_model * d_inter, memory=True)  # fmt: skip
 
 
 def _config_label(kernel) -> str:
@@ -236,10 +243,12 @@ def test_headline_kernels(benchmark, headline, kernel, monkeypatch):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("d_model", SWEEP_D_MODEL)
-def test_swiglu_sweep(benchmark, d_model, mode):
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_swiglu_sweep(benchmark, dtype, d_model, mode):
     rows, d_inter = SWEEP_ROWS, 3 * d_model
-    x = torch.randn(4, rows // 4, d_model, device="cuda", dtype=torch.bfloat16)
-    w_gate, w_up = _linear_weights([(d_inter, d_model)] * 2)
-    group, shape = f"swiglu {mode} bf16 (batch 4 x seq 2048)", f"{d_model}->{d_inter}"
-    _run_in_turn(benchmark, group, shape, [OURS, "torch", "liger"], False, [x, w_gate, w_up], mode,
+    x = torch.randn(4, rows // 4, d_model, device="cuda", dtype=DTYPES[dtype])
+    w_gate, w_up = _linear_weights([(d_inter, d_model)] * 2, DTYPES[dtype])
+    group, shape = f"swiglu {mode} {dtype} (batch 4 x seq 2048)", f"{d_model}->{d_inter}"
+    providers = [OURS, "torch", "liger"] + ([FAST_ACCUM] if dtype == "fp16" else [])
+    _run_in_turn(benchmark, group, shape, providers, False, [x, w_gate, w_up], mode,
                  4 * rows * d_model * d_inter)  # fmt: skip
