@@ -8,7 +8,7 @@ Flop counts (the usual 2 flops per multiply-add; the pointwise work is not count
 - SwiGLU MLP (down projection N -> K included): forward 6*M*K*N, forward+backward 18*M*K*N.
 The floor is the matmuls at the bf16 tensor-core ceiling (~795 TFLOP/s on this H100).
 
-Groups (bf16; the file runs in about 90 s on an H100, most of it compiling). The providers of a
+Groups (the file runs in about 2 minutes on an H100, most of it compiling). The providers of a
 row are timed in turn (`measure_paired`: five interleaved do_bench windows each, median of
 medians), so that a drift of the GPU's clocks or the host's speed falls on all of them alike:
 - the headline MLP (16384 x 2048 -> 5632 -> 2048), forward and forward+backward, with peak
