@@ -53,6 +53,7 @@ CASES = [
     ("fwd-row-major-gelu-tanh", 1, 40, False, False, False, True, "gelu_tanh", False),
     ("fwd-relu", 1, 40, False, True, False, False, "relu", False),
     ("fwd-bias", 1, 40, False, True, False, True, None, False),
+    ("fwd-bias-relu", 1, 40, False, True, False, True, "relu", False),  # the TMA kernel prefetches the bias
     ("transposed-out-gelu-z", 1, 40, True, True, True, True, "gelu", True),
     ("dx", 1, 40, False, False, False, False, None, False),
     ("dw", 1, 40, True, False, False, False, None, False),
