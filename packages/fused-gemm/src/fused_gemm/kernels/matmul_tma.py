@@ -86,7 +86,7 @@ def _store_tile(desc, batch, off_0, off_1, tile, TRANS: tl.constexpr, BATCHED: t
 @triton.jit
 def _prefetched_bias(bias_ptr, stride_bias, off_n, N, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
     """The tile's BLOCK_N bias values (zeros past N) in the bias dtype, loaded before its K loop
-    where PREFETCH (see _prefetches_bias); a placeholder the compiler drops otherwise."""
+    where PREFETCH (see PREFETCH_BIAS in _matmul_tma_kernel); a placeholder the compiler drops otherwise."""
     cols = off_n + tl.arange(0, BLOCK_N)
     if PREFETCH:
         bias = tl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0)
@@ -178,7 +178,8 @@ def _matmul_tma_kernel(
     k_steps = tl.cdiv(k_tiles, SPLIT_K)
     # The bias is loaded before each tile's K loop, so that its latency hides behind the loop, where
     # the epilogue is light (no GELU, no z): loaded in the epilogue it stalled every tile, and bias
-    # or bias + ReLU cost 3-7 % over the plain product (H100, run 72); prefetched, 0-1 % (run 73).
+    # or bias + ReLU cost 1-12 % over the plain product (H100, run 72); prefetched, up to 5 % faster
+    # (run 75, README).
     # Beside a GELU the registers it holds through the loop cost more than its latency: the 8-warp
     # two-programs-per-SM config went from 124 to 148 registers with z stored, one program per SM.
     PREFETCH_BIAS: tl.constexpr = HAS_BIAS and not STORE_Z and ACTIVATION != ACT_GELU and ACTIVATION != ACT_GELU_TANH
