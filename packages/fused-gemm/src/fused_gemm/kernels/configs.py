@@ -173,7 +173,9 @@ def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     unflattened, and Triton's automatic warp specialization of it (compiles at 8 warps only).
     Across a 410M GPT step's twelve products the autotuner's picks summed to the same matmul time
     (43.67 ms base, 43.70 unflattened, 43.52 specialized), and the specialized picks were slower
-    on the 16384x8192x2048 forward (0.82 vs 0.72 ms: timing noise chose them).
+    on the 16384x8192x2048 forward (0.82 vs 0.72 ms: timing noise chose them). The first of
+    these was no experiment after all: Triton 3.6 leaves the "flattened" loop nested anyway
+    (kernels.matmul_tma).
     """
     if interpreting:
         tile = dict(INTERPRETER_TILE, PROGRAMS_PER_SM=1, EPILOGUE_SPLIT=False)

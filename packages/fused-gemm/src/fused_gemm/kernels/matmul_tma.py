@@ -6,10 +6,13 @@ NUM_SMS * PROGRAMS_PER_SM programs each walk output tiles tile_id = pid, pid + p
 grouped order (common._grouped_tile); with two programs per SM, one's epilogue overlaps the
 other's main loop (configs.tma_configs). Operands arrive through tensor descriptors: the TMA
 engine copies each BLOCK tile into swizzled shared memory and wgmma reads it from there, so no
-thread computes an address in the main loop; the loop over (tile, k) is flattened, so the next
-tile's loads are in flight while this tile's epilogue runs, and the epilogue's TMA stores drain
-behind the next tile's math. Out-of-bounds TMA reads return zeros (the K tail needs no mask),
-and stores clip.
+thread computes an address in the main loop; the epilogue's TMA stores drain behind the next
+tile's math. The loop over (tile, k) asks to be flattened (`flatten=True`), so that the next
+tile's loads would be in flight while this tile's epilogue runs, but Triton 3.6 and 3.9 leave it
+nested: their TTGIR keeps the inner scf.for under a `tt.flatten` outer loop (session 10). So the
+next tile's loads start after the epilogue, and only two programs per SM overlap an epilogue
+with a main loop. Out-of-bounds TMA reads return zeros (the K tail needs no mask), and stores
+clip.
 
 Epilogue in two halves of BLOCK_N / 2 columns when there is an activation or z to store, an fp32
 output (split-K partials, or an fp32 parameter's gradient), or the config asks for it
