@@ -6,13 +6,14 @@ NUM_SMS * PROGRAMS_PER_SM programs each walk output tiles tile_id = pid, pid + p
 grouped order (common._grouped_tile); with two programs per SM, one's epilogue overlaps the
 other's main loop (configs.tma_configs). Operands arrive through tensor descriptors: the TMA
 engine copies each BLOCK tile into swizzled shared memory and wgmma reads it from there, so no
-thread computes an address in the main loop; the epilogue's TMA stores drain behind the next
-tile's math. The loop over (tile, k) asks to be flattened (`flatten=True`), so that the next
-tile's loads would be in flight while this tile's epilogue runs, but Triton 3.6 and 3.9 leave it
-nested: their TTGIR keeps the inner scf.for under a `tt.flatten` outer loop (session 10). So the
-next tile's loads start after the epilogue, and only two programs per SM overlap an epilogue
-with a main loop. Out-of-bounds TMA reads return zeros (the K tail needs no mask), and stores
-clip.
+thread computes an address in the main loop. The program's (tile, k) steps are one loop,
+flattened by hand (the tile's coordinates advance at its first step, its epilogue runs after
+its last). So the pipeliner keeps the next tile's operand loads in flight while this tile's
+epilogue runs, and the epilogue's TMA stores drain behind the next tile's math.
+`tl.range(..., flatten=True)` over nested loops asked for the same, but Triton 3.6 and 3.9 left
+it nested: their TTGIR kept the inner scf.for under a `tt.flatten` outer loop. Split-K work
+items, whose K ranges differ, keep the nested loops. Out-of-bounds TMA reads return zeros (the
+K tail needs no mask), and stores clip.
 
 Epilogue in two halves of BLOCK_N / 2 columns when there is an activation or z to store, an fp32
 output (split-K partials, or an fp32 parameter's gradient), or the config asks for it
@@ -52,7 +53,7 @@ import triton
 import triton.language as tl
 
 from .._compat import AUTOTUNE_TIMING
-from .common import ACT_GELU, ACT_GELU_TANH, ACT_NONE, _activation, _activation_grad, _add_bias, _cast, _grouped_tile
+from .common import ACT_NONE, _activation, _activation_grad, _add_bias, _cast, _grouped_tile
 from .configs import TMA_KEY, prune_tma_configs, tma_configs
 
 
@@ -87,25 +88,12 @@ def _store_tile(desc, batch, off_0, off_1, tile, TRANS: tl.constexpr, BATCHED: t
 
 
 @triton.jit
-def _prefetched_bias(bias_ptr, stride_bias, off_n, N, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
-    """The tile's BLOCK_N bias values (zeros past N) in the bias dtype, loaded before its K loop
-    where PREFETCH (see PREFETCH_BIAS in _matmul_tma_kernel); a placeholder the compiler drops otherwise."""
-    cols = off_n + tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        bias = tl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0)
-    else:
-        bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    return bias
-
-
-@triton.jit
-def _epilogue(acc, bias, bias_ptr, stride_bias, c_desc, z_desc, colsum_ptr, batch, c_batch, off_m, off_n, N,
-              HAS_BIAS: tl.constexpr, PREFETCHED: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
-              GRAD_Z: tl.constexpr, COLUMN_SUM: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr,
-              C_BATCHED: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+def _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, GRAD_Z: tl.constexpr,
+              COLUMN_SUM: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr, C_BATCHED: tl.constexpr,
+              UPCAST: tl.constexpr):  # fmt: skip
     """Bias, activation, casts and stores of the (BLOCK_M, acc.shape[1]) output tile at (off_m, off_n)
-    (c's batch index c_batch: with SPLIT_OUT, a split's partial-sum slice); the bias is `bias`, the
-    tile's columns loaded before the K loop, where PREFETCHED, else loaded here; with GRAD_Z the
+    (c's batch index c_batch: with SPLIT_OUT, a split's partial-sum slice); with GRAD_Z the
     activation's backward instead (module docstring).
 
     z is stored before the activation is computed, so that the activation's math overlaps the
@@ -119,14 +107,42 @@ def _epilogue(acc, bias, bias_ptr, stride_bias, c_desc, z_desc, colsum_ptr, batc
         if COLUMN_SUM:
             tl.store(colsum_ptr + (off_m // acc.shape[0]) * N + cols, tl.sum(y, axis=0), mask=cols < N)
     else:
-        if PREFETCHED:
-            z = acc + bias.to(tl.float32)[None, :]
-        else:
-            z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
+        z = _add_bias(acc, bias_ptr, stride_bias, cols, N, HAS_BIAS)
         if STORE_Z:
             _store_tile(z_desc, batch, off_m, off_n, _cast(z, z_desc.dtype, UPCAST), C_TRANS, BATCHED)
         y = _activation(z, ACTIVATION, UPCAST, False)  # 16-bit results only
     _store_tile(c_desc, c_batch, off_m, off_n, _cast(y, c_desc.dtype, UPCAST), C_TRANS, C_BATCHED)
+
+
+@triton.jit
+def _tile_epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr, GRAD_Z: tl.constexpr,
+                   COLUMN_SUM: tl.constexpr, C_TRANS: tl.constexpr, BATCHED: tl.constexpr, C_BATCHED: tl.constexpr,
+                   UPCAST: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr):  # fmt: skip
+    """A finished (BLOCK_M, BLOCK_N) tile's epilogue, whole or in two halves of BLOCK_N / 2 columns
+    (configs.splits_epilogue; the module docstring)."""
+    BLOCK_M: tl.constexpr = acc.shape[0]
+    BLOCK_N: tl.constexpr = acc.shape[1]
+    if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or GRAD_Z or c_desc.dtype == tl.float32:
+        acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _epilogue(acc_0, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+                  HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED, C_BATCHED, UPCAST)  # fmt: skip
+        _epilogue(acc_1, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m,
+                  off_n + BLOCK_N // 2, N, HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED,
+                  C_BATCHED, UPCAST)  # fmt: skip
+    else:
+        _epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, c_batch, off_m, off_n, N,
+                  HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED, C_BATCHED, UPCAST)  # fmt: skip
+
+
+@triton.jit
+def _dot_step(a, b, acc, UPCAST: tl.constexpr):
+    """acc + a @ b; the interpreter (UPCAST) multiplies fp32 copies."""
+    if UPCAST:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 # The autotuner holds the candidate configs and their prune rule. ops.launch times the candidates
@@ -179,45 +195,50 @@ def _matmul_tma_kernel(
     # workspace that the launcher sums. Split-major order: the programs running side by side work
     # on the same K slice of neighbouring tiles, sharing operand tiles in L2 as without a split.
     k_steps = tl.cdiv(k_tiles, SPLIT_K)
-    # The bias is loaded before each tile's K loop, so that its latency hides behind the loop, where
-    # the epilogue is light (no GELU, no z): loaded in the epilogue it stalled every tile, and bias
-    # or bias + ReLU cost 1-12 % over the plain product (H100, run 72); prefetched, up to 5 % faster
-    # (run 75, README).
-    # Beside a GELU the registers it holds through the loop cost more than its latency: the 8-warp
-    # two-programs-per-SM config went from 124 to 148 registers with z stored, one program per SM.
-    PREFETCH_BIAS: tl.constexpr = HAS_BIAS and not STORE_Z and ACTIVATION != ACT_GELU and ACTIVATION != ACT_GELU_TANH
-    for work in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_SMS * PROGRAMS_PER_SM, flatten=True):
-        split = work // num_tiles
-        tile_id = work % num_tiles
-        batch = tile_id // tiles_per_batch
-        pid_m, pid_n = _grouped_tile(tile_id % tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        c_batch = split * BATCH + batch if SPLIT_OUT else batch
-        k_first = split * k_steps
-
-        bias = _prefetched_bias(bias_ptr, stride_bias, off_n, N, BLOCK_N, PREFETCH_BIAS)
+    if SPLIT_OUT:
+        for work in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_SMS * PROGRAMS_PER_SM):
+            split = work // num_tiles
+            tile_id = work % num_tiles
+            batch = tile_id // tiles_per_batch
+            pid_m, pid_n = _grouped_tile(tile_id % tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            k_first = split * k_steps
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_first, tl.minimum(k_first + k_steps, k_tiles)):
+                a = _load_tile(a_desc, batch, off_m, ki * BLOCK_K, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
+                b = _load_tile(b_desc, batch, ki * BLOCK_K, off_n, BLOCK_K, BLOCK_N, B_TRANS, BATCHED)
+                acc = _dot_step(a, b, acc, UPCAST)
+            _tile_epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, split * BATCH + batch, off_m,
+                           off_n, N, HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED, True, UPCAST,
+                           EPILOGUE_SPLIT)  # fmt: skip
+    else:
+        # One loop over this program's (tile, k) steps, flattened by hand: the pipeliner then loads
+        # the next tile's operands while this tile's epilogue runs (the module docstring). Against
+        # the nested loops of 0.2.1 (H100, Triton 3.6, run 80, configs pinned): the fastest config
+        # of each product and epilogue 1-6.5 % faster; see the README.
+        programs = NUM_SMS * PROGRAMS_PER_SM
+        pid = tl.program_id(0)
+        zero = pid * 0  # i32 tensors: the loop and the branch below carry them
+        tile_id = pid - programs
+        ki = zero - 1
+        off_m = zero
+        off_n = zero
+        batch = zero
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_first, tl.minimum(k_first + k_steps, k_tiles)):
-            off_k = ki * BLOCK_K
-            a = _load_tile(a_desc, batch, off_m, off_k, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
-            b = _load_tile(b_desc, batch, off_k, off_n, BLOCK_K, BLOCK_N, B_TRANS, BATCHED)
-            if UPCAST:
-                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, b, acc)
-
-        if EPILOGUE_SPLIT or ACTIVATION != ACT_NONE or STORE_Z or GRAD_Z or c_desc.dtype == tl.float32:
-            # Two halves of BLOCK_N / 2 columns (configs.splits_epilogue; the module docstring).
-            acc_0, acc_1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            bias_0, bias_1 = tl.split(tl.permute(tl.reshape(bias, (2, BLOCK_N // 2)), (1, 0)))
-            _epilogue(acc_0, bias_0, bias_ptr, stride_bias, c_desc, z_desc, colsum_ptr, batch, c_batch, off_m,
-                      off_n, N, HAS_BIAS, PREFETCH_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED,
-                      BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
-            _epilogue(acc_1, bias_1, bias_ptr, stride_bias, c_desc, z_desc, colsum_ptr, batch, c_batch, off_m,
-                      off_n + BLOCK_N // 2, N, HAS_BIAS, PREFETCH_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM,
-                      C_TRANS, BATCHED, BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
-        else:
-            _epilogue(acc, bias, bias_ptr, stride_bias, c_desc, z_desc, colsum_ptr, batch, c_batch, off_m, off_n,
-                      N, HAS_BIAS, PREFETCH_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED,
-                      BATCHED or SPLIT_OUT, UPCAST)  # fmt: skip
+        for _ in range(0, tl.cdiv(num_tiles - pid, programs) * k_tiles):
+            ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
+            if ki == 0:
+                tile_id += programs
+                batch = tile_id // tiles_per_batch
+                pid_m, pid_n = _grouped_tile(tile_id % tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
+            a = _load_tile(a_desc, batch, off_m, ki * BLOCK_K, BLOCK_M, BLOCK_K, A_TRANS, BATCHED)
+            b = _load_tile(b_desc, batch, ki * BLOCK_K, off_n, BLOCK_K, BLOCK_N, B_TRANS, BATCHED)
+            acc = _dot_step(a, b, acc, UPCAST)
+            if ki == k_tiles - 1:
+                _tile_epilogue(acc, c_desc, z_desc, bias_ptr, stride_bias, colsum_ptr, batch, batch, off_m, off_n, N,
+                               HAS_BIAS, ACTIVATION, STORE_Z, GRAD_Z, COLUMN_SUM, C_TRANS, BATCHED, BATCHED, UPCAST,
+                               EPILOGUE_SPLIT)  # fmt: skip
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
