@@ -8,14 +8,15 @@ aligned operands: one wgmma group in flight per main-loop step, no spills at the
 except the pointer forward's 24 bytes at 128x128).
 
 Hopper fast path, chosen here: the forward kernel in a persistent variant whose x and weight
-tiles come by TMA through host tensor descriptors (Triton >= 3.4, for the descriptors and
-tl.range(flatten=True); sm_90; 16-bit operands whose rows are unit-stride with 16-byte aligned
+tiles come by TMA through host tensor descriptors (Triton >= 3.4, for the descriptors; sm_90;
+16-bit operands whose rows are unit-stride with 16-byte aligned
 strides and base, which the launcher checks per call; everything else takes the portable
 kernel). Why the forward: its two accumulators put the pointer kernel at ptxas' 255-register
 limit with spills at 128x128 (the addresses of three operand tiles); the TMA variant compiles to
-186 registers and no spills (cuobjdump, sm_90, Triton 3.9), and its flattened tile loop keeps
-the next tile's loads in flight through the epilogue. The backward kernels compile at 102-228
-registers without spills on the pointer path.
+186 registers and no spills (cuobjdump, sm_90, Triton 3.9). Its tile loop is not flattened (a
+flattened one measured slower in session 4), so the next tile's loads wait for the epilogue. The
+weight-gradient and down-projection backward kernels have TMA variants too (session 10); the
+backward kernels compile at 102-228 registers without spills on the pointer path.
 """
 
 from __future__ import annotations
