@@ -9,6 +9,7 @@ Forward (persistent, TMA operand loads), with g and u saved for the backward:
   ptr_gu   h by TMA store, g and u by pointer stores from registers (no staging waits)
   ptr3     all three by pointer stores
   h_only   h alone by TMA store (what the forward costs without saving g and u)
+  flat3    tma3 with the (tile, k) loop flattened by hand (not yet run on a GPU)
 Down-projection backward (dh = dy @ w_down^T, the SwiGLU backward as its epilogue):
   shipped  the package's pointer kernel, autotuned
   tma_ld   operand tiles by TMA, the shipped epilogue (dh parked in h, then row slices)
@@ -74,6 +75,41 @@ def fwd_variant(x_desc, wg_desc, wu_desc, h_desc, g_desc, u_desc, h_ptr, g_ptr, 
                 tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
             tl.store(g_ptr + offs, acc_g.to(h_ptr.dtype.element_ty), mask=mask)
             tl.store(u_ptr + offs, acc_u.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def fwd_flat_variant(x_desc, wg_desc, wu_desc, h_desc, g_desc, u_desc, M, N, K, NUM_SMS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr):  # fmt: skip
+    """tma3 with the (tile, k) loop flattened by hand, as fused-gemm 0.2.2's TMA kernel: the next
+    tile's operand loads can then be in flight while this tile's epilogue runs."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    pid = tl.program_id(0)
+    zero = pid * 0
+    tile = pid - NUM_SMS
+    ki = zero - 1
+    off_m = zero
+    off_n = zero
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, tl.cdiv(num_tiles - pid, NUM_SMS) * k_tiles):
+        ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
+        if ki == 0:
+            tile += NUM_SMS
+            pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+        off_k = ki * BLOCK_K
+        x = x_desc.load([off_m, off_k])
+        acc_g = tl.dot(x, wg_desc.load([off_k, off_n]), acc_g)
+        acc_u = tl.dot(x, wu_desc.load([off_k, off_n]), acc_u)
+        if ki == k_tiles - 1:
+            h_desc.store([off_m, off_n], _swiglu(acc_g, acc_u).to(h_desc.dtype))
+            g_desc.store([off_m, off_n], acc_g.to(g_desc.dtype))
+            u_desc.store([off_m, off_n], acc_u.to(u_desc.dtype))
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
@@ -158,15 +194,19 @@ def forward_section(x, wg, wu):
     fns = {"shipped (autotuned)": lambda: launch_forward(x, wg, wu, None, None, h, g, u, True, False, True)}
     fns["shipped (autotuned)"]()
     print("shipped forward error h/g/u", rel_err(h, ref_h), rel_err(g, ref_g), rel_err(u, ref_u))
-    names = {0: "tma3", 1: "ptr_gu", 2: "ptr3", 3: "h_only"}
+    names = {0: "tma3", 1: "ptr_gu", 2: "ptr3", 3: "h_only", 4: "flat3"}
     for mode, (bm, bn, bk, stages) in itertools.product(
-        (0, 1, 2, 3), [(128, 128, 64, 3), (128, 128, 64, 4), (128, 128, 32, 5)]
+        (0, 1, 2, 3, 4), [(128, 128, 64, 3), (128, 128, 64, 4), (128, 128, 32, 5)]
     ):
         blocks = ((x, [bm, bk]), (wg, [bk, bn]), (wu, [bk, bn]), (h, [bm, bn]), (g, [bm, bn]), (u, [bm, bn]))
         descs = [TensorDescriptor.from_tensor(t, block) for t, block in blocks]
         grid = (min(SMS, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
 
         def run(descs=descs, grid=grid, mode=mode, bm=bm, bn=bn, bk=bk, stages=stages):
+            if mode == 4:
+                fwd_flat_variant[grid](*descs, M, N, K, NUM_SMS=grid[0], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                       GROUP_M=8, num_warps=8, num_stages=stages)  # fmt: skip
+                return
             fwd_variant[grid](*descs, h, g, u, M, N, K, MODE=mode, NUM_SMS=grid[0], BLOCK_M=bm, BLOCK_N=bn,
                               BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=stages)  # fmt: skip
 
