@@ -187,6 +187,25 @@ def timed_rounds(fns, rounds=5):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def admit_if_correct(fns, name, run, prepare, checks):
+    """Runs `run` once after `prepare()` (poisons outputs, restores inputs), compares each (out,
+    ref) of `checks` by rel_err, and adds it to `fns` (to be timed) only when every error is under
+    1e-2; a config that fails to launch, or computes wrong, is reported and left out."""
+    prepare()
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as error:  # a config that does not fit: report and go on
+        print(f"{name}: {type(error).__name__}: {str(error)[:200]}")
+        return
+    errs = [rel_err(out, ref) for out, ref in checks]
+    print(f"{name}: errors {[format(e, '.2e') for e in errs]}")
+    if max(errs) > 1e-2 or any(e != e for e in errs):
+        print(f"{name}: WRONG, not timed")
+        return
+    fns[name] = run
+
+
 def forward_section(x, wg, wu):
     h, g, u = (torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ref_g, ref_u = (x.float() @ wg.float()), (x.float() @ wu.float())
@@ -210,21 +229,9 @@ def forward_section(x, wg, wu):
             fwd_variant[grid](*descs, h, g, u, M, N, K, MODE=mode, NUM_SMS=grid[0], BLOCK_M=bm, BLOCK_N=bn,
                               BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=stages)  # fmt: skip
 
-        name = f"{names[mode]} {bm}x{bn}x{bk} s{stages}"
-        for t in (h, g, u):
-            t.fill_(float("nan"))
-        try:
-            run()
-            torch.cuda.synchronize()
-        except Exception as error:  # a config that does not fit: report and go on
-            print(f"{name}: {type(error).__name__}: {str(error)[:200]}")
-            continue
-        errs = [rel_err(h, ref_h)] + ([] if mode == 3 else [rel_err(g, ref_g), rel_err(u, ref_u)])
-        print(f"{name}: errors {[format(e, '.2e') for e in errs]}")
-        if max(errs) > 1e-2 or any(e != e for e in errs):
-            print(f"{name}: WRONG, not timed")
-            continue
-        fns[name] = run
+        checks = [(h, ref_h)] + ([] if mode == 3 else [(g, ref_g), (u, ref_u)])
+        poison = lambda: [t.fill_(float("nan")) for t in (h, g, u)]  # noqa: E731
+        admit_if_correct(fns, f"{names[mode]} {bm}x{bn}x{bk} s{stages}", run, poison, checks)
     return fns
 
 
@@ -256,21 +263,8 @@ def down_section(dy, wd):
                                BLOCK_D=bd, GROUP_M=8, EPILOGUE_M=epi, num_warps=warps, num_stages=stages)  # fmt: skip
 
         name = f"{'tma_reg' if mode else 'tma_ld'} {bm}x{bn}x{bd} s{stages} w{warps} e{epi}"
-        g.copy_(g0)
-        u.copy_(u0)
-        hbuf.fill_(float("nan"))
-        try:
-            run()
-            torch.cuda.synchronize()
-        except Exception as error:
-            print(f"{name}: {type(error).__name__}: {str(error)[:200]}")
-            continue
-        errs = [rel_err(a, b) for a, b in zip((g, u, hbuf), ref)]
-        print(f"{name}: errors {[format(e, '.2e') for e in errs]}")
-        if max(errs) > 1e-2 or any(e != e for e in errs):
-            print(f"{name}: WRONG, not timed")
-            continue
-        fns[name] = run
+        restore = lambda: (g.copy_(g0), u.copy_(u0), hbuf.fill_(float("nan")))  # noqa: E731
+        admit_if_correct(fns, name, run, restore, list(zip((g, u, hbuf), ref)))
     cublas = lambda: torch.mm(dy, wd.t())  # noqa: E731
     fns["cuBLAS dy @ w_down^T"] = cublas
     return fns
@@ -302,21 +296,9 @@ def wgrad_section(x, dg, du):
                 reduce(ws, dwg, dwu, N, N, K, split, UPCAST=False, NUM_SMS=SMS, BLOCK_K=bk, BLOCK_N=bn, GROUP_K=8,
                        ROWS=32, num_warps=4)  # fmt: skip
 
-        name = f"tma {bk}x{bn}x{bm} s{stages} w{warps} split{split}"
-        dwg.fill_(float("nan"))
-        dwu.fill_(float("nan"))
-        try:
-            run()
-            torch.cuda.synchronize()
-        except Exception as error:
-            print(f"{name}: {type(error).__name__}: {str(error)[:200]}")
-            continue
-        errs = [rel_err(dwg, ref_g), rel_err(dwu, ref_u)]
-        print(f"{name}: errors {[format(e, '.2e') for e in errs]}")
-        if max(errs) > 1e-2 or any(e != e for e in errs):
-            print(f"{name}: WRONG, not timed")
-            continue
-        fns[name] = run
+        poison = lambda: (dwg.fill_(float("nan")), dwu.fill_(float("nan")))  # noqa: E731
+        admit_if_correct(fns, f"tma {bk}x{bn}x{bm} s{stages} w{warps} split{split}", run, poison,
+                         [(dwg, ref_g), (dwu, ref_u)])  # fmt: skip
     dcat = torch.cat([dg, du], 1)
     fns["cuBLAS x^T @ [dg|du]"] = lambda: torch.mm(x.t(), dcat)
     return fns
