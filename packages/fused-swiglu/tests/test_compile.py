@@ -186,159 +186,105 @@ def test_reduce_cases_cover_the_weight_grad_tiles():
     assert tma_tiles <= tiles
 
 
-# The Hopper TMA forward: sm_90 only (the launcher never picks it elsewhere), 16-bit operands.
-TMA_CASES = [
-    ("bf16", dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
-    ("fp16", dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True)),
-    ("bf16", dict(HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
-    ("fp16", dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
-]
+# The Hopper TMA kernels: sm_90 only (the launchers never pick them elsewhere), 16-bit operands,
+# every config of each once. Per kernel: its runtime arguments' types for a config's blocks, and a
+# case per config index: (operand dtype, output dtype, constexprs besides the config).
+def _desc(dtype, rows, cols):
+    return f"tensordesc<{dtype}[{rows}, {cols}]>"
 
 
-def _tma_params():
-    configs = autotune_configs(_swiglu_fwd_tma_kernel)
-    assert interpreting() or len(configs) == len(TMA_CASES)
-    for index, (config, (dtype, constexprs)) in enumerate(zip(configs, TMA_CASES)):
-        yield pytest.param(config, dtype, constexprs, id=f"fwd_tma-cfg{index}-{dtype}-sm90")
-
-
-@pytest.mark.skipif(
-    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
-)
-@pytest.mark.parametrize("config, dtype, constexprs", list(_tma_params()))
-def test_tma_forward_compiles(config, dtype, constexprs):
-    config = dict(config)
-    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
-    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    signature = {
-        "x_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
-        "wg_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
-        "wu_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
-        **{d: f"tensordesc<{dtype}[{block_m}, {block_n}]>" for d in ("h_desc", "g_desc", "u_desc")},
+def _fwd_tma_signature(c, dtype, out_dtype):
+    return {
+        "x_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_K"]),
+        "wg_desc": _desc(dtype, c["BLOCK_K"], c["BLOCK_N"]),
+        "wu_desc": _desc(dtype, c["BLOCK_K"], c["BLOCK_N"]),
+        **{d: _desc(dtype, c["BLOCK_M"], c["BLOCK_N"]) for d in ("h_desc", "g_desc", "u_desc")},
         **{p: POINTER[dtype] for p in ("bg_ptr", "bu_ptr")},
         **{i: "i32" for i in ("M", "N", "K")},
     }
-    compile_to_cubin(
-        _swiglu_fwd_tma_kernel,
-        signature=signature,
-        constexprs=dict(constexprs, UPCAST=False, NUM_SMS=NUM_SMS[90], **config),
-        arch=90,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
 
 
-# The Hopper TMA input gradient: sm_90 only, 16-bit operands, fp16 accumulation where FastAccum asks.
-TMA_INPUT_GRAD_CASES = [
-    ("bf16", dict(ACC_FP16=False)),
-    ("fp16", dict(ACC_FP16=True)),
-    ("bf16", dict(ACC_FP16=False)),
-    ("fp16", dict(ACC_FP16=False)),
-    ("bf16", dict(ACC_FP16=False)),
-]
-
-
-def _tma_input_grad_params():
-    configs = autotune_configs(_swiglu_input_grad_tma_kernel)
-    assert interpreting() or len(configs) == len(TMA_INPUT_GRAD_CASES)
-    for index, (config, (dtype, constexprs)) in enumerate(zip(configs, TMA_INPUT_GRAD_CASES)):
-        yield pytest.param(config, dtype, constexprs, id=f"input_grad_tma-cfg{index}-{dtype}-sm90")
-
-
-@pytest.mark.skipif(
-    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
-)
-@pytest.mark.parametrize("config, dtype, constexprs", list(_tma_input_grad_params()))
-def test_tma_input_grad_compiles(config, dtype, constexprs):
-    config = dict(config)
-    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
-    block_m, block_k, block_n = config["BLOCK_M"], config["BLOCK_K"], config["BLOCK_N"]
-    signature = {
-        "dg_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
-        "du_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
-        "wg_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
-        "wu_desc": f"tensordesc<{dtype}[{block_k}, {block_n}]>",
-        "dx_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
+def _input_grad_tma_signature(c, dtype, out_dtype):
+    return {
+        "dg_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_N"]),
+        "du_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_N"]),
+        "wg_desc": _desc(dtype, c["BLOCK_K"], c["BLOCK_N"]),
+        "wu_desc": _desc(dtype, c["BLOCK_K"], c["BLOCK_N"]),
+        "dx_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_K"]),
         **{i: "i32" for i in ("M", "K", "N")},
     }
-    compile_to_cubin(
-        _swiglu_input_grad_tma_kernel,
-        signature=signature,
-        constexprs=dict(constexprs, UPCAST=False, **config),
-        arch=90,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
 
 
-# The Hopper TMA down-projection backward: sm_90 only, 16-bit dy and w_down; every config once.
-TMA_DOWN_GRAD_DTYPES = ["bf16", "fp16", "bf16", "fp16"]
-
-
-def _tma_down_grad_params():
-    configs = autotune_configs(_mlp_down_grad_tma_kernel)
-    assert interpreting() or len(configs) == len(TMA_DOWN_GRAD_DTYPES)
-    for index, (config, dtype) in enumerate(zip(configs, TMA_DOWN_GRAD_DTYPES)):
-        yield pytest.param(config, dtype, id=f"down_grad_tma-cfg{index}-{dtype}-sm90")
-
-
-@pytest.mark.skipif(
-    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
-)
-@pytest.mark.parametrize("config, dtype", list(_tma_down_grad_params()))
-def test_tma_down_grad_compiles(config, dtype):
-    config = dict(config)
-    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
-    block_m, block_n, block_d = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_D"]
-    signature = {
-        "dy_desc": f"tensordesc<{dtype}[{block_m}, {block_d}]>",
-        "wd_desc": f"tensordesc<{dtype}[{block_n}, {block_d}]>",
+def _down_grad_tma_signature(c, dtype, out_dtype):
+    return {
+        "dy_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_D"]),
+        "wd_desc": _desc(dtype, c["BLOCK_N"], c["BLOCK_D"]),
         **{p: POINTER[dtype] for p in ("g_ptr", "u_ptr", "h_ptr")},
         **{i: "i32" for i in ("stride_gm", "M", "N", "D")},
     }
-    compile_to_cubin(
-        _mlp_down_grad_tma_kernel,
-        signature=signature,
-        constexprs=dict(UPCAST=False, **config),
-        arch=90,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
 
 
-# The Hopper TMA weight gradients: sm_90 only, 16-bit operands, dw_gate and dw_up in the operand
-# dtype or in fp32 (fp32 weights under autocast); the split count a runtime value.
-TMA_WEIGHT_GRAD_CASES = [("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32"), ("fp16", "fp16")]
-
-
-def _tma_weight_grad_params():
-    configs = autotune_configs(_swiglu_weight_grad_tma_kernel)
-    assert interpreting() or len(configs) == len(TMA_WEIGHT_GRAD_CASES)
-    for index, (config, (dtype, out_dtype)) in enumerate(zip(configs, TMA_WEIGHT_GRAD_CASES)):
-        yield pytest.param(config, dtype, out_dtype, id=f"weight_grad_tma-cfg{index}-{dtype}-to-{out_dtype}-sm90")
-
-
-@pytest.mark.skipif(
-    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernel is compiled instead"
-)
-@pytest.mark.parametrize("config, dtype, out_dtype", list(_tma_weight_grad_params()))
-def test_tma_weight_grad_compiles(config, dtype, out_dtype):
-    config = dict(config)
-    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
-    block_k, block_n, block_m = config["BLOCK_K"], config["BLOCK_N"], config["BLOCK_M"]
-    signature = {
-        "x_desc": f"tensordesc<{dtype}[{block_m}, {block_k}]>",
-        "dg_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
-        "du_desc": f"tensordesc<{dtype}[{block_m}, {block_n}]>",
+def _weight_grad_tma_signature(c, dtype, out_dtype):
+    return {
+        "x_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_K"]),
+        "dg_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_N"]),
+        "du_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_N"]),
         "dwg_ptr": POINTER[out_dtype],
         "dwu_ptr": POINTER[out_dtype],
         "ws_ptr": "*fp32",
         **{i: "i32" for i in ("stride_dwk", "M", "N", "K", "split")},
     }
+
+
+SM90 = {"NUM_SMS": NUM_SMS[90]}
+TMA_KERNELS = {
+    # The forward: biases, saved g/u and fp16 accumulation (FastAccum) each on and off.
+    "fwd_tma": (_swiglu_fwd_tma_kernel, _fwd_tma_signature, [
+        ("bf16", "bf16", dict(SM90, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
+        ("fp16", "fp16", dict(SM90, HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True)),
+        ("bf16", "bf16", dict(SM90, HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
+        ("fp16", "fp16", dict(SM90, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
+    ]),
+    # The input gradient: fp16 accumulation where FastAccum asks.
+    "input_grad_tma": (_swiglu_input_grad_tma_kernel, _input_grad_tma_signature, [
+        ("bf16", "bf16", dict(ACC_FP16=False)),
+        ("fp16", "fp16", dict(ACC_FP16=True)),
+        ("bf16", "bf16", dict(ACC_FP16=False)),
+        ("fp16", "fp16", dict(ACC_FP16=False)),
+        ("bf16", "bf16", dict(ACC_FP16=False)),
+    ]),
+    "down_grad_tma": (_mlp_down_grad_tma_kernel, _down_grad_tma_signature, [
+        ("bf16", "bf16", {}), ("fp16", "fp16", {}), ("bf16", "bf16", {}), ("fp16", "fp16", {}),
+    ]),
+    # The weight gradients in the operand dtype or in fp32 (fp32 weights under autocast); the split
+    # count a runtime value.
+    "weight_grad_tma": (_swiglu_weight_grad_tma_kernel, _weight_grad_tma_signature, [
+        ("bf16", "bf16", SM90), ("fp16", "fp32", SM90), ("bf16", "fp32", SM90), ("fp16", "fp16", SM90),
+    ]),
+}  # fmt: skip
+
+
+def _tma_params():
+    for name, (kernel, _, cases) in TMA_KERNELS.items():
+        configs = autotune_configs(kernel)
+        assert interpreting() or len(configs) == len(cases), f"{name}: {len(configs)} configs but {len(cases)} cases"
+        for index, (config, (dtype, out_dtype, constexprs)) in enumerate(zip(configs, cases)):
+            out = "" if out_dtype == dtype else f"-to-{out_dtype}"
+            yield pytest.param(name, config, dtype, out_dtype, constexprs, id=f"{name}-cfg{index}-{dtype}{out}-sm90")
+
+
+@pytest.mark.skipif(
+    TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4; the pointer kernels are compiled instead"
+)
+@pytest.mark.parametrize("name, config, dtype, out_dtype, constexprs", list(_tma_params()))
+def test_tma_kernels_compile(name, config, dtype, out_dtype, constexprs):
+    kernel, signature_of, _ = TMA_KERNELS[name]
+    config = dict(config)
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
     compile_to_cubin(
-        _swiglu_weight_grad_tma_kernel,
-        signature=signature,
-        constexprs=dict(UPCAST=False, NUM_SMS=NUM_SMS[90], **config),
+        kernel,
+        signature=signature_of(config, dtype, out_dtype),
+        constexprs=dict(constexprs, UPCAST=False, **config),
         arch=90,
         num_warps=num_warps,
         num_stages=num_stages,
