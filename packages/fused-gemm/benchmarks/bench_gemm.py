@@ -15,12 +15,16 @@ Groups:
   1024) and a 1.4B GPT-2's (2048 -> 8192 -> 2048): ours as one `mlp` call (the GELU's backward in
   the epilogue of fc2's input gradient), ours as two `matmul` calls (the separate elementwise
   pass), and torch's F.linear / F.gelu / F.linear. Flops: both products.
+The providers of a row are timed in turn (`measure_paired`: five interleaved do_bench windows
+each, median of medians), so that a drift of the GPU's clocks falls on all of them alike: timed
+one after the other in one window each, the same code's ratios moved by several percent from run
+to run (runs 50-81).
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
-from tritonformer_testkit.bench import OURS, measure
+from tritonformer_testkit.bench import OURS, measure_paired
 
 from fused_gemm import bmm, matmul, mlp
 
@@ -28,7 +32,6 @@ pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA 
 
 SHAPES = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 2048, 6144)]
 MODES = ["fwd", "fwd+bwd"]
-PLAIN_PROVIDERS = [OURS, "cuBLAS (F.linear)"]
 EPILOGUE_PROVIDERS = [OURS, "torch (F.linear + F.gelu)", "tritonformer, no epilogue", "cuBLAS, no epilogue"]
 
 
@@ -43,18 +46,28 @@ def _linear_fn(provider: str):
     }[provider]
 
 
-def _run(benchmark, group, shape_name, provider, mode, fn, inputs, flops):
-    grad_inputs = [t for t in inputs if t is not None]
+def _timed_call(fn, inputs, mode):
+    """The call do_bench times: the forward without autograd, or the forward and the gradients of
+    every tensor input (the inputs are made to require them)."""
     if mode == "fwd":
-        with torch.no_grad():
-            measure(benchmark, group=f"{group} fwd bf16", shape=shape_name, provider=provider, fn=lambda: fn(*inputs),
-                    flops=flops)  # fmt: skip
-        return
-    for t in grad_inputs:
-        t.requires_grad_(True)
-    dy = torch.randn_like(fn(*inputs))
-    measure(benchmark, group=f"{group} fwd+bwd bf16", shape=shape_name, provider=provider,
-            fn=lambda: torch.autograd.grad(fn(*inputs), grad_inputs, dy), flops=3 * flops)  # fmt: skip
+
+        def forward():
+            with torch.no_grad():
+                return fn(*inputs)
+
+        return forward
+    leaves = [t.requires_grad_(True) for t in inputs if t is not None]
+    with torch.no_grad():
+        dy = torch.randn_like(fn(*inputs))
+    return lambda: torch.autograd.grad(fn(*inputs), leaves, dy)
+
+
+def _run_in_turn(benchmark, group, shape_name, mode, calls, flops):
+    """calls: provider -> (fn, inputs). The providers are timed in turn (measure_paired: interleaved
+    do_bench windows, so that a drift of the GPU's clocks falls on all of them alike)."""
+    fns = {provider: _timed_call(fn, inputs, mode) for provider, (fn, inputs) in calls.items()}
+    measure_paired(benchmark, group=f"{group} {mode} bf16", shape=shape_name, fns=fns,
+                   flops=flops if mode == "fwd" else 3 * flops)  # fmt: skip
 
 
 def _linear_inputs(m, k, n):
@@ -65,35 +78,33 @@ def _linear_inputs(m, k, n):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", PLAIN_PROVIDERS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm(benchmark, shape, provider, mode):
+def test_gemm(benchmark, shape, mode):
     m, k, n = shape
     x, w, _ = _linear_inputs(m, k, n)
-    fn = matmul if provider == OURS else F.linear
-    weight = w.t() if provider == OURS else w
-    _run(benchmark, "gemm", "x".join(map(str, shape)), provider, mode, fn, (x, weight), 2 * m * k * n)
+    calls = {OURS: (matmul, (x, w.t())), "cuBLAS (F.linear)": (F.linear, (x, w))}
+    _run_in_turn(benchmark, "gemm", "x".join(map(str, shape)), mode, calls, 2 * m * k * n)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", EPILOGUE_PROVIDERS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_bias_gelu(benchmark, shape, provider, mode):
+def test_gemm_bias_gelu(benchmark, shape, mode):
     m, k, n = shape
     x, w, b = _linear_inputs(m, k, n)
-    uses_bias = provider in (OURS, "torch (F.linear + F.gelu)")
-    _run(benchmark, "gemm+bias+gelu", "x".join(map(str, shape)), provider, mode, _linear_fn(provider),
-         (x, w, b if uses_bias else None), 2 * m * k * n)  # fmt: skip
+    calls = {
+        provider: (_linear_fn(provider), (x, w, b if provider in (OURS, "torch (F.linear + F.gelu)") else None))
+        for provider in EPILOGUE_PROVIDERS
+    }
+    _run_in_turn(benchmark, "gemm+bias+gelu", "x".join(map(str, shape)), mode, calls, 2 * m * k * n)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", [OURS, "cuBLAS (torch.bmm)"])
-def test_bmm(benchmark, provider, mode):
+def test_bmm(benchmark, mode):
     batch, m, k, n = 64, 2048, 128, 2048
     a = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
     b = (torch.randn(batch, k, n, device="cuda") / k**0.5).to(torch.bfloat16)
-    fn = bmm if provider == OURS else torch.bmm
-    _run(benchmark, "bmm", f"{batch}x{m}x{k}x{n}", provider, mode, fn, (a, b), 2 * batch * m * k * n)
+    calls = {OURS: (bmm, (a, b)), "cuBLAS (torch.bmm)": (torch.bmm, (a, b))}
+    _run_in_turn(benchmark, "bmm", f"{batch}x{m}x{k}x{n}", mode, calls, 2 * batch * m * k * n)
 
 
 MLP_SHAPES = [(16384, 1024, 4096), (16384, 2048, 8192)]
@@ -110,11 +121,10 @@ def _mlp_fn(provider: str):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", MLP_PROVIDERS)
 @pytest.mark.parametrize("shape", MLP_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_mlp(benchmark, shape, provider, mode):
+def test_mlp(benchmark, shape, mode):
     m, d, h = shape
     x, w1, b1 = _linear_inputs(m, d, h)
     _, w2, b2 = _linear_inputs(1, h, d)
-    _run(benchmark, "mlp", "x".join(map(str, shape)), provider, mode, _mlp_fn(provider), (x, w1, b1, w2, b2),
-         4 * m * d * h)  # fmt: skip
+    calls = {provider: (_mlp_fn(provider), (x, w1, b1, w2, b2)) for provider in MLP_PROVIDERS}
+    _run_in_turn(benchmark, "mlp", "x".join(map(str, shape)), mode, calls, 4 * m * d * h)

@@ -8,15 +8,16 @@ test_every_config (conftest), and float64 references only where they are cheap.
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from tritonformer_testkit import assert_close_to_reference
 
 from fused_gemm import Linear, bmm, matmul, mlp
-from fused_gemm._compat import supports_tma
+from fused_gemm._compat import DIRECT_LAUNCH, supports_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import portable_configs, tma_configs
 from fused_gemm.kernels.matmul import _matmul_kernel
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
-from fused_gemm.ops.launch import launch_matmul
+from fused_gemm.ops.launch import launch_matmul, tma_plan
 from fused_gemm.reference import bmm_reference, matmul_reference
 
 NAMES = ("x", "w", "bias")
@@ -206,3 +207,31 @@ def test_linear_under_cuda_autocast():
     assert layer.weight.grad.dtype == torch.float32 and layer.weight.grad.is_contiguous()
     reference = matmul_reference(x.double(), layer.weight.detach().double().t(), layer.bias.detach().double(), "gelu")
     assert_close_to_reference(y, reference, expected, name="y")
+
+
+@pytest.mark.gpu(reason="direct launches call compiled kernels (Triton 3.4 to 3.9 on a GPU)")
+def test_direct_launches_match_the_jit_and_respect_specializations():
+    """A plan's first launch goes through the JIT, the next ones through the compiled kernel's
+    launcher (ops.launch._KernelLaunch): the same bits, forward and backward. A bias that is not
+    16-byte aligned, or strided, is another plan (the JIT specializes the kernel on both)."""
+    if not DIRECT_LAUNCH:
+        pytest.skip(f"direct launches need Triton 3.4 to 3.9 (installed: {triton.__version__})")
+    x, w, b = _operands(1031, 520, 4104, torch.bfloat16)
+    dy = torch.randn(1031, 4104, device="cuda", dtype=torch.bfloat16)
+    runs = []
+    for _ in range(3):
+        y = matmul(x, w, b, "gelu")
+        runs.append((y, *torch.autograd.grad(y, (x, w, b), dy)))
+    for name, first, later in zip(("y", "dx", "dw", "dbias"), runs[0], runs[2]):
+        assert torch.equal(first, later), name
+    c = torch.empty(1, 1031, 4104, device="cuda", dtype=torch.bfloat16)
+    a_view, b_view = x.detach().unsqueeze(0), w.detach().unsqueeze(0)
+    plan = tma_plan(a_view, b_view, c, torch.empty_like(c), b, ACTIVATION_CODES["gelu"])
+    assert plan is not None and plan.launch.direct is not None
+    storage = torch.randn(2 * 4104 + 8, device="cuda", dtype=torch.bfloat16)
+    for bias in (storage[1 : 4104 + 1], storage[::2][:4104]):  # 2-byte offset; stride 2
+        with torch.no_grad():
+            for _ in range(2):  # the second launch is the direct one
+                y = matmul(x, w, bias, "gelu")
+            expected = F.gelu(x.double() @ w.double() + bias.double())
+            assert_close_to_reference(y, expected, F.gelu(x @ w + bias), name="y")

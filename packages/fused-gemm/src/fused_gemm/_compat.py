@@ -167,6 +167,50 @@ def max_shared_memory(device: torch.device) -> int:
     return getattr(_device_properties(device), "shared_memory_per_block_optin", None) or H100_SHARED_MEMORY_PER_BLOCK
 
 
+# Direct launches (Triton 3.4 to 3.9, compiled): after a plan's first launch through the JIT, the
+# plan calls the compiled kernel's launcher itself, as torch Inductor does, skipping the JIT's
+# per-call argument binding, specialization and cache lookup (the plan's key fixes every
+# specialization: dtypes, strides, sizes that are specialized, 16-byte alignment). The launcher's
+# signature is (grid x, y, z, stream, function, packed metadata, launch metadata, enter hook,
+# exit hook, *every kernel argument), constexprs included, in these versions; outside them the
+# JIT runs every launch.
+DIRECT_LAUNCH = not INTERPRETING and (3, 4) <= TRITON_VERSION <= (3, 9)
+
+
+def _hook_active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def direct_launcher(compiled) -> Optional[Callable]:
+    """launch(grid, args) -> bool for a kernel the JIT compiled and launched, or None.
+
+    It launches `compiled` over `grid` (all three dims) on the current stream with every kernel
+    argument `args` and returns True; or launches nothing and returns False (the caller then goes
+    through the JIT) when the current device is not the one the kernel was loaded on, or a launch
+    hook is installed (a profiler wants the launch metadata the JIT computes).
+    """
+    if not DIRECT_LAUNCH or compiled is None:
+        return None
+    run = getattr(compiled, "run", None)
+    function = getattr(compiled, "function", None)
+    metadata = getattr(compiled, "packed_metadata", None)
+    knobs = getattr(triton, "knobs", None)
+    if run is None or function is None or metadata is None or knobs is None:
+        return None
+    runtime = knobs.runtime
+    device = torch._C._cuda_getDevice()
+    get_device = torch._C._cuda_getDevice
+    get_stream = torch._C._cuda_getCurrentRawStream
+
+    def launch(grid, args) -> bool:
+        if get_device() != device or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook):
+            return False
+        run(grid[0], grid[1], grid[2], get_stream(device), function, metadata, None, None, None, *args)
+        return True
+
+    return launch
+
+
 def supports_tma(device: torch.device) -> bool:
     """The persistent TMA kernel runs here: Triton has tensor descriptors and the GPU is a Hopper (sm_90).
 

@@ -19,6 +19,10 @@ by the autotuner's rule, timed by ops.tuning in interleaved rounds rather than b
 autotuner); the plan then keeps the fastest (with its grid and descriptor block shapes), and
 every launch calls the kernel with it directly: no autotuner key, pre-hook or grid callback per
 call. A plan re-tunes when the kernel's config list is replaced (tests pin configs that way).
+After a plan's first launch through Triton's JIT, the TMA kernel and the elementwise pass are
+launched through the compiled kernel's launcher (_KernelLaunch; Triton 3.4 to 3.9): the plan's key
+holds everything the JIT would specialize on (dtypes, strides, 16-byte alignment), so its per-call
+argument binding and cache lookup are skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._compat import INTERPRETING, config_launch_kwargs, multiprocessor_count, supports_tma, tensor_descriptor
+from .._compat import (
+    INTERPRETING,
+    config_launch_kwargs,
+    direct_launcher,
+    multiprocessor_count,
+    supports_tma,
+    tensor_descriptor,
+)
 from ..kernels.configs import (
     grad_rows,
     grad_tile,
@@ -74,36 +85,71 @@ def _descriptor_geometry(shape, stride, transposed: bool, batched: bool):
     return [rows, cols], [stride_rows, stride_cols]
 
 
+class _KernelLaunch:
+    """One kernel's launch as a plan fixes it: the JIT function, the grid, the arguments after the
+    per-call ones (constexprs included, in the signature's order) and the compile options.
+
+    The first call goes through Triton's JIT (which compiles, and returns the compiled kernel);
+    later calls use the compiled kernel's launcher directly where `_compat.direct_launcher` gives
+    one, and go through the JIT while it declines (another device, or launch hooks installed).
+    """
+
+    __slots__ = ("kernel", "grid", "trailing", "options", "direct")
+
+    def __init__(self, kernel, grid: tuple, n_per_call: int, args: tuple, meta: dict):
+        """kernel: a JITFunction; n_per_call: how many leading arguments each call passes; args: the
+        plain arguments after them; meta: the config's keywords (its constexprs and compile options)."""
+        names = list(kernel.arg_names)
+        self.kernel = kernel
+        self.grid = (*grid, 1, 1)[:3]  # the direct launch takes all three dims
+        self.trailing = (*args, *(meta[name] for name in names[n_per_call + len(args) :]))
+        self.options = {key: value for key, value in meta.items() if key not in names}
+        self.direct = None
+
+    def __call__(self, *per_call) -> None:
+        direct = self.direct
+        if direct is not None and direct(self.grid, (*per_call, *self.trailing)):
+            return
+        compiled = self.kernel[self.grid](*per_call, *self.trailing, **self.options)
+        if direct is None:
+            self.direct = direct_launcher(compiled)
+
+
 class _Plan:
     """What one distinct problem launches: `args` (the kernel's arguments after the tensors), and,
-    once tuned, the config's launch keywords with the config list they came from, the grid and
-    (TMA) the descriptors' block shapes."""
+    once tuned, the config's launch keywords with the config list they came from, the grid,
+    (TMA) the descriptors' block shapes and the kernel's _KernelLaunch."""
 
-    __slots__ = ("geometry", "args", "configs", "meta", "grid", "blocks")
+    __slots__ = ("geometry", "args", "configs", "meta", "grid", "blocks", "launch")
 
     def __init__(self, geometry, args):
         self.geometry = geometry
         self.args = args
         self.configs = None
+        self.launch = None
 
-    def tune(self, kernel, config, grid, blocks=None) -> None:
-        """Keep `config`, one of `kernel`'s, for the next launches."""
+    def tune(self, kernel, config, grid, blocks=None, n_per_call=None) -> None:
+        """Keep `config`, one of `kernel`'s, for the next launches; with n_per_call (the arguments
+        each call passes before `args`), also the launch of kernel.fn with it."""
         self.configs = kernel.configs
         self.meta = config_launch_kwargs(config)
         self.grid = grid(config.kwargs)
         self.blocks = blocks(config.kwargs) if blocks is not None else None
+        if n_per_call is not None:
+            self.launch = _KernelLaunch(kernel.fn, self.grid, n_per_call, self.args, self.meta)
 
     def tuned_for(self, kernel) -> bool:
         return self.configs is kernel.configs
 
 
 @functools.lru_cache(maxsize=1024)
-def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, has_bias, activation, num_sms,
+def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, bias, activation, num_sms,
               split=1, grad_z=False, column_sum=False):  # fmt: skip
     """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
     portable kernel: a descriptor cannot have a zero-sized dim). The dtypes (the operands', and c's
     element size c_size: 4 for an fp32 output) are part of the key: the autotuner may choose
-    differently per dtype. split > 1: c is the split-K workspace, fp32 (split x batch, M, N)
+    differently per dtype. bias: None, or what the compiled kernel is specialized on (dtype,
+    stride, 16-byte alignment). split > 1: c is the split-K workspace, fp32 (split x batch, M, N)
     row-major. grad_z: z is the activation's saved input of a fused activation gradient (c row-major,
     unbatched), column_sum its d(bias) partial sums."""
     element_size = dtype.itemsize
@@ -132,6 +178,7 @@ def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, 
     if grad_z and (c_trans or batched):
         return None
     store_z = z and not grad_z
+    has_bias = bias is not None
     flags = (has_bias, activation, store_z, grad_z, column_sum, a_trans, b_trans, c_trans, batched, split > 1)
     return _Plan(geometry, (m, n, k, batch, split, *flags, INTERPRETING, num_sms))
 
@@ -148,9 +195,10 @@ def tma_plan(
         return None
     if z is not None and (z.data_ptr() % 16 or z.stride() != c.stride()):
         return None
+    bias_key = None if bias is None else (bias.dtype, bias.stride(0), bias.data_ptr() % 16 == 0)
     return _tma_plan(
         a.shape, a.stride(), b.shape, b.stride(), c.stride(), c.element_size(), z is not None, a.dtype,
-        bias is not None, activation, multiprocessor_count(a.device), split, grad_z, column_sum,
+        bias_key, activation, multiprocessor_count(a.device), split, grad_z, column_sum,
     )  # fmt: skip
 
 
@@ -160,19 +208,23 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
     has_bias, activation, store_z, grad_z, _, a_trans, b_trans, c_trans, batched, split_out = flags
     uses_z = store_z or grad_z
     # Placeholder pointers (c) where there is no bias or no column sum.
+    # The per-call arguments: four descriptors, then the bias (c where there is none), its stride
+    # and the column sums (c where there are none).
     bias_args = ((bias, bias.stride(0)) if has_bias else (c, 0)) + (colsum if colsum is not None else c,)
 
-    def run(grid, blocks, meta) -> None:
+    def descriptors(blocks):
         a_block, b_block, c_block = blocks
-        _matmul_tma_kernel.fn[grid](
+        return (
             tensor_descriptor(a, a_shape, a_strides, a_block),
             tensor_descriptor(b, b_shape, b_strides, b_block),
             tensor_descriptor(c, c_shape, c_strides, c_block),
             tensor_descriptor(z, c_shape, c_strides, c_block) if uses_z else None,
-            *bias_args, *plan.args, **meta,
-        )  # fmt: skip
+        )
 
     if not plan.tuned_for(_matmul_tma_kernel):
+
+        def run(grid, blocks, meta) -> None:
+            _matmul_tma_kernel.fn[grid](*descriptors(blocks), *bias_args, *plan.args, **meta)
 
         def grid(meta):
             work = batch * split * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
@@ -188,10 +240,10 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
         )  # fmt: skip
         config = _fastest(candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), blocks(cfg.kwargs),
                                                                     config_launch_kwargs(cfg)))  # fmt: skip
-        plan.tune(_matmul_tma_kernel, config, grid, blocks)
+        plan.tune(_matmul_tma_kernel, config, grid, blocks, n_per_call=4 + len(bias_args))
         if colsum is not None and len(candidates) > 1:
             colsum.zero_()  # candidates with other BLOCK_M wrote partial sums into other rows
-    run(plan.grid, plan.blocks, plan.meta)
+    plan.launch(*descriptors(plan.blocks), *bias_args)
 
 
 def _fastest(candidates, launch_of):
@@ -346,6 +398,16 @@ def _grad_plan(batch: int, m: int, n: int, programs: int):
     return tile, rows, (row_programs, -(-n // tile["BLOCK_N"])), row_programs
 
 
+@functools.lru_cache(maxsize=1024)
+def _grad_launch(batch: int, m: int, n: int, programs: int, dy_stride: tuple, dtypes: tuple, aligned: tuple,
+                 activation: int, write_dz: bool, column_sum: bool) -> _KernelLaunch:  # fmt: skip
+    """The elementwise pass's launch; the key holds what its compiled kernel is specialized on
+    (the four pointers' dtypes and 16-byte alignment, dy's strides, N) besides its plan's."""
+    tile, rows, grid, _ = _grad_plan(batch, m, n, programs)
+    args = (*dy_stride, m, n, rows, activation, write_dz, column_sum, INTERPRETING)
+    return _KernelLaunch(_activation_grad_kernel, grid, 4, args, tile)
+
+
 def launch_activation_grad(
     dy: torch.Tensor,
     saved: Optional[torch.Tensor],
@@ -360,17 +422,18 @@ def launch_activation_grad(
     output for ReLU, None without activation."""
     batch, m, n = dy.shape
     dz = torch.empty((batch, m, n), dtype=dy.dtype, device=dy.device) if write_dz else dy
-    tile, rows, grid, partial_rows = _grad_plan(batch, m, n, multiprocessor_count(dy.device))
     # Column sums in fp64 for fp32 gradients (see kernels.grad), fp32 for 16-bit ones.
     partial_dtype = torch.float64 if dy.dtype == torch.float32 else torch.float32
+    programs = multiprocessor_count(dy.device)
+    partial_rows = _grad_plan(batch, m, n, programs)[3]
     partial = torch.empty((partial_rows, n), dtype=partial_dtype, device=dy.device) if column_sum else None
     if batch * m * n:
-        _activation_grad_kernel[grid](
-            dy, saved if saved is not None else dy, dz, partial if column_sum else dy,
-            *dy.stride(), m, n, rows,
-            activation, write_dz, column_sum, INTERPRETING,
-            **tile,
+        pointers = (dy, saved if saved is not None else dy, dz, partial if column_sum else dy)
+        launch = _grad_launch(
+            batch, m, n, programs, dy.stride(), tuple(t.dtype for t in pointers),
+            tuple(t.data_ptr() % 16 == 0 for t in pointers), activation, write_dz, column_sum,
         )  # fmt: skip
+        launch(*pointers)
     if not column_sum:
         return dz, None
     sum_dtype = sum_dtype or dy.dtype
