@@ -19,6 +19,8 @@ its median over the rounds, so a slow phase of the GPU costs every candidate ali
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import statistics
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -60,6 +62,19 @@ def calls_per_timing(estimate_ms: float) -> int:
     return max(1, min(MAX_CALLS, math.ceil(MEASUREMENT_MS / estimate_ms)))
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off: a collection during a capture may run finalizers
+    that free CUDA objects (another graph, say), which invalidates the capture."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _time_once(launch: Callable[[], None]) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -76,7 +91,7 @@ def replay_rounds(launches: Sequence[Callable[[], None]], rounds: int) -> List[L
     graphs = []
     for launch in launches:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with _collector_paused(), torch.cuda.graph(graph):
             for _ in range(calls):
                 launch()
         graphs.append(graph)
