@@ -207,7 +207,6 @@ def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
     m, n, k, batch, split, *flags, _, num_sms = plan.args
     has_bias, activation, store_z, grad_z, _, a_trans, b_trans, c_trans, batched, split_out = flags
     uses_z = store_z or grad_z
-    # Placeholder pointers (c) where there is no bias or no column sum.
     # The per-call arguments: four descriptors, then the bias (c where there is none), its stride
     # and the column sums (c where there are none).
     bias_args = ((bias, bias.stride(0)) if has_bias else (c, 0)) + (colsum if colsum is not None else c,)
