@@ -19,6 +19,7 @@ import torch
 from tritonformer_testkit import triton_version
 
 from fused_attention import alibi_slopes, flash_attention
+from fused_attention.ops import configs
 from fused_attention.ops.configs import candidate_configs, dq_atomic
 from fused_attention.ops.launch import AttentionSpec, _tma_by_default, attention_bwd, attention_fwd
 
@@ -101,10 +102,25 @@ def test_head_dims(head_dim, attn):
     ids=["8to1", "32to1", "2to1"],
 )
 def test_grouped_query_heads(n_heads, n_kv_heads, causal, seqlen, attn):
-    """8:1 and 32:1 at B = 2 fill few SMs with dK/dV programs (and are short), so they take the dQ
-    kernel; 2:1 at 2100 positions without a mask the atomic dQ (configs.dq_atomic). dK and dV sum over the query
-    heads of a group either way."""
+    """dK and dV sum over the query heads of a group (the dQ kernel, the GPU's default path;
+    test_atomic_dq_when_forced covers the atomic one)."""
     q, k, v = attn.random_qkv(2, seqlen, seqlen, n_heads, n_kv_heads, 32, BF16, "cuda")
+    attn.check_attention(q, k, v, causal=causal)
+
+
+@pytest.mark.gpu(reason="the atomic dQ path at real sizes needs the compiled kernels")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_atomic_dq_when_forced(causal, attn, monkeypatch):
+    """The atomic dQ path (configs.DQ_ATOMIC), which the GPU no longer takes by default (the dQ
+    kernel measured faster at every length: run 93, NOTES.md), forced at a real size: GQA 2:1, a
+    ragged key tail, with and without the causal mask (the rotated loop start)."""
+    monkeypatch.setattr(configs, "DQ_ATOMIC_MIN_SEQLEN", 0)
+    monkeypatch.setattr(configs, "DQ_ATOMIC_MIN_SEQLEN_CAUSAL", 0)
+    kv_programs = 2 * 4 * -(-2100 // 128)
+    assert configs.dq_atomic(
+        64, False, 2100, causal, kv_programs, 2, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    q, k, v = attn.random_qkv(2, 2100, 2100, 8, 4, 64, BF16, "cuda")
     attn.check_attention(q, k, v, causal=causal)
 
 

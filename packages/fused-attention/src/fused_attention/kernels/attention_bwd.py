@@ -7,14 +7,15 @@
    program loops over the query heads that share the kv head (GQA/MQA) and, for each, over the
    query blocks that see the key block, recomputing P^T = exp2(S^T - LSE) from the saved LSE:
    dV += P^T dO, dS^T = P^T * (dP^T - delta), dK += dS^T Q. dK and dV are reduced in registers
-   and written once. With DQ_ATOMIC (the default path) the same iteration also forms this key
-   block's share of dQ, (dS K)^T = K^T dS^T, and adds it to an fp32 accumulator with relaxed
-   atomics: five matmuls per (key block, query block) pair in one kernel, the FlashAttention-2
-   count, instead of seven over two kernels (the dQ kernel recomputes S and dP). For a full
+   and written once. With DQ_ATOMIC the same iteration also forms this key block's share of dQ,
+   (dS K)^T = K^T dS^T, and adds it to an fp32 accumulator with relaxed atomics: five matmuls
+   per (key block, query block) pair in one kernel, the FlashAttention-2 count, instead of seven
+   over two kernels (the dQ kernel recomputes S and dP). On the H100 the seven measured faster at
+   every length (ops.configs.DQ_ATOMIC_MIN_SEQLEN): the GPU's default is the dQ kernel. For a full
    (non-causal) range each program starts its query loop at its own key block's offset, so the
    programs of one head that run side by side add into different dQ rows.
 3. `_attn_bwd_dq_convert_kernel` (DQ_ATOMIC path): dQ = softmax_scale * accumulator, in q's dtype.
-4. `_attn_bwd_dq_kernel` (the deterministic path): one program per (query block, batch, head),
+4. `_attn_bwd_dq_kernel` (the default, deterministic path): one program per (query block, batch, head),
    looping over key blocks: dQ += dS K, without atomics (bit-reproducible, two more matmuls).
 
 Both main kernels split their loop like the forward: boundary blocks (band edges, ragged tails)

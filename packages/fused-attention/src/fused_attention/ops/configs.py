@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import triton
 
@@ -42,27 +42,32 @@ RESET_TO_ZERO = {"fwd": None, "dkdv": ["dq_accum_ptr"], "dq": None}
 
 # The backward's dQ: True adds each key block's share into an fp32 accumulator with atomics inside
 # the dK/dV kernel (5 matmuls per block pair; not bit-reproducible), False runs the separate dQ
-# kernel (7 matmuls; deterministic). Per BLOCK_D class, as measured (H100, Triton 3.6, bf16,
-# hidden 2048, 16k tokens, forward+backward): at 64 the atomics win at S >= 4096 (causal S = 16384:
-# 341 against 312 TFLOP/s) and tie at 1024; at 128 the dK/dV kernel, already holding two
-# [128, 128] fp32 accumulators, spills more with the dQ work added and loses everywhere (causal
-# S = 4096: 257 against 302; full S = 16384: 276 against 327); at 256 the separate kernel is the
-# only one that fits.
+# kernel (7 matmuls; deterministic). Per BLOCK_D class, where the atomic path can run at all: at
+# 128 the dK/dV kernel, already holding two [128, 128] fp32 accumulators, spills more with the dQ
+# work added and loses everywhere (H100, Triton 3.6, hidden 2048, 16k tokens, fwd+bwd: causal
+# S = 4096 257 against 302 TFLOP/s; full S = 16384 276 against 327); at 256 the separate kernel is
+# the only one that fits.
 DQ_ATOMIC = {64: True, 128: False, 256: False}
-# ...and at 64 only from these longest sequences on (causal, and without a mask). Below them the
-# separate dQ kernel, with 32x64 dK/dV tiles, wins: short sequences give each dK/dV program few
-# query blocks, and the atomics' traffic outweighs the dQ kernel's extra matmuls. Measured on the
-# H100 (D = 64 fwd+bwd, hidden 2048, 16k tokens, session 5), dQ kernel against atomics: causal S =
-# 512 0.879 / 0.918 ms, 1024 1.227 / 1.291, 2048 1.928 / 2.039, 4096 3.415 / 3.396 (a tie);
-# without a mask S = 2048 3.342 / 3.252. The interpreter's tiny shapes keep the atomic path, so
-# that the CPU tests cover both.
+# ...and at 64 only from these longest sequences on (full; causal), None: never. On the GPU the dQ
+# kernel runs at every length since session 12: `tools/gpu/attn_dq_policy.py` (H100, Triton 3.6,
+# D = 64, H = 32, 16k tokens, each path autotuned; run 93) timed the backward with atomics
+# 1.10-1.35x the dQ kernel's at S = 2048-16384, causal and full (causal S = 4096: 2.725 against
+# 2.279 ms; full S = 16384: 19.18 against 14.21), where session 5 had measured the atomics ahead
+# from S = 4096 (causal S = 16384: 341 against 312 TFLOP/s fwd+bwd): the dK/dV and dQ candidates
+# added since (sessions 6 and 8) sped up the dQ kernel's side, while the atomic dK/dV kernel
+# spills at 4 warps (Triton 3.6, AOT here: 64x64, 456 bytes; 8 warps hold 255 registers). The
+# atomic path stays: the interpreter's tiny shapes take it, so that the CPU tests cover both, a
+# GPU test forces it at real sizes, and the tool re-measures the choice for another GPU or Triton.
 # Tried and not kept (session 6, same setup): the dQ shares as bulk reduce-adds through a TMA
 # descriptor of the accumulator (`desc.atomic_add`) instead of per-element atomics. At 64 slower
 # than the atomics (causal S = 2048, B = 8, H = 16: 1.063 vs 1.048 ms; without a mask S = 4096:
 # 6.228 vs 5.937); at 128 much faster than the atomics (causal S = 4096: 3.376 vs 3.722) but not
 # than the dQ kernel (3.168), and level with it without a mask at S = 16384 (23.49 vs 23.64).
-DQ_ATOMIC_MIN_SEQLEN = 0 if INTERPRETING else 2048
-DQ_ATOMIC_MIN_SEQLEN_CAUSAL = 0 if INTERPRETING else 4096
+# Nor (session 12, run 92, `tools/gpu/attn_dkdv_ab.py`): adding the shares in the dot's own
+# register layout with red.global.add.v2.f32 (inline PTX), which skips the layout conversion
+# through shared memory before the atomics: 2-40 % slower, pinned config by config.
+DQ_ATOMIC_MIN_SEQLEN: Optional[int] = 0 if INTERPRETING else None
+DQ_ATOMIC_MIN_SEQLEN_CAUSAL: Optional[int] = 0 if INTERPRETING else None
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ def dq_atomic(
 ) -> bool:
     """Whether the backward accumulates dQ with atomics in the dK/dV kernel (see DQ_ATOMIC; at
     BLOCK_D 64 only when the longest sequence, max_seqlen, reaches DQ_ATOMIC_MIN_SEQLEN, or
-    DQ_ATOMIC_MIN_SEQLEN_CAUSAL for causal attention).
+    DQ_ATOMIC_MIN_SEQLEN_CAUSAL for causal attention; on the GPU these are None today: never).
 
     The atomic path moves the dQ work into the dK/dV kernel, whose grid is kv_programs (batch x
     kv heads x key blocks of ~128) programs, each looping over the `group` query heads of its kv
@@ -187,7 +192,7 @@ def dq_atomic(
     better: there the deterministic path is taken. (sm_count 0, when interpreting: no such limit.)
     """
     shortest = DQ_ATOMIC_MIN_SEQLEN_CAUSAL if causal else DQ_ATOMIC_MIN_SEQLEN
-    if deterministic or not DQ_ATOMIC[block_d_class(block_d)] or max_seqlen < shortest:
+    if deterministic or not DQ_ATOMIC[block_d_class(block_d)] or shortest is None or max_seqlen < shortest:
         return False
     return 2 * kv_programs >= sm_count or group < 4
 

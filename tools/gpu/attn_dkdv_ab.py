@@ -1,0 +1,85 @@
+"""A/B of fused-attention's dK/dV kernel at head dim 64, causal: the package's against a lab file.
+
+    python3 tools/gpu/attn_dkdv_ab.py LAB_ATTENTION_BWD_PY
+
+LAB_ATTENTION_BWD_PY is another version of kernels/attention_bwd.py, loaded as a module of the
+package. For the 410M GPT's attention (B = 8, H = 16, S = 2048) and S = 4096 (B = 4), the
+backward runs with each dK/dV config pinned: with the separate dQ kernel (the package's kernel),
+and with the atomic dQ (the package's kernel and the lab's). Each variant keeps its own launch
+plans; all are timed together by fused-gemm's tuner timer (CUDA-graph replays, interleaved
+rounds, medians). The lab's gradients are checked against the package's first.
+A lab tool for the GPU runs recorded in NOTES.md: it prints a table and changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+
+import torch
+
+from fused_attention.ops import configs, launch
+from fused_attention.ops.configs import KernelConfig
+from fused_gemm.ops import tuning
+
+SHAPES = [(8, 16, 2048), (4, 16, 4096)]  # (B, H, S); D = 64, causal
+DKDV = [KernelConfig(32, 128, 8, 2, True), KernelConfig(64, 128, 8, 2, True), KernelConfig(32, 64, 4, 2, True),
+        KernelConfig(32, 128, 4, 2, True), KernelConfig(64, 64, 4, 2, True)]  # fmt: skip
+DQ = KernelConfig(64, 64, 4, 3, True)
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("fused_attention.kernels._lab_attention_bwd", path)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "fused_attention.kernels"
+    spec.loader.exec_module(module)
+    return module._attn_bwd_dkdv_kernel
+
+
+def main(lab_path: str) -> None:
+    kernels = {"base": configs.KERNELS["dkdv"], "lab": _load(lab_path)}
+    shortest = configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL
+    plans = launch._PLANS
+    print("| B, H, S | dQ | dK/dV config | kernel | ms | TFLOP/s |")
+    print("|---|---|---|---|---:|---:|")
+    for batch, heads, seqlen in SHAPES:
+        q, k, v, do = (torch.randn(batch, seqlen, heads, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        spec = launch.AttentionSpec(batch, heads, heads, 64, seqlen, seqlen, 0.125, -1, 0, False, False, False)
+        o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
+        flops = 2.5 * 4 * batch * heads * seqlen * seqlen * 64 / 2
+        variants = [("kernel", "base", config) for config in DKDV[:3]]
+        variants += [("atomic", name, config) for config in DKDV for name in ("base", "lab")]
+        calls, reference = [], {}
+        for mode, name, config in variants:
+            own_plans = {}
+
+            def call(mode=mode, name=name, config=config, own_plans=own_plans, tensors=(do, q, k, v, o, lse), s=spec):
+                launch._PLANS = own_plans
+                configs.KERNELS["dkdv"] = kernels[name]
+                configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = 0 if mode == "atomic" else 1 << 30
+                grads = launch.attention_bwd(*tensors, None, None, None, None, s, config, DQ)
+                launch._PLANS, configs.KERNELS["dkdv"] = plans, kernels["base"]
+                configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = shortest
+                return grads
+
+            call()  # builds the plan
+            grads = call()
+            if name == "base" and mode == "atomic":
+                reference[config] = grads
+            elif name == "lab":
+                for label, ours, theirs in zip("qkv", grads, reference[config]):
+                    err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+                    if not err < 1e-2:
+                        print(f"lab d{label} differs: {err:.2e} ({batch}, {heads}, {seqlen}) {config}", flush=True)
+            calls.append(call)
+        samples = tuning.replay_rounds(calls, tuning.ROUNDS)
+        for (mode, name, config), times in zip(variants, samples):
+            ms = statistics.median(times)
+            shape = f"{config.block_m}x{config.block_n} w{config.num_warps} s{config.num_stages}"
+            print(f"| {batch}, {heads}, {seqlen} | {mode} | {shape} | {name} | {ms:.4f} | {flops / ms / 1e9:.1f} |",
+                  flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
