@@ -178,10 +178,10 @@ def flash_attention(
         -1 leaves a side unbounded. Combines with causal (which sets right = 0).
     return_lse: also return the fp32 log-sum-exp of the scaled scores, (B, H, S_q) (differentiable).
     layout: "bshd" or "bhsd"; the output has q's shape, contiguous in that layout.
-    deterministic: compute dQ in the backward without atomics (bit-reproducible gradients). By
-        default, head dims up to 64 accumulate dQ with fp32 atomics (faster there, its last bits
-        may differ between runs, as FlashAttention-2's default); larger head dims always take
-        the deterministic path, which is the faster one for them.
+    deterministic: compute dQ in the backward without atomics (bit-reproducible gradients). On a
+        GPU every call takes that path today, the faster one as measured (ops.configs); the flag
+        guarantees it should the choice change. (An fp32-atomic dQ, FlashAttention-2's default,
+        remains for head dims up to 64: its last bits may differ between runs.)
 
     Returns out, or (out, lse). A query that sees no key gets out = 0 and lse = -inf. Under
     torch.autocast, fp32 inputs are cast to the autocast dtype first.
