@@ -18,8 +18,8 @@ import pytest
 import torch
 from tritonformer_testkit import triton_version
 
-from fused_attention import alibi_slopes, flash_attention
-from fused_attention.ops import configs
+from fused_attention import _compat, alibi_slopes, flash_attention
+from fused_attention.ops import configs, launch
 from fused_attention.ops.configs import candidate_configs, dq_atomic
 from fused_attention.ops.launch import AttentionSpec, _tma_by_default, attention_bwd, attention_fwd
 
@@ -106,6 +106,41 @@ def test_grouped_query_heads(n_heads, n_kv_heads, causal, seqlen, attn):
     test_atomic_dq_when_forced covers the atomic one)."""
     q, k, v = attn.random_qkv(2, seqlen, seqlen, n_heads, n_kv_heads, 32, BF16, "cuda")
     attn.check_attention(q, k, v, causal=causal)
+
+
+@pytest.mark.gpu(reason="direct launches need the compiled kernels")
+def test_direct_launches_repeat_the_jit_launch(attn, monkeypatch):
+    """A plan's first call launches through Triton's JIT, later ones through the compiled kernel's
+    launcher (_compat.direct_launcher, every grid dim passed): the second call of a forward and
+    backward gives the first call's results bit for bit (the default backward has no atomics)."""
+    direct_calls = []
+    original = launch.direct_launcher
+
+    def counting(compiled):
+        run = original(compiled)
+        if run is None:
+            return None
+
+        def counted(*args):
+            launched = run(*args)
+            direct_calls.append(launched)
+            return launched
+
+        return counted
+
+    monkeypatch.setattr(launch, "direct_launcher", counting)
+    q, k, v = attn.random_qkv(2, 300, 300, 4, 2, 64, BF16, "cuda")
+    dout = torch.randn_like(q)
+    results = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, causal=True)
+        out.backward(dout)
+        results.append([out, *(t.grad for t in leaves)])
+    for first, second in zip(*results):
+        assert torch.equal(first, second)
+    if _compat.DIRECT_LAUNCH:
+        assert direct_calls and all(direct_calls), "the second call did not launch directly"
 
 
 @pytest.mark.gpu(reason="the atomic dQ path at real sizes needs the compiled kernels")

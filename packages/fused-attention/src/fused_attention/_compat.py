@@ -130,10 +130,10 @@ def _hook_active(hook) -> bool:
 def direct_launcher(compiled) -> Optional[Callable]:
     """launch(grid, tensors, trailing) -> bool for a kernel the JIT compiled and launched, or None.
 
-    It launches `compiled` on the current stream with the arguments tensors + trailing and returns
-    True; or launches nothing and returns False (the caller then goes through the JIT) when the
-    current device is not the one the kernel was loaded on, or a launch hook is installed (a
-    profiler wants the launch metadata the JIT computes).
+    It launches `compiled` over the 3-D `grid` on the current stream with the arguments tensors +
+    trailing and returns True; or launches nothing and returns False (the caller then goes
+    through the JIT) when the current device is not the one the kernel was loaded on, or a launch
+    hook is installed (a profiler wants the launch metadata the JIT computes).
     """
     if not DIRECT_LAUNCH or compiled is None:
         return None
@@ -150,7 +150,7 @@ def direct_launcher(compiled) -> Optional[Callable]:
     def launch(grid, tensors, trailing) -> bool:
         if get_device() != device or _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook):
             return False
-        run(grid[0], 1, 1, get_stream(device), function, metadata, None, None, None, *tensors, *trailing)
+        run(grid[0], grid[1], grid[2], get_stream(device), function, metadata, None, None, None, *tensors, *trailing)
         return True
 
     return launch

@@ -234,7 +234,7 @@ class _Launch:
 
     def __init__(self, kernel, grid: tuple, trailing: tuple, num_warps: int, num_stages: Optional[int] = None):
         self.kernel = kernel
-        self.grid = grid
+        self.grid = (*grid, 1, 1)[:3]  # the direct launch takes all three dims
         self.trailing = trailing
         self.options = {"num_warps": num_warps}
         if num_stages is not None:
