@@ -1,20 +1,21 @@
-"""Sweep of block shapes for fused-attention's backward kernels (dK/dV and dQ), one kernel at a time.
+"""Sweep of block shapes for fused-attention's kernels (forward, dK/dV and dQ), one kernel at a time.
 
-    python3 tools/gpu/attn_bwd_sweep.py
+    python3 tools/gpu/attn_config_sweep.py [fwd]
 
 The backward's default path (the dK/dV kernel without atomics, then the dQ kernel) at the model
 shapes (GPT-2 410M: D = 64, H = 16; LLaMA 1.4B: D = 128, H = 16; both B = 8, S = 2048, causal)
 and at the benchmark grid's S = 4096 points. For each shape, each dK/dV candidate runs pinned with
 the dQ kernel at its first shipped candidate, then each dQ candidate with the fastest dK/dV one;
 every row of a sweep is timed together by fused-gemm's tuner timer (CUDA-graph replays,
-interleaved rounds, medians). Configs that do not fit the GPU are listed as such. Shipped
-candidates are marked. A lab tool for the GPU runs recorded in NOTES.md: it prints tables and
-changes nothing.
+interleaved rounds, medians). With `fwd`, the forward's candidates instead, at the same shapes.
+Configs that do not fit the GPU are listed as such. Shipped candidates are marked. A lab tool for
+the GPU runs recorded in NOTES.md: it prints tables and changes nothing.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 
@@ -32,6 +33,11 @@ SWEEP = {
                     (64, 128, 8, 2), (64, 128, 8, 3), (16, 128, 8, 2), (128, 64, 8, 2), (16, 64, 4, 2)],
     ("dq", 64): [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3),
                  (64, 32, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 128, 8, 3), (128, 32, 4, 3)],
+    ("fwd", 64): [(128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 2),
+                  (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3),
+                  (64, 32, 4, 3), (128, 32, 8, 3)],
+    ("fwd", 128): [(128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 2),
+                   (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
     ("dq", 128): [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 3), (64, 128, 8, 2),
                   (128, 128, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2)],
 }  # fmt: skip
@@ -69,7 +75,33 @@ def _sweep(spec, tensors, kind, candidates, partner):
     return sorted(zip(usable, (statistics.median(t) for t in samples)), key=lambda row: row[1])
 
 
-def main() -> None:
+def _sweep_forward(spec, q, k, v, candidates):
+    """(config, ms) for each forward candidate that fits."""
+    calls, usable = [], []
+    for shape in candidates:
+        config = KernelConfig(*shape, True)
+        plans = {}
+
+        def call(config=config, plans=plans):
+            saved, launch._PLANS = launch._PLANS, plans
+            try:
+                return launch.attention_fwd(q, k, v, None, None, None, spec, config)
+            finally:
+                launch._PLANS = saved
+
+        try:
+            call()
+            call()
+        except Exception as error:  # a config that does not fit (shared memory, registers)
+            print(f"  fwd {shape}: {type(error).__name__}", flush=True)
+            continue
+        calls.append(call)
+        usable.append(config)
+    samples = tuning.replay_rounds(calls, tuning.ROUNDS)
+    return sorted(zip(usable, (statistics.median(t) for t in samples)), key=lambda row: row[1])
+
+
+def main(forward: bool) -> None:
     for batch, heads, seqlen, head_dim, causal in SHAPES:
         q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
                        for _ in range(4))  # fmt: skip
@@ -77,16 +109,21 @@ def main() -> None:
                                     0 if causal else -1, False, False, False)  # fmt: skip
         o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
         tensors = (do, q, k, v, o, lse)
-        flops = 2.5 * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-        shipped = {kind: configs.TMA_CONFIGS[kind][head_dim] for kind in ("dkdv", "dq")}
+        flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+        kinds = ("fwd",) if forward else ("dkdv", "dq")
+        shipped = {kind: configs.TMA_CONFIGS[kind][head_dim] for kind in kinds}
         label = f"B{batch} H{heads} S{seqlen} D{head_dim} {'causal' if causal else 'full'}"
-        dkdv_rows = _sweep(spec, tensors, "dkdv", SWEEP[("dkdv", head_dim)], shipped["dq"][0])
-        best_dkdv = dkdv_rows[0][0]
-        dq_rows = _sweep(spec, tensors, "dq", SWEEP[("dq", head_dim)], best_dkdv)
-        print(f"\n{label}: backward ms (TFLOP/s); * = a shipped candidate")
+        if forward:
+            tables = [("fwd", _sweep_forward(spec, q, k, v, SWEEP[("fwd", head_dim)]))]
+        else:
+            flops *= 2.5
+            dkdv_rows = _sweep(spec, tensors, "dkdv", SWEEP[("dkdv", head_dim)], configs.TMA_CONFIGS["dq"][head_dim][0])
+            dq_rows = _sweep(spec, tensors, "dq", SWEEP[("dq", head_dim)], dkdv_rows[0][0])
+            tables = [("dkdv", dkdv_rows), ("dq", dq_rows)]
+        print(f"\n{label}: {'forward' if forward else 'backward'} ms (TFLOP/s); * = a shipped candidate")
         print("| kernel | config (BMxBN w s) | ms | TFLOP/s |")
         print("|---|---|---:|---:|")
-        for kind, rows in (("dkdv", dkdv_rows), ("dq", dq_rows)):
+        for kind, rows in tables:
             for config, ms in rows:
                 mark = "*" if config in shipped[kind] else ""
                 name = f"{config.block_m}x{config.block_n} w{config.num_warps} s{config.num_stages}{mark}"
@@ -96,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] == ["fwd"])
