@@ -160,36 +160,36 @@ def _mma(a_desc, w_desc, a_bufs, w_bufs, z_bufs, ready, z_ready, z_empty, M, N, 
         ld_kk, ld_tile, ld_m, ld_n = _advance(ld_kk, ld_tile, ld_m, ld_n, k_tiles, num_pid_m, num_pid_n, BLOCK_M,
                                               BLOCK_N, GROUP_M)  # fmt: skip
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
-    kk = first * 0
-    t = first * 0
-    for step in range(total):
-        s = step % STAGES
-        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-        acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        # The previous step's wgmma has retired: its stage takes the loads STAGES - 1 steps ahead.
-        ahead = step + STAGES - 1
-        _issue_loads(a_desc, w_desc, a_bufs, w_bufs, ready, ahead, ld_m, ld_n, ld_kk, ahead < total)
-        ld_kk, ld_tile, ld_m, ld_n = _advance(ld_kk, ld_tile, ld_m, ld_n, k_tiles, num_pid_m, num_pid_n, BLOCK_M,
-                                              BLOCK_N, GROUP_M)  # fmt: skip
-        if kk == k_tiles - 1:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            z = acc.to(gl.bfloat16)
-            gl.static_assert(CHUNKS == 4, "the lab kernel splits the tile in four column chunks")
-            z_lo, z_hi = _halves(z)
-            z0, z1 = _halves(z_lo)
-            z2, z3 = _halves(z_hi)
-            mbarrier.wait(z_empty, (t & 1) ^ 1)
-            z_bufs.index(0).store(z0)
-            z_bufs.index(1).store(z1)
-            z_bufs.index(2).store(z2)
-            z_bufs.index(3).store(z3)
-            fence_async_shared()
-            mbarrier.arrive(z_ready, count=1)
-            t += 1
-            kk = 0
-        else:
-            kk += 1
+    step = first * 0
+    # Nested loops, not one flattened (tile, k) loop with the hand-off in a branch: ptxas waits for
+    # every wgmma where a path that waited for the accumulator merges with one that did not, so
+    # the flattened form waited each step (run 111). The load walk runs ahead across tiles anyway.
+    for t in range(my_tiles):
+        for kk in range(k_tiles):
+            s = step % STAGES
+            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, use_acc=kk > 0,
+                                is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            # The previous step's wgmma has retired: its stage takes the loads STAGES - 1 steps ahead.
+            ahead = step + STAGES - 1
+            _issue_loads(a_desc, w_desc, a_bufs, w_bufs, ready, ahead, ld_m, ld_n, ld_kk, ahead < total)
+            ld_kk, ld_tile, ld_m, ld_n = _advance(ld_kk, ld_tile, ld_m, ld_n, k_tiles, num_pid_m, num_pid_n, BLOCK_M,
+                                                  BLOCK_N, GROUP_M)  # fmt: skip
+            step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        z = acc.to(gl.bfloat16)
+        gl.static_assert(CHUNKS == 4, "the lab kernel splits the tile in four column chunks")
+        z_lo, z_hi = _halves(z)
+        z0, z1 = _halves(z_lo)
+        z2, z3 = _halves(z_hi)
+        mbarrier.wait(z_empty, (t & 1) ^ 1)
+        z_bufs.index(0).store(z0)
+        z_bufs.index(1).store(z1)
+        z_bufs.index(2).store(z2)
+        z_bufs.index(3).store(z3)
+        fence_async_shared()
+        mbarrier.arrive(z_ready, count=1)
 
 
 @gluon.jit

@@ -12,11 +12,12 @@ import triton
 from tritonformer_testkit import assert_close_to_reference
 
 from fused_gemm import Linear, bmm, matmul, mlp
-from fused_gemm._compat import DIRECT_LAUNCH, supports_tma
+from fused_gemm._compat import DIRECT_LAUNCH, HAS_GLUON_WS, supports_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import portable_configs, tma_configs
 from fused_gemm.kernels.matmul import _matmul_kernel
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
+from fused_gemm.ops import launch
 from fused_gemm.ops.launch import launch_matmul, tma_plan
 from fused_gemm.reference import bmm_reference, matmul_reference
 
@@ -235,3 +236,50 @@ def test_direct_launches_match_the_jit_and_respect_specializations():
                 y = matmul(x, w, bias, "gelu")
             expected = F.gelu(x.double() @ w.double() + bias.double())
             assert_close_to_reference(y, expected, F.gelu(x @ w + bias), name="y")
+
+
+def _require_warp_specialized_kernel():
+    if not HAS_GLUON_WS:
+        pytest.skip(f"kernels.matmul_ws is written against Triton 3.6's Gluon API (installed: {triton.__version__})")
+    if not supports_tma(torch.device("cuda")):
+        pytest.skip("kernels.matmul_ws runs on Hopper (sm_90) GPUs")
+
+
+@pytest.mark.gpu(reason="the warp-specialized Gluon kernel runs compiled on a Hopper GPU")
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_warp_specialized_kernel_every_epilogue(activation, dtype):
+    """kernels.matmul_ws forced (path="ws") on (1031, 520, 4104), no dim a multiple of its 128x256x64
+    tile: every activation, with a bias where test_every_epilogue_and_dtype_compiled has one."""
+    _require_warp_specialized_kernel()
+    bias = activation in (None, "gelu")
+    x, w, b = _operands(1031, 520, 4104, dtype, bias=bias, requires_grad=False)
+    c = torch.full((1031, 4104), float("nan"), device="cuda", dtype=dtype)
+    ran = launch_matmul(x[None], w[None], c[None], bias=b, activation=ACTIVATION_CODES[activation], path="ws")
+    assert ran == "ws"
+    reference = matmul_reference(x.double(), w.double(), None if b is None else b.double(), activation)
+    assert_close_to_reference(c, reference, matmul_reference(x, w, b, activation), name="c")
+
+
+@pytest.mark.gpu(reason="the warp-specialized Gluon kernel runs compiled on a Hopper GPU")
+def test_launcher_takes_the_warp_specialized_kernel_for_large_forward_epilogues(monkeypatch):
+    """A no-grad bias + GELU forward that gives every SM several tiles runs kernels.matmul_ws; the
+    training forward, which stores z for the backward, keeps the TMA kernel."""
+    _require_warp_specialized_kernel()
+    calls = []
+    real = launch.launch_matmul_ws
+
+    def counting(*args):
+        calls.append(args)
+        real(*args)
+
+    monkeypatch.setattr(launch, "launch_matmul_ws", counting)
+    x, w, b = _operands(8192, 1024, 4096, torch.bfloat16, requires_grad=False)
+    with torch.no_grad():
+        y = matmul(x, w, b, "gelu")
+    assert len(calls) == 1
+    reference = matmul_reference(x.double(), w.double(), b.double(), "gelu")
+    assert_close_to_reference(y, reference, matmul_reference(x, w, b, "gelu"), name="y")
+    x.requires_grad_(True)
+    matmul(x, w, b, "gelu").sum().backward()
+    assert len(calls) == 1

@@ -211,6 +211,22 @@ def direct_launcher(compiled) -> Optional[Callable]:
     return launch
 
 
+def _has_gluon_ws() -> bool:
+    """kernels.matmul_ws is written against Triton 3.6's Gluon API (later versions renamed its TMA
+    copies, earlier ones lack warp specialization on Hopper); elsewhere the TMA kernel runs every
+    product. Never under the interpreter (Gluon has none)."""
+    if INTERPRETING or TRITON_VERSION != (3, 6):
+        return False
+    try:  # pragma: no cover - depends on the installed Triton
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:  # pragma: no cover
+        return False
+    return True
+
+
+HAS_GLUON_WS = _has_gluon_ws()
+
+
 def supports_tma(device: torch.device) -> bool:
     """The persistent TMA kernel runs here: Triton has tensor descriptors and the GPU is a Hopper (sm_90).
 

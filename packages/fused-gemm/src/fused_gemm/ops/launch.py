@@ -5,6 +5,10 @@ backward's elementwise pass.
 
 All matmul operands are 3-D views with any strides (a transpose is a view, never a copy). The
 launcher picks the kernel:
+- the warp-specialized Gluon kernel (kernels.matmul_ws; Triton 3.6, Hopper) for large forward
+  products with an epilogue (bias and/or activation, no z to store) whose operands it can address
+  (one batch, a and c row-major, b the transpose of a row-major weight): its epilogue runs beside
+  the next tile's MMAs;
 - the persistent TMA kernel (kernels.matmul_tma) on a Hopper GPU with Triton >= 3.4 when every
   operand is fp16/bf16, 16-byte aligned, and has a unit stride in one of its two matrix dims
   (row-major, or the transpose of row-major);
@@ -33,6 +37,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._compat import (
+    HAS_GLUON_WS,
     INTERPRETING,
     config_launch_kwargs,
     direct_launcher,
@@ -57,6 +62,16 @@ from .tuning import fastest
 
 TMA_DTYPES = (torch.float16, torch.bfloat16)
 PATHS = ("tma", "portable")
+# kernels.matmul_ws's tile, and when the launcher prefers it: K of at least WS_MIN_K and at least
+# WS_MIN_WAVES tiles per SM (its epilogue hides behind the next tile's MMAs).
+WS_BLOCK_M, WS_BLOCK_N, WS_MIN_K, WS_MIN_WAVES = 128, 256, 512, 2
+
+
+def launch_matmul_ws(a, w, c, bias, activation: int, num_sms: int) -> None:
+    """kernels.matmul_ws.launch_matmul_ws, imported on first use (Triton 3.6's Gluon only)."""
+    from ..kernels.matmul_ws import launch_matmul_ws as launch
+
+    launch(a, w, c, bias, activation, num_sms)
 
 
 def _matrix_layout(shape, stride, element_size: int) -> Optional[bool]:
@@ -302,20 +317,26 @@ def launch_matmul(
     path: Optional[str] = None,
     split: Optional[int] = None,
 ) -> str:
-    """Compute c (written in place) from a and b; returns the kernel that ran: "tma", "portable", or
-    "none" when c is empty.
+    """Compute c (written in place) from a and b; returns the kernel that ran: "ws" (kernels.matmul_ws),
+    "tma", "portable", or "none" when c is empty.
 
     a (batch, M, K), b (batch, K, N): same dtype; c (batch, M, N): that dtype, or fp32 (the
     accumulator stored uncast); any strides.
     bias: (N,); activation: kernels.common ACTIVATION code; z: laid out like c, receives the
-    pre-activation acc + bias. path: None picks; "tma" / "portable" force one (tests), "tma"
-    raising where it cannot run. split: the TMA kernel's K slices for a plain product (None:
+    pre-activation acc + bias. path: None picks; "ws" / "tma" / "portable" force one (tests), "ws"
+    and "tma" raising where they cannot run. split: the TMA kernel's K slices for a plain product (None:
     configs.split_k decides; tests force one).
     """
     batch, m, k = a.shape
     n = b.shape[2]
     if batch * m * n == 0:
         return "none"
+    if path == "ws" or (path is None and not INTERPRETING and _ws_worthwhile(a, b, bias, activation, z)):
+        if _ws_runs(a, b, c, z, bias):
+            launch_matmul_ws(a[0], b[0].t(), c[0], bias, activation, multiprocessor_count(a.device))
+            return "ws"
+        if path == "ws":
+            raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
     if path == "tma" or (path is None and not INTERPRETING):
         if bias is None and not activation and z is None:  # a plain product may split K
             if split is None:
@@ -330,6 +351,36 @@ def launch_matmul(
             raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
     _launch_portable(a, b, c, z, bias, activation, allow_tf32)
     return "portable"
+
+
+def _row_major_16(t: torch.Tensor) -> bool:
+    """A 2-D view TMA can address as row-major: unit column stride, 16-byte aligned rows."""
+    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def _ws_runs(a, b, c, z, bias) -> bool:
+    """kernels.matmul_ws can compute c: Triton 3.6 on a Hopper GPU, one batch of 16-bit operands,
+    a and c row-major, b the transpose of a row-major (N, K) weight (nn.Linear's), no z to store,
+    a contiguous bias."""
+    if not HAS_GLUON_WS or not a.is_cuda or not supports_tma(a.device):
+        return False
+    if a.dtype not in (torch.float16, torch.bfloat16) or b.dtype != a.dtype or c.dtype != a.dtype:
+        return False
+    if a.shape[0] != 1 or z is not None or (bias is not None and bias.stride(0) != 1):
+        return False
+    return _row_major_16(a[0]) and _row_major_16(b[0].t()) and _row_major_16(c[0])
+
+
+def _ws_worthwhile(a, b, bias, activation: int, z) -> bool:
+    """The launcher's choice of kernels.matmul_ws: a forward with an epilogue to hide (bias and/or
+    activation, no z), large enough that every SM gets several 128x256 tiles. Measured on the H100
+    (session 12, run 111): bias + GELU 1.07-1.32x torch's F.gelu(F.linear) against 1.02-1.18x for
+    the TMA kernel; plain products stay with the TMA kernel (level with cuBLAS)."""
+    if not HAS_GLUON_WS or z is not None or (bias is None and not activation):
+        return False
+    batch, m, k = a.shape
+    tiles = -(-m // WS_BLOCK_M) * -(-b.shape[2] // WS_BLOCK_N)
+    return batch == 1 and k >= WS_MIN_K and tiles >= WS_MIN_WAVES * multiprocessor_count(a.device)
 
 
 def _launch_split_tma(a, b, c, split: int) -> bool:
