@@ -264,7 +264,7 @@ def test_warp_specialized_kernel_every_epilogue(activation, dtype):
 @pytest.mark.gpu(reason="the warp-specialized Gluon kernel runs compiled on a Hopper GPU")
 def test_launcher_takes_the_warp_specialized_kernel_for_large_forward_epilogues(monkeypatch):
     """A no-grad bias + GELU forward that gives every SM several tiles runs kernels.matmul_ws; the
-    training forward, which stores z for the backward, keeps the TMA kernel."""
+    training forward, which stores z for the backward, and a bias-only product keep the TMA kernel."""
     _require_warp_specialized_kernel()
     calls = []
     real = launch.launch_matmul_ws
@@ -282,4 +282,6 @@ def test_launcher_takes_the_warp_specialized_kernel_for_large_forward_epilogues(
     assert_close_to_reference(y, reference, matmul_reference(x, w, b, "gelu"), name="y")
     x.requires_grad_(True)
     matmul(x, w, b, "gelu").sum().backward()
+    with torch.no_grad():
+        matmul(x, w, b)
     assert len(calls) == 1
