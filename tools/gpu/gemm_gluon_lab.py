@@ -1,93 +1,80 @@
-"""Lab: a warp-specialized Gluon matmul (bias and GELU in their own partition) against fused-gemm.
+"""fused-gemm's warp-specialized Gluon kernel against its TMA kernel and torch, forced path by path.
 
-    python3 tools/gpu/gemm_gluon_lab.py LAB_GLUON_GEMM_PY
+    python3 tools/gpu/gemm_gluon_lab.py
 
-LAB_GLUON_GEMM_PY defines matmul_ws(a, w, bias=None, gelu=False, **config) -> c for a (M, K),
-w (N, K) row-major bf16 (session 12's: `tools/gpu/gluon_gemm_ws.py`). First its
-results against an fp32 reference on ragged and real shapes (beside torch's bf16 result, for
-scale); then, for the issue's three products, plain and bias + GELU, the lab kernel, fused-gemm's
-`matmul`, torch's F.linear (+ F.gelu) timed together by fused-gemm's tuner timer (CUDA-graph
-replays, interleaved rounds, medians). A lab tool for the GPU runs recorded in NOTES.md.
+Needs Triton 3.6 on a Hopper GPU (`_compat.HAS_GLUON_WS`). First kernels.matmul_ws's results
+against an fp32 reference on ragged and real shapes (beside torch's own 16-bit result, for
+scale); then, for the issue's three products, plain and bias + GELU, the two kernels forced
+(`launch_matmul(path="ws" / "tma")`) and torch's F.linear (+ F.gelu), timed together by
+fused-gemm's tuner timer (CUDA-graph replays, interleaved rounds, medians). Session 12 developed
+the kernel with it (NOTES.md runs 101-112; the lab variants of those runs were the tool's
+argument then). A lab tool for the GPU runs recorded in NOTES.md: it prints tables and changes
+nothing.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
 
-from fused_gemm import matmul
+from fused_gemm._compat import HAS_GLUON_WS
+from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops import tuning
+from fused_gemm.ops.launch import launch_matmul
 
 CHECKS = [(1000, 512, 768), (4096, 1024, 1000), (333, 2048, 2048), (16384, 2048, 8192)]
 PRODUCTS = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 2048, 6144)]
-
-
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("gluon_gemm_lab", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.matmul_ws
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref).norm() / ref.norm()).item()
 
 
-def _providers(matmul_ws, a, w, bias, gelu, out):
-    """(name, call) of the lab kernel, fused-gemm's matmul and torch's F.linear (+ F.gelu)."""
+def _forced(path, x, w, bias, gelu, out):
+    """launch_matmul on the 3-D views the launcher takes, the kernel forced."""
+    code = ACTIVATION_CODES["gelu" if gelu else None]
+    return lambda: launch_matmul(x[None], w.t()[None], out[None], bias=bias, activation=code, path=path)
+
+
+def _providers(x, w, bias, gelu, out):
+    """(name, call) of the two kernels and torch's F.linear (+ F.gelu)."""
 
     def torch_call():
-        y = F.linear(a, w, bias)
+        y = F.linear(x, w, bias)
         return F.gelu(y) if gelu else y
 
-    variants = [("gluon ws (lab)", lambda: matmul_ws(a, w, bias, gelu, out=out))]
-    if not gelu:  # the epilogue partition hands each tile back unread (timing only, nothing stored)
-        variants.append(("gluon ws, epilogue skipped", lambda: matmul_ws(a, w, None, False, handoff=False, out=out)))
-        if "inline" in inspect.signature(matmul_ws).parameters:  # the MMA warps store their own tiles
-            variants.append(
-                ("gluon, epilogue in the MMA warps", lambda: matmul_ws(a, w, None, False, inline=True, out=out))
-            )
-    return variants + [
-        ("fused-gemm", lambda: matmul(a, w.t(), bias, activation="gelu" if gelu else None)),
-        ("torch", torch_call),
-    ]
+    return [("warp-specialized (ws)", _forced("ws", x, w, bias, gelu, out)),
+            ("TMA kernel", _forced("tma", x, w, bias, gelu, out)), ("torch", torch_call)]  # fmt: skip
 
 
-def main(path: str) -> None:
-    matmul_ws = _load(path)
-    print("| M, K, N | epilogue | lab rel err | torch bf16 rel err |")
+def main() -> None:
+    if not HAS_GLUON_WS:
+        raise SystemExit("kernels.matmul_ws needs Triton 3.6's Gluon API")
+    print("| M, K, N | epilogue | ws rel err | torch rel err |")
     print("|---|---|---:|---:|")
     for m, k, n in CHECKS:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         for label, b, gelu in (("plain", None, False), ("+bias gelu", bias, True)):
-            ref = F.linear(a.float(), w.float(), None if b is None else b.float())
+            ref = F.linear(x.float(), w.float(), None if b is None else b.float())
             ref = F.gelu(ref) if gelu else ref
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            matmul_ws(a, w, b, gelu, out=out)
-            torch.cuda.synchronize()
-            theirs = F.linear(a, w, b)
+            _forced("ws", x, w, b, gelu, out)()
+            theirs = F.linear(x, w, b)
             theirs = F.gelu(theirs) if gelu else theirs
             print(f"| {m}, {k}, {n} | {label} | {_rel(out, ref):.2e} | {_rel(theirs, ref):.2e} |", flush=True)
-            if not gelu and "inline" in inspect.signature(matmul_ws).parameters:
-                out.fill_(float("nan"))
-                matmul_ws(a, w, None, False, inline=True, out=out)
-                print(f"| {m}, {k}, {n} | plain, inline | {_rel(out, ref):.2e} | |", flush=True)
     print("\n| M, K, N | epilogue | provider | ms | TFLOP/s | torch / provider |")
     print("|---|---|---|---:|---:|---:|")
     for m, k, n in PRODUCTS:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         for label, b, gelu in (("plain", None, False), ("+bias gelu", bias, True)):
-            providers = _providers(matmul_ws, a, w, b, gelu, out)
+            providers = _providers(x, w, b, gelu, out)
             for _, call in providers:
                 call()
             ms = [statistics.median(t) for t in tuning.replay_rounds([c for _, c in providers], tuning.ROUNDS)]
@@ -98,4 +85,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
