@@ -37,57 +37,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import ACT_GELU, ACT_GELU_TANH, ACT_RELU
+from .common import _activation, _grouped_tile
 
 BLOCK_M, BLOCK_N, BLOCK_K, CHUNK_N, STAGES, GROUP_M = 128, 256, 64, 64, 3, 8
 MMA_WARPS, EPILOGUE_WARPS, EPILOGUE_REGISTERS = 8, 4, 64
-
-
-@gluon.jit
-def _tile(tile_id, num_pid_m, num_pid_n, GROUP: gl.constexpr):
-    """(pid_m, pid_n) of a tile in grouped order, as kernels.common._grouped_tile."""
-    group = GROUP * num_pid_n
-    first_m = (tile_id // group) * GROUP
-    size_m = gl.minimum(num_pid_m - first_m, GROUP)
-    in_group = tile_id % group
-    return first_m + in_group % size_m, in_group // size_m
-
-
-@gluon.jit
-def _ex2(x):
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _rcp(x):
-    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _activation(z, ACTIVATION: gl.constexpr):
-    """act(z), fp32, with kernels.common's formulas (16-bit outputs: special-function ops)."""
-    if ACTIVATION == ACT_RELU:
-        y = gl.where(z < 0.0, 0.0, z)  # NaN stays NaN, as torch.relu
-    elif ACTIVATION == ACT_GELU:
-        # z Phi(z), Phi through the Mills ratio (kernels.common._normal_pdf_cdf).
-        t = _rcp(1.0 + 0.275 * gl.abs(z))
-        pdf = _ex2(z * z * -0.7213475204444817 - 1.3257480647361593)
-        poly = -0.2879068620
-        poly = poly * t + 1.132991917
-        poly = poly * t - 0.8296765249
-        poly = poly * t + 0.8370437550
-        poly = poly * t + 0.1055578391
-        poly = poly * t + 0.2953040247
-        tail = pdf * t * poly
-        y = z * gl.where(z >= 0.0, 1.0 - tail, tail)
-    elif ACTIVATION == ACT_GELU_TANH:
-        # z sigmoid(2u) (kernels.common._tanh_gate).
-        t = _ex2(gl.abs(z * (1.0 + 0.044715 * z * z)) * -2.302208198144325)
-        r = _rcp(1.0 + t)
-        y = z * gl.where(z >= 0.0, r, t * r)
-    else:
-        y = z
-    return y
 
 
 @gluon.jit
@@ -117,7 +70,7 @@ def _advance(kk, tile_id, off_m, off_n, k_tiles, num_pid_m, num_pid_n, BM: gl.co
     if kk == k_tiles:
         kk = 0
         tile_id += gl.num_programs(0)
-        pid_m, pid_n = _tile(tile_id, num_pid_m, num_pid_n, GROUP)
+        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP)
         off_m = pid_m * BM
         off_n = pid_n * BN
     return kk, tile_id, off_m, off_n
@@ -141,7 +94,7 @@ def _mma_partition(a_desc, w_desc, a_bufs, w_bufs, z_bufs, ready, z_ready, z_emp
     my_tiles = gl.cdiv(num_pid_m * num_pid_n - first, gl.num_programs(0))
     total = my_tiles * k_tiles
     # The load walk runs NSTAGES - 1 steps ahead of the MMA walk.
-    pid_m, pid_n = _tile(first, num_pid_m, num_pid_n, GROUP)
+    pid_m, pid_n = _grouped_tile(first, num_pid_m, num_pid_n, GROUP)
     ld_kk = first * 0
     ld_tile = first
     ld_m = pid_m * BM
@@ -189,7 +142,7 @@ def _epilogue_partition(c_desc, bias_ptr, z_bufs, z_ready, z_empty, M, N, BM: gl
     num_pid_n = gl.cdiv(N, BN)
     t = 0
     for tile_id in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile(tile_id, num_pid_m, num_pid_n, GROUP)
+        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP)
         mbarrier.wait(z_ready, t & 1)
         for j in gl.static_range(CHUNKS):
             chunk = z_bufs.index(j)
@@ -201,7 +154,8 @@ def _epilogue_partition(c_desc, bias_ptr, z_bufs, z_ready, z_empty, M, N, BM: gl
                 z = part.load(layout).to(gl.float32)
                 if HAS_BIAS:
                     z = z + bias[None, :]
-                part.store(_activation(z, ACTIVATION).to(chunk.dtype))
+                # kernels.common's formulas (a Triton function, callable from Gluon): 16-bit outputs, no PRECISE.
+                part.store(_activation(z, ACTIVATION, False, False).to(chunk.dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN + j * CHUNK], chunk)
         tma.store_wait(0)
