@@ -43,78 +43,77 @@ SWEEP = {
 }  # fmt: skip
 
 
-def _call(spec, tensors, dkdv: KernelConfig, dq: KernelConfig):
+def own_plans(fn):
+    """fn wrapped to run with launch plans of its own (pinned configs must not share a plan key)."""
     plans = {}
 
     def call():
         saved, launch._PLANS = launch._PLANS, plans
         try:
-            return launch.attention_bwd(*tensors, None, None, None, None, spec, dkdv, dq)
+            return fn()
         finally:
             launch._PLANS = saved
 
     return call
 
 
+def attention_problem(batch, heads, seqlen, head_dim, causal):
+    """(spec, (dO, Q, K, V, O, LSE)) of a dense bf16 attention, the forward run by the package."""
+    q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))  # fmt: skip
+    spec = launch.AttentionSpec(batch, heads, heads, head_dim, seqlen, seqlen, head_dim**-0.5, -1,
+                                0 if causal else -1, False, False, False)  # fmt: skip
+    o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
+    return spec, (do, q, k, v, o, lse)
+
+
+def _timed(label, candidates, call_of):
+    """(config, ms) for each candidate shape that fits, fastest first: call_of(config) runs it."""
+    calls, usable = [], []
+    for shape in candidates:
+        config = KernelConfig(*shape, True)
+        call = call_of(config)
+        try:
+            call()
+            call()
+        except Exception as error:  # a config that does not fit (shared memory, registers)
+            print(f"  {label} {shape}: {type(error).__name__}", flush=True)
+            continue
+        calls.append(call)
+        usable.append(config)
+    samples = tuning.replay_rounds(calls, tuning.ROUNDS)
+    return sorted(zip(usable, (statistics.median(t) for t in samples)), key=lambda row: row[1])
+
+
 def _sweep(spec, tensors, kind, candidates, partner):
-    """(config, ms or None) for each candidate of `kind`, the other kernel pinned to `partner`."""
-    calls, usable = [], []
-    for shape in candidates:
-        config = KernelConfig(*shape, True)
-        pair = (config, partner) if kind == "dkdv" else (partner, config)
-        call = _call(spec, tensors, *pair)
-        try:
-            call()
-            call()
-        except Exception as error:  # a config that does not fit (shared memory, registers)
-            print(f"  {kind} {shape}: {type(error).__name__}", flush=True)
-            continue
-        calls.append(call)
-        usable.append(config)
-    samples = tuning.replay_rounds(calls, tuning.ROUNDS)
-    return sorted(zip(usable, (statistics.median(t) for t in samples)), key=lambda row: row[1])
+    """_timed for the backward's `kind` kernel, the other one pinned to `partner`."""
+
+    def call_of(config):
+        dkdv, dq = (config, partner) if kind == "dkdv" else (partner, config)
+        return own_plans(lambda: launch.attention_bwd(*tensors, None, None, None, None, spec, dkdv, dq))
+
+    return _timed(kind, candidates, call_of)
 
 
-def _sweep_forward(spec, q, k, v, candidates):
-    """(config, ms) for each forward candidate that fits."""
-    calls, usable = [], []
-    for shape in candidates:
-        config = KernelConfig(*shape, True)
-        plans = {}
-
-        def call(config=config, plans=plans):
-            saved, launch._PLANS = launch._PLANS, plans
-            try:
-                return launch.attention_fwd(q, k, v, None, None, None, spec, config)
-            finally:
-                launch._PLANS = saved
-
-        try:
-            call()
-            call()
-        except Exception as error:  # a config that does not fit (shared memory, registers)
-            print(f"  fwd {shape}: {type(error).__name__}", flush=True)
-            continue
-        calls.append(call)
-        usable.append(config)
-    samples = tuning.replay_rounds(calls, tuning.ROUNDS)
-    return sorted(zip(usable, (statistics.median(t) for t in samples)), key=lambda row: row[1])
+def _sweep_forward(spec, tensors, candidates):
+    """_timed for the forward kernel."""
+    _, q, k, v, _, _ = tensors
+    return _timed(
+        "fwd",
+        candidates,
+        lambda config: own_plans(lambda: launch.attention_fwd(q, k, v, None, None, None, spec, config)),
+    )
 
 
 def main(forward: bool) -> None:
     for batch, heads, seqlen, head_dim, causal in SHAPES:
-        q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(4))  # fmt: skip
-        spec = launch.AttentionSpec(batch, heads, heads, head_dim, seqlen, seqlen, head_dim**-0.5, -1,
-                                    0 if causal else -1, False, False, False)  # fmt: skip
-        o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
-        tensors = (do, q, k, v, o, lse)
+        spec, tensors = attention_problem(batch, heads, seqlen, head_dim, causal)
         flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
         kinds = ("fwd",) if forward else ("dkdv", "dq")
         shipped = {kind: configs.TMA_CONFIGS[kind][head_dim] for kind in kinds}
         label = f"B{batch} H{heads} S{seqlen} D{head_dim} {'causal' if causal else 'full'}"
         if forward:
-            tables = [("fwd", _sweep_forward(spec, q, k, v, SWEEP[("fwd", head_dim)]))]
+            tables = [("fwd", _sweep_forward(spec, tensors, SWEEP[("fwd", head_dim)]))]
         else:
             flops *= 2.5
             dkdv_rows = _sweep(spec, tensors, "dkdv", SWEEP[("dkdv", head_dim)], configs.TMA_CONFIGS["dq"][head_dim][0])
@@ -128,7 +127,7 @@ def main(forward: bool) -> None:
                 mark = "*" if config in shipped[kind] else ""
                 name = f"{config.block_m}x{config.block_n} w{config.num_warps} s{config.num_stages}{mark}"
                 print(f"| {kind} | {name} | {ms:.4f} | {flops / ms / 1e9:.1f} |", flush=True)
-        del q, k, v, do, o, lse, tensors
+        del tensors
         torch.cuda.empty_cache()
 
 

@@ -17,7 +17,7 @@ import importlib.util
 import statistics
 import sys
 
-import torch
+from attn_config_sweep import attention_problem, own_plans
 
 from fused_attention.ops import configs, launch
 from fused_attention.ops.configs import KernelConfig
@@ -40,29 +40,25 @@ def _load(path: str):
 def main(lab_path: str) -> None:
     kernels = {"base": configs.KERNELS["dkdv"], "lab": _load(lab_path)}
     shortest = configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL
-    plans = launch._PLANS
     print("| B, H, S | dQ | dK/dV config | kernel | ms | TFLOP/s |")
     print("|---|---|---|---|---:|---:|")
     for batch, heads, seqlen in SHAPES:
-        q, k, v, do = (torch.randn(batch, seqlen, heads, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        spec = launch.AttentionSpec(batch, heads, heads, 64, seqlen, seqlen, 0.125, -1, 0, False, False, False)
-        o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
+        spec, tensors = attention_problem(batch, heads, seqlen, 64, True)
         flops = 2.5 * 4 * batch * heads * seqlen * seqlen * 64 / 2
         variants = [("kernel", "base", config) for config in DKDV[:3]]
         variants += [("atomic", name, config) for config in DKDV for name in ("base", "lab")]
         calls, reference = [], {}
         for mode, name, config in variants:
-            own_plans = {}
 
-            def call(mode=mode, name=name, config=config, own_plans=own_plans, tensors=(do, q, k, v, o, lse), s=spec):
-                launch._PLANS = own_plans
+            def forced(mode=mode, name=name, config=config, tensors=tensors, spec=spec):
                 configs.KERNELS["dkdv"] = kernels[name]
                 configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = 0 if mode == "atomic" else 1 << 30
-                grads = launch.attention_bwd(*tensors, None, None, None, None, s, config, DQ)
-                launch._PLANS, configs.KERNELS["dkdv"] = plans, kernels["base"]
-                configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = shortest
-                return grads
+                try:
+                    return launch.attention_bwd(*tensors, None, None, None, None, spec, config, DQ)
+                finally:
+                    configs.KERNELS["dkdv"], configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = kernels["base"], shortest
 
+            call = own_plans(forced)
             call()  # builds the plan
             grads = call()
             if name == "base" and mode == "atomic":

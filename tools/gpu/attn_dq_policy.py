@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+from attn_config_sweep import attention_problem, own_plans
 
 from fused_attention.ops import configs, launch
 from fused_gemm.ops import tuning
@@ -24,21 +25,18 @@ LENGTHS = [2048, 4096, 8192, 16384]
 HEADS, HEAD_DIM, TOKENS = 32, 64, 16384
 
 
-def _backward(spec, tensors, atomic: bool, own_plans: dict):
+def _backward(spec, tensors, atomic: bool):
     """A call of the backward with the dQ path forced, in its own launch plans."""
     thresholds = configs.DQ_ATOMIC_MIN_SEQLEN, configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL
-    plans = launch._PLANS
 
     def call():
-        launch._PLANS = own_plans
         configs.DQ_ATOMIC_MIN_SEQLEN = configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = 0 if atomic else 1 << 30
         try:
             return launch.attention_bwd(*tensors, None, None, None, None, spec)
         finally:
-            launch._PLANS = plans
             configs.DQ_ATOMIC_MIN_SEQLEN, configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL = thresholds
 
-    return call
+    return own_plans(call)
 
 
 def main() -> None:
@@ -47,12 +45,8 @@ def main() -> None:
     for seqlen in LENGTHS:
         batch = TOKENS // seqlen
         for causal in (True, False):
-            q, k, v, do = (torch.randn(batch, seqlen, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-                           for _ in range(4))  # fmt: skip
-            spec = launch.AttentionSpec(batch, HEADS, HEADS, HEAD_DIM, seqlen, seqlen, HEAD_DIM**-0.5, -1,
-                                        0 if causal else -1, False, False, False)  # fmt: skip
-            o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
-            calls = [_backward(spec, (do, q, k, v, o, lse), atomic, {}) for atomic in (True, False)]
+            spec, tensors = attention_problem(batch, HEADS, seqlen, HEAD_DIM, causal)
+            calls = [_backward(spec, tensors, atomic) for atomic in (True, False)]
             grads = [call() for call in calls]  # builds each plan (autotuning its configs)
             grads = [call() for call in calls]
             for label, ours, theirs in zip("qkv", *grads):
@@ -63,7 +57,7 @@ def main() -> None:
             shipped = configs.dq_atomic(HEAD_DIM, False, seqlen, causal, batch * HEADS * -(-seqlen // 128), 1, 132)
             print(f"| {seqlen} | {'causal' if causal else 'full'} | {atomic_ms:.4f} | {kernel_ms:.4f} | "
                   f"{atomic_ms / kernel_ms:.3f} | {'atomics' if shipped else 'dQ kernel'} |", flush=True)  # fmt: skip
-            del q, k, v, do, o, lse, grads, calls
+            del tensors, grads, calls
             torch.cuda.empty_cache()
 
 

@@ -17,6 +17,7 @@ import collections
 import statistics
 
 import torch
+from attn_config_sweep import attention_problem, own_plans
 
 from fused_attention.ops import configs, launch
 from fused_gemm.ops import tuning
@@ -27,21 +28,14 @@ TUNINGS = 3
 
 
 def _pinned(spec, tensors, kind, config, first):
+    """A call of the forward or the backward with `kind` pinned to config (the other backward
+    kernel at its first candidate), in launch plans of its own."""
     do, q, k, v, o, lse = tensors
-    plans = {}
-
-    def call():
-        saved, launch._PLANS = launch._PLANS, plans
-        try:
-            if kind == "fwd":
-                return launch.attention_fwd(q, k, v, None, None, None, spec, config)
-            dkdv = config if kind == "dkdv" else first["dkdv"]
-            dq = config if kind == "dq" else first["dq"]
-            return launch.attention_bwd(do, q, k, v, o, lse, None, None, None, None, spec, dkdv, dq)
-        finally:
-            launch._PLANS = saved
-
-    return call
+    if kind == "fwd":
+        return own_plans(lambda: launch.attention_fwd(q, k, v, None, None, None, spec, config))
+    dkdv = config if kind == "dkdv" else first["dkdv"]
+    dq = config if kind == "dq" else first["dq"]
+    return own_plans(lambda: launch.attention_bwd(do, q, k, v, o, lse, None, None, None, None, spec, dkdv, dq))
 
 
 def _name(config) -> str:
@@ -52,12 +46,8 @@ def main() -> None:
     print(f"| shape | kernel | picks (of {TUNINGS} tunings) | fastest pinned (ms) | each pick's time / fastest |")
     print("|---|---|---|---|---|")
     for batch, heads, seqlen, head_dim, causal in SHAPES:
-        q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(4))  # fmt: skip
-        spec = launch.AttentionSpec(batch, heads, heads, head_dim, seqlen, seqlen, head_dim**-0.5, -1,
-                                    0 if causal else -1, False, False, False)  # fmt: skip
-        o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
-        tensors = (do, q, k, v, o, lse)
+        spec, tensors = attention_problem(batch, heads, seqlen, head_dim, causal)
+        do, q, k, v, _, _ = tensors
         seq_class = configs.length_class(seqlen)
         picks = collections.defaultdict(list)
         for _ in range(TUNINGS):
@@ -83,7 +73,7 @@ def main() -> None:
             ratios = ", ".join(f"{timed[c] / best:.3f}" for c in picks[kind]) or "-"
             chosen = ", ".join(_name(c) for c in picks[kind]) or "(one candidate: not tuned)"
             print(f"| {label} | {kind} | {chosen} | {_name(fastest)} ({best:.4f}) | {ratios} |", flush=True)
-        del q, k, v, do, o, lse, tensors
+        del q, k, v, do, tensors
         torch.cuda.empty_cache()
 
 
