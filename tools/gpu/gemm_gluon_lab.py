@@ -32,6 +32,13 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref).norm() / ref.norm()).item()
 
 
+def _operands(m: int, k: int, n: int):
+    """x (M, K), w (N, K) scaled by 1/sqrt(K), bias (N,): bf16 on the GPU."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+    return x, w, torch.randn(n, device="cuda", dtype=torch.bfloat16)
+
+
 def _forced(path, x, w, bias, gelu, out):
     """launch_matmul on the 3-D views the launcher takes, the kernel forced."""
     code = ACTIVATION_CODES["gelu" if gelu else None]
@@ -55,9 +62,7 @@ def main() -> None:
     print("| M, K, N | epilogue | ws rel err | torch rel err |")
     print("|---|---|---:|---:|")
     for m, k, n in CHECKS:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        x, w, bias = _operands(m, k, n)
         for label, b, gelu in (("plain", None, False), ("+bias gelu", bias, True)):
             ref = F.linear(x.float(), w.float(), None if b is None else b.float())
             ref = F.gelu(ref) if gelu else ref
@@ -69,9 +74,7 @@ def main() -> None:
     print("\n| M, K, N | epilogue | provider | ms | TFLOP/s | torch / provider |")
     print("|---|---|---|---:|---:|---:|")
     for m, k, n in PRODUCTS:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        x, w, bias = _operands(m, k, n)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         for label, b, gelu in (("plain", None, False), ("+bias gelu", bias, True)):
             providers = _providers(x, w, b, gelu, out)
