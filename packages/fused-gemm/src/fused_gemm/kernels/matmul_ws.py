@@ -21,8 +21,10 @@ for every wgmma where a path that waited for the accumulator meets one that did 
 flattened form waited at each K step (12 % slower; run 111).
 
 Rows, columns and the K tail past the tensors' ends: TMA reads zeros and clips stores. One
-config (128x256x64, 3 stages: 144 KB of operands and the 64 KB output tile). Launched by
-ops.launch for large forward products with an epilogue (`_compat.HAS_GLUON_WS`).
+config (128x256x64, 3 stages: 144 KB of operands and the 64 KB output tile; ops.launch's WS_BLOCK_M
+and WS_BLOCK_N repeat the tile, since ops.launch cannot import this module off Triton 3.6).
+Launched by ops.launch for large forward products with an activation and no z
+(`_compat.HAS_GLUON_WS`; `_ws_worthwhile`).
 """
 
 import triton
