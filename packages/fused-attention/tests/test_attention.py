@@ -30,6 +30,10 @@ CASES = {
     "decode-q1": (2, 1, 33, 2, 2, 64, {"causal": True}, (BF16,)),
     "one-key": (2, 33, 1, 2, 2, 64, {}, (FP16,)),
     "alibi-per-batch": (2, 30, 41, 2, 2, 64, {"alibi": "batch"}, (BF16,)),
+    # Blocks far below and far above the diagonal (ALiBi's rank-1 form) beside near ones: in the
+    # forward here, in the dK/dV kernel's causal range with a longer sequence.
+    "alibi-far-both-sides": (1, 100, 40, 2, 1, 64, {"alibi": "batch"}, (BF16,)),
+    "alibi-far-causal": (1, 130, 130, 2, 1, 32, {"causal": True, "alibi": "batch"}, (BF16,)),
     "alibi-sliding-window": (1, 50, 50, 2, 2, 64, {"causal": True, "window_size": (9, 0), "alibi": "heads"}, (FP16,)),
     "window-both-sides": (1, 40, 47, 2, 2, 64, {"window_size": (5, 3)}, (BF16,)),
     "window-right-only": (1, 33, 33, 2, 2, 64, {"window_size": (-1, 4)}, (FP16,)),
@@ -144,8 +148,9 @@ def test_rows_that_see_no_key(attn, device):
         (2, 37, 50, 4, 2, 64, {"causal": True, "alibi": "heads"}),
         (1, 70, 80, 2, 1, 32, {"window_size": (20, 9)}),
         (1, 50, 20, 2, 2, 128, {"causal": True}),
+        (1, 100, 90, 2, 1, 32, {"alibi": "batch"}),
     ],
-    ids=["gqa-causal-alibi", "window", "empty-rows-d128"],
+    ids=["gqa-causal-alibi", "window", "empty-rows-d128", "alibi-far-both-sides"],
 )
 def test_deterministic_backward(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options, attn, device):
     """deterministic=True: dQ from its own kernel (no atomics), as checked as the default path."""

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .common import (
     LOG2E,
+    _alibi_far_split,
     _alibi_slope2,
     _alibi_tile,
     _band_blocks,
@@ -120,16 +121,21 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_update(
     dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
-    window_right, qk_scale, slope2,
+    window_right, qk_scale, slope2, key_bias, row_bias,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
-    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
+    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator. ALIBI_FAR:
+    a fully visible block far off the diagonal, its bias key_bias[c] + row_bias[r] (common.py)."""
     s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
-    if ALIBI:
-        s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
-    p_t = tl.math.exp2(s_t - lse2[None, :])
+    if ALIBI_FAR:
+        p_t = tl.math.exp2(s_t + key_bias[:, None] - (lse2 - row_bias)[None, :])
+    else:
+        if ALIBI:
+            s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
+        p_t = tl.math.exp2(s_t - lse2[None, :])
     if MASKED:
         visible = _band_mask(offs_m[None, :], offs_n[:, None], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         visible = visible & (offs_m[None, :] < seqlen_q)
@@ -158,15 +164,19 @@ def _dkdv_update(
 def _dkdv_blocks(
     dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
     stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
-    slope2, lo, hi, rotate,
+    slope2, lo, hi, rotate, key_first, far_sign,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-    ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr, ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block; with ROTATE the loop
     starts at block lo + rotate and wraps around. dqa_rows: [BLOCK_D, 1] pointers to this head's
-    dQ accumulator rows (one per head-dim index, positions contiguous)."""
+    dQ accumulator rows (one per head-dim index, positions contiguous). ALIBI_FAR: every query
+    block sees the key block at least BLOCK_N keys below (far_sign = 1) or above (-1) its diagonal."""
     offs_r = tl.arange(0, BLOCK_M)
+    # -slope * |j - (i + diag)| = far_sign * slope * ((j - key_first) + (key_first - (i + diag))).
+    key_bias = far_sign * slope2 * (offs_n - key_first).to(tl.float32)
     offs_d = tl.arange(0, BLOCK_D)
     q_offs = offs_r[:, None] * stride_qs + offs_d[None, :]
     do_offs = offs_r[:, None] * stride_dos + offs_d[None, :]
@@ -194,10 +204,11 @@ def _dkdv_blocks(
         else:
             lse2 = tl.load(lse_base + rows) * LOG2E
             delta = tl.load(delta_base + rows)
+        row_bias = far_sign * slope2 * (key_first - diag - rows).to(tl.float32)
         dk, dv = _dkdv_update(
             dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d,
-            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, HEAD_DIM, BLOCK_D,
-            MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, UPCAST,
+            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, key_bias, row_bias, HEAD_DIM,
+            BLOCK_D, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
 
@@ -297,20 +308,46 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
                 head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
-                HAS_RIGHT, ALIBI, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+                qk_scale, slope2, start, full_start, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+        # A rotated full range (below) stays one loop, the exact ALiBi form.
+        if ALIBI and not (DQ_ATOMIC and not HAS_RIGHT):
+            # The fully visible query blocks that see this key block far above their diagonal,
+            # near it, and far below it.
+            below_end, above_start = _alibi_far_split(
+                n0 - diag, last_n - diag, full_start, full_end, BLOCK_N, BLOCK_M
+            )  # fmt: skip
+            dk, dv = _dkdv_blocks(
+                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, full_start, below_end, rotate, n0, -1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
+                HAS_LEFT, HAS_RIGHT, ALIBI, True, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+            dk, dv = _dkdv_blocks(
+                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, below_end, above_start, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
+                HAS_LEFT, HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+            dk, dv = _dkdv_blocks(
+                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, above_start, full_end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
+                HAS_LEFT, HAS_RIGHT, ALIBI, True, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+        else:
+            dk, dv = _dkdv_blocks(
+                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+                qk_scale, slope2, full_start, full_end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
+                HAS_LEFT, HAS_RIGHT, ALIBI, False, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
             head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
-            ALIBI, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
-        dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
-            DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            qk_scale, slope2, full_end, end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT,
+            ALIBI, False, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
@@ -364,14 +401,19 @@ def _attn_bwd_dq_convert_kernel(
 @triton.jit
 def _dq_update(
     dq, q, do, k, v, lse2, delta, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
+    key_bias, row_bias,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    UPCAST: tl.constexpr,
+    ALIBI_FAR: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """One key block's contribution to a query block's dQ (before the softmax scale)."""
+    """One key block's contribution to a query block's dQ (before the softmax scale). ALIBI_FAR: a
+    fully visible block far off the diagonal, its bias key_bias[c] + row_bias[r] (common.py)."""
     s = _dot(q, tl.trans(k), UPCAST) * qk_scale
-    if ALIBI:
-        s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
-    p = tl.math.exp2(s - lse2[:, None])
+    if ALIBI_FAR:
+        p = tl.math.exp2(s + key_bias[None, :] - (lse2 - row_bias)[:, None])
+    else:
+        if ALIBI:
+            s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
+        p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
         visible = _band_mask(offs_m[:, None], offs_n[None, :], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p = tl.where(visible & (offs_n[None, :] < seqlen_k), p, 0.0)
@@ -383,13 +425,15 @@ def _dq_update(
 @triton.jit
 def _dq_blocks(
     dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
-    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi, far_sign,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
-    HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
+    TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Key blocks [lo, hi) against the resident query block."""
+    """Key blocks [lo, hi) against the resident query block; ALIBI_FAR as in the forward's _fwd_blocks."""
     offs_n = tl.arange(0, BLOCK_N)
+    key_bias = far_sign * slope2 * offs_n.to(tl.float32)
+    row_pos = offs_m + diag
     offs_d = tl.arange(0, BLOCK_D)
     k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
     v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
@@ -404,9 +448,10 @@ def _dq_blocks(
             v_base, v_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_vs64, v_offs, seqlen_k,
             HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
+        row_bias = far_sign * slope2 * (start_n - row_pos).to(tl.float32)
         dq = _dq_update(
             dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            qk_scale, slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, UPCAST,
         )  # fmt: skip
     return dq
 
@@ -483,18 +528,38 @@ def _attn_bwd_dq_kernel(
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start,
-            full_start, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN,
-            HEADS_OUTER, UPCAST,
+            full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False,
+            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+    if ALIBI:
+        # The fully visible blocks far below the diagonal, near it, and far above it.
+        below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end,
+            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, above_start,
+            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start, full_end,
+            -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+    else:
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
+            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, HEADS_OUTER, UPCAST,
-    )  # fmt: skip
-    dq = _dq_blocks(
-        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN, HEADS_OUTER,
+        UPCAST,
     )  # fmt: skip
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh

@@ -26,6 +26,7 @@ import triton.language as tl
 from .common import (
     LN2,
     LOG2E,
+    _alibi_far_split,
     _alibi_slope2,
     _alibi_tile,
     _band_blocks,
@@ -43,11 +44,20 @@ from .common import (
 @triton.jit
 def _fwd_update(
     acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    key_bias, row_bias,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
+    ALIBI_FAR: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """One key block of the online softmax: returns the updated (acc, l_i, m_i)."""
+    """One key block of the online softmax: returns the updated (acc, l_i, m_i). ALIBI_FAR: a fully
+    visible block far off the diagonal, its bias the rank-1 key_bias[c] + row_bias[r] (common.py)."""
     qk = _dot(q, tl.trans(k), UPCAST)
-    if (not ALIBI) and (not MASKED):
+    if ALIBI_FAR:
+        # The per-key bias rides in the scale's FMA; the per-query one shifts the row's max only.
+        s = qk * qk_scale + key_bias[None, :]
+        m_new = tl.maximum(m_i, tl.max(s, 1) + row_bias)
+        p = tl.math.exp2(s - (m_new - row_bias)[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+    elif (not ALIBI) and (not MASKED):
         # Fully visible block, no bias: the row max of the raw scores, then one FMA per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])
@@ -75,15 +85,19 @@ def _fwd_update(
 @triton.jit
 def _fwd_blocks(
     acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
-    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi, far_sign,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, TMA: tl.constexpr,
-    HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
+    TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi): MASKED ones on the band's edges or past the key tail, the others fully
     visible. TMA: K/V tiles through descriptors (the caller only asks for it where a tile cannot
-    cross into another sequence's rows)."""
+    cross into another sequence's rows). ALIBI_FAR: every block lies at least BLOCK_N keys below
+    (far_sign = 1) or above (far_sign = -1) the diagonal of every query of the tile."""
     offs_n = tl.arange(0, BLOCK_N)
+    # -slope * |j - (i + diag)| = far_sign * slope * (c + (start_n - (i + diag))) for key c of the block.
+    key_bias = far_sign * slope2 * offs_n.to(tl.float32)
+    row_pos = offs_m + diag
     offs_d = tl.arange(0, BLOCK_D)
     k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
     v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
@@ -98,9 +112,10 @@ def _fwd_blocks(
             v_base, v_desc, desc_batch, desc_row, kv_head, start_n, offs_n, stride_vs64, v_offs, seqlen_k,
             HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, TMA, HEADS_OUTER,
         )  # fmt: skip
+        row_bias = far_sign * slope2 * (start_n - row_pos).to(tl.float32)
         acc, l_i, m_i = _fwd_update(
             acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
-            slope2, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+            slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, UPCAST,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -176,19 +191,39 @@ def _attn_fwd_kernel(
     if HAS_LEFT:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start, full_start,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER,
-            UPCAST,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start, full_start, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
+            HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+    if ALIBI:
+        # The fully visible blocks far below the diagonal, near it, and far above it.
+        below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, above_start, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start, full_end, -1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+    else:
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA, HEADS_OUTER, UPCAST,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_blocks(
-        acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN, HEADS_OUTER,
+        UPCAST,
     )  # fmt: skip
 
     # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.

@@ -10,13 +10,20 @@ Conventions (all kernels):
   (causal is window_right = 0).
 - Scores live in the log2 domain: s2 = (q.k) * softmax_scale * log2(e) + bias * log2(e), so the
   softmax uses exp2. The saved LSE is natural-log, fp32: lse = ln(sum_j exp(s_j)).
-- ALiBi (bias = -slope * |i + diag - j|, ALIBI a 0/1 flag): the distance is formed in fp32 from
-  the exact float positions (j - (i + diag), integers below 2^24: exact), then scaled once, so a
-  score near the diagonal carries only its own rounding, as PyTorch's fp32 scores do. (A cheaper
-  per-key bias vector relative to a block start, with the row term folded into the LSE, puts
-  every score near the diagonal at slope * (row within the block) in magnitude: with a
-  128-query block and slopes near 1 the fp32 LSE was off by about 1e-5.) Converting positions
-  per vector and subtracting per element avoids an int -> float conversion per element.
+- ALiBi (bias = -slope * |i + diag - j|, ALIBI a 0/1 flag): near the diagonal the distance is
+  formed in fp32 from the exact float positions (j - (i + diag), integers below 2^24: exact),
+  then scaled once, so a score near the diagonal carries only its own rounding, as PyTorch's fp32
+  scores do. Converting positions per vector and subtracting per element avoids an int -> float
+  conversion per element. That costs three fp32 operations per score on top of the plain ones.
+  Key blocks at least BLOCK_N keys off the diagonal for every query of the tile (`_alibi_far_split`)
+  take a rank-1 form instead, one operation per score: on one side of the diagonal the bias is
+  sign * slope * (c + (j0 - i - diag)) for key c of a block starting at j0, a per-key vector added
+  in the FMA of the scale and a per-query term folded into the row's max. Its roundings are at
+  the magnitude of slope * (d + 2 * BLOCK_N) for a distance d >= BLOCK_N, within 3x of the bias
+  itself, and such a score weighs at most 2^(-slope * log2(e) * d) of the diagonal's in the
+  softmax: the error it brings stays far below an fp32 ulp of the LSE. (Using the rank-1 form on
+  the diagonal blocks too put every score there at slope * BLOCK_N in magnitude: with 128-query
+  blocks and slopes near 1 the fp32 LSE was off by about 1e-5.)
 """
 
 import triton
@@ -163,6 +170,19 @@ def _alibi_tile(q_idx, k_idx, diag, slope2):
     """-slope * |i + diag - j| in log2 units (slope2 = slope * log2(e)), broadcast over q_idx, k_idx
     (index vectors shaped for the tile): exact distances, one rounding in the product."""
     return -slope2 * tl.abs(k_idx.to(tl.float32) - (q_idx + diag).to(tl.float32))
+
+
+@triton.jit
+def _alibi_far_split(first, last, full_start, full_end, GUARD: tl.constexpr, BLOCK: tl.constexpr):
+    """Split the fully visible blocks [full_start, full_end) of BLOCK indices t by their distance
+    to the centers [first, last] (as in _band_blocks): returns (below_end, above_start), multiples
+    of BLOCK, such that every t of [full_start, below_end) lies at least GUARD below every center
+    and every t of [above_start, full_end) at least GUARD above it; the blocks between are near."""
+    below_end = (tl.maximum(first - GUARD + 1, 0) // BLOCK) * BLOCK
+    below_end = tl.minimum(tl.maximum(below_end, full_start), full_end)
+    above_start = tl.cdiv(tl.maximum(last + GUARD, 0), BLOCK) * BLOCK
+    above_start = tl.minimum(tl.maximum(above_start, below_end), full_end)
+    return below_end, above_start
 
 
 @triton.jit
