@@ -304,32 +304,36 @@ def _attn_bwd_dkdv_kernel(
         lse_base = lse_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         delta_base = delta_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+        # ALiBi: the fully visible query blocks that see this key block far above their diagonal,
+        # near it, and far below it. With a right bound the near ones join the masked loop of the
+        # diagonal (keeping the loop count: each loop's pipeline fills and drains on its own); a
+        # rotated full range (below) stays one loop, in the exact form.
+        below_end, above_start = _alibi_far_split(n0 - diag, last_n - diag, full_start, full_end, BLOCK_N, BLOCK_M)
         if HAS_RIGHT:
+            if ALIBI:
+                masked_end = above_start
+            else:
+                masked_end = full_start
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
                 head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, start, full_start, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                qk_scale, slope2, start, masked_end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
                 HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
-        # A rotated full range (below) stays one loop, the exact ALiBi form.
-        if ALIBI and not (DQ_ATOMIC and not HAS_RIGHT):
-            # The fully visible query blocks that see this key block far above their diagonal,
-            # near it, and far below it.
-            below_end, above_start = _alibi_far_split(
-                n0 - diag, last_n - diag, full_start, full_end, BLOCK_N, BLOCK_M
-            )  # fmt: skip
-            dk, dv = _dkdv_blocks(
-                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, full_start, below_end, rotate, n0, -1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
-                HAS_LEFT, HAS_RIGHT, ALIBI, True, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
-            )  # fmt: skip
-            dk, dv = _dkdv_blocks(
-                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, below_end, above_start, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
-                HAS_LEFT, HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
-            )  # fmt: skip
+        if ALIBI and (HAS_RIGHT or not DQ_ATOMIC):
+            if not HAS_RIGHT:
+                dk, dv = _dkdv_blocks(
+                    dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch,
+                    q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
+                    window_right, qk_scale, slope2, full_start, below_end, rotate, n0, -1.0, HEAD_DIM, BLOCK_D,
+                    BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
+                )  # fmt: skip
+                dk, dv = _dkdv_blocks(
+                    dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch,
+                    q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
+                    window_right, qk_scale, slope2, below_end, above_start, rotate, n0, 1.0, HEAD_DIM, BLOCK_D,
+                    BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
+                )  # fmt: skip
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
                 head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
@@ -531,24 +535,31 @@ def _attn_bwd_dq_kernel(
             full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False,
             USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
+    masked_start = full_end
     if ALIBI:
-        # The fully visible blocks far below the diagonal, near it, and far above it.
+        # As in the forward: far below, then near and far above unless the near ones join the
+        # masked loop (a right bound).
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end,
             1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-        dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, above_start,
-            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
-        dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start, full_end,
-            -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
+        if HAS_RIGHT:
+            masked_start = below_end
+        else:
+            dq = _dq_blocks(
+                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end,
+                above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+            dq = _dq_blocks(
+                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start,
+                full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
     else:
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
@@ -557,7 +568,7 @@ def _attn_bwd_dq_kernel(
         )  # fmt: skip
     dq = _dq_blocks(
         dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
         HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN, HEADS_OUTER,
         UPCAST,
     )  # fmt: skip

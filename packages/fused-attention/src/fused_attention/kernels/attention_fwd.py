@@ -195,24 +195,32 @@ def _attn_fwd_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
+    masked_start = full_end
     if ALIBI:
-        # The fully visible blocks far below the diagonal, near it, and far above it.
+        # The fully visible blocks far below the diagonal, then (no right bound) those near it and
+        # those far above it. With a right bound the near ones join the masked loop below, which
+        # keeps the loop count (each loop's pipeline fills and drains on its own).
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end, 1.0,
             HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-        acc, l_i, m_i = _fwd_blocks(
-            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, above_start, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
-        acc, l_i, m_i = _fwd_blocks(
-            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start, full_end, -1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
+        if HAS_RIGHT:
+            masked_start = below_end
+        else:
+            acc, l_i, m_i = _fwd_blocks(
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end,
+                above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+            acc, l_i, m_i = _fwd_blocks(
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start,
+                full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
     else:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
@@ -221,7 +229,7 @@ def _attn_fwd_kernel(
         )  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(
         acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
         HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN, HEADS_OUTER,
         UPCAST,
     )  # fmt: skip
