@@ -121,21 +121,16 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_update(
     dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
-    window_right, qk_scale, slope2, key_bias, row_bias,
+    window_right, qk_scale, slope2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
-    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator. ALIBI_FAR:
-    a fully visible block far off the diagonal, its bias key_bias[c] + row_bias[r] (common.py)."""
+    and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
     s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
-    if ALIBI_FAR:
-        p_t = tl.math.exp2(s_t + key_bias[:, None] - (lse2 - row_bias)[None, :])
-    else:
-        if ALIBI:
-            s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
-        p_t = tl.math.exp2(s_t - lse2[None, :])
+    if ALIBI:
+        s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
+    p_t = tl.math.exp2(s_t - lse2[None, :])
     if MASKED:
         visible = _band_mask(offs_m[None, :], offs_n[:, None], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         visible = visible & (offs_m[None, :] < seqlen_q)
@@ -164,19 +159,15 @@ def _dkdv_update(
 def _dkdv_blocks(
     dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
     stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
-    slope2, lo, hi, rotate, key_first, far_sign,
+    slope2, lo, hi, rotate,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
-    DQ_ATOMIC: tl.constexpr, ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block; with ROTATE the loop
     starts at block lo + rotate and wraps around. dqa_rows: [BLOCK_D, 1] pointers to this head's
-    dQ accumulator rows (one per head-dim index, positions contiguous). ALIBI_FAR: every query
-    block sees the key block at least BLOCK_N keys below (far_sign = 1) or above (-1) its diagonal."""
+    dQ accumulator rows (one per head-dim index, positions contiguous)."""
     offs_r = tl.arange(0, BLOCK_M)
-    # -slope * |j - (i + diag)| = far_sign * slope * ((j - key_first) + (key_first - (i + diag))).
-    key_bias = far_sign * slope2 * (offs_n - key_first).to(tl.float32)
     offs_d = tl.arange(0, BLOCK_D)
     q_offs = offs_r[:, None] * stride_qs + offs_d[None, :]
     do_offs = offs_r[:, None] * stride_dos + offs_d[None, :]
@@ -204,11 +195,10 @@ def _dkdv_blocks(
         else:
             lse2 = tl.load(lse_base + rows) * LOG2E
             delta = tl.load(delta_base + rows)
-        row_bias = far_sign * slope2 * (key_first - diag - rows).to(tl.float32)
         dk, dv = _dkdv_update(
             dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d,
-            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, key_bias, row_bias, HEAD_DIM,
-            BLOCK_D, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, DQ_ATOMIC, UPCAST,
+            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, HEAD_DIM, BLOCK_D,
+            MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
 
@@ -304,54 +294,24 @@ def _attn_bwd_dkdv_kernel(
         lse_base = lse_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         delta_base = delta_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
-        # ALiBi: the fully visible query blocks that see this key block far above their diagonal,
-        # near it, and far below it. With a right bound the near ones join the masked loop of the
-        # diagonal (keeping the loop count: each loop's pipeline fills and drains on its own); a
-        # rotated full range (below) stays one loop, in the exact form.
-        below_end, above_start = _alibi_far_split(n0 - diag, last_n - diag, full_start, full_end, BLOCK_N, BLOCK_M)
         if HAS_RIGHT:
-            if ALIBI:
-                masked_end = above_start
-            else:
-                masked_end = full_start
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
                 head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, start, masked_end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
-                HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
-            )  # fmt: skip
-        if ALIBI and (HAS_RIGHT or not DQ_ATOMIC):
-            if not HAS_RIGHT:
-                dk, dv = _dkdv_blocks(
-                    dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch,
-                    q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
-                    window_right, qk_scale, slope2, full_start, below_end, rotate, n0, -1.0, HEAD_DIM, BLOCK_D,
-                    BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
-                )  # fmt: skip
-                dk, dv = _dkdv_blocks(
-                    dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch,
-                    q_start, head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left,
-                    window_right, qk_scale, slope2, below_end, above_start, rotate, n0, 1.0, HEAD_DIM, BLOCK_D,
-                    BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
-                )  # fmt: skip
-            dk, dv = _dkdv_blocks(
-                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, above_start, full_end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
-                HAS_LEFT, HAS_RIGHT, ALIBI, True, DQ_ATOMIC, False, USE_TMA, HEADS_OUTER, UPCAST,
-            )  # fmt: skip
-        else:
-            dk, dv = _dkdv_blocks(
-                dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, full_start, full_end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, False,
-                HAS_LEFT, HAS_RIGHT, ALIBI, False, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
+                qk_scale, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                HAS_RIGHT, ALIBI, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
             head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, full_end, end, rotate, n0, 1.0, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT,
-            ALIBI, False, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            qk_scale, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+            ALIBI, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
+            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
+            qk_scale, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
+            DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
