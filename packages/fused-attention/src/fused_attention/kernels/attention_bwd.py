@@ -495,18 +495,17 @@ def _attn_bwd_dq_kernel(
             full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False,
             USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    masked_start = full_end
     if ALIBI:
-        # As in the forward: far below, then near and far above unless the near ones join the
-        # masked loop (a right bound).
+        # As in the forward (kernels/attention_fwd.py): the near blocks first, then the far ones
+        # in the rank-1 form; with a right bound the near ones join the masked loop.
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
-        dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end,
-            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
         if HAS_RIGHT:
-            masked_start = below_end
+            dq = _dq_blocks(
+                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, end, 1.0,
+                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
         else:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
@@ -514,10 +513,22 @@ def _attn_bwd_dq_kernel(
                 above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA,
                 HEADS_OUTER, UPCAST,
             )  # fmt: skip
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end,
+            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        if not HAS_RIGHT:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
                 stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start,
                 full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+            dq = _dq_blocks(
+                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
                 HEADS_OUTER, UPCAST,
             )  # fmt: skip
     else:
@@ -526,12 +537,12 @@ def _attn_bwd_dq_kernel(
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
             1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    dq = _dq_blocks(
-        dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN, HEADS_OUTER,
-        UPCAST,
-    )  # fmt: skip
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
+            HEADS_OUTER, UPCAST,
+        )  # fmt: skip
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh
     _store_tile(

@@ -195,19 +195,21 @@ def _attn_fwd_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    masked_start = full_end
     if ALIBI:
-        # The fully visible blocks far below the diagonal, then (no right bound) those near it and
-        # those far above it. With a right bound the near ones join the masked loop below, which
-        # keeps the loop count (each loop's pipeline fills and drains on its own).
+        # The fully visible blocks far off the diagonal take the rank-1 bias (common.py). A loop
+        # over them runs after one that always runs first (the near blocks): ptxas serializes
+        # every wgmma of the kernel (C7515) when a loop that may be skipped comes first with
+        # loop-invariant work in its preheader (the key bias vector), as the skip path then
+        # re-defines the zeroed accumulator. With a right bound the near blocks join the masked
+        # loop of the diagonal, which keeps the loop count.
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
-        acc, l_i, m_i = _fwd_blocks(
-            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
-        )  # fmt: skip
         if HAS_RIGHT:
-            masked_start = below_end
+            acc, l_i, m_i = _fwd_blocks(
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, end, 1.0,
+                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
         else:
             acc, l_i, m_i = _fwd_blocks(
                 acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
@@ -215,10 +217,22 @@ def _attn_fwd_kernel(
                 above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA,
                 HEADS_OUTER, UPCAST,
             )  # fmt: skip
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+        if not HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
                 acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
                 stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start,
                 full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
+                HEADS_OUTER, UPCAST,
+            )  # fmt: skip
+            acc, l_i, m_i = _fwd_blocks(
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
                 HEADS_OUTER, UPCAST,
             )  # fmt: skip
     else:
@@ -227,12 +241,12 @@ def _attn_fwd_kernel(
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end, 1.0,
             HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    acc, l_i, m_i = _fwd_blocks(
-        acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-        offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
-        HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN, HEADS_OUTER,
-        UPCAST,
-    )  # fmt: skip
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
+            HEADS_OUTER, UPCAST,
+        )  # fmt: skip
 
     # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
