@@ -9,7 +9,8 @@ in the benchmark process, whose autotuning then loads them from the cache. Tiny 
 benchmark's specializations: sizes are not specialized, and the strides (multiples of 16) and
 pointer alignment are the same. Each candidate config is launched once, explicitly (no timing
 runs on the shared GPU). The flex mode runs flex_attention's forward and backward at the
-benchmark's shape, so that Inductor's caches hold them.
+benchmark's shape, in both set-ups (block mask or causal in the score_mod), so that
+Inductor's caches hold them.
 """
 
 import sys
@@ -50,10 +51,11 @@ def warm_flex(batch: int, heads: int, seqlen: int, head_dim: int) -> None:
         torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
-    fn = _flex_alibi(heads)
-    with torch.no_grad():
-        fn(q, k, v)
-    fn(q, k, v).sum().backward()
+    for block_mask in (True, False):
+        fn = _flex_alibi(heads, block_mask)
+        with torch.no_grad():
+            fn(q, k, v)
+        fn(q, k, v).sum().backward()
     torch.cuda.synchronize()
 
 
