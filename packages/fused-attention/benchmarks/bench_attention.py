@@ -14,7 +14,7 @@ causal, S = 4096) against our own plain causal run (its ratio is the cost of the
 compiled flex_attention twice: causal as a block mask (its fastest set-up), and causal masked
 inside the ALiBi score_mod without a block mask (the issue's set-up: it reproduces the issue's
 flex_attention figures). Extra rows at the headline (D = 128 causal S = 4096, forward+backward):
-our deterministic backward (the dQ kernel instead of atomic dQ: what the atomics buy) and an
+our deterministic backward (always the dQ kernel; the GPU's default path since 0.2.1, so level) and an
 autograd floor (an autograd.Function that allocates the gradients and launches nothing: what
 any single-op forward+backward costs the host here, the engine's hand-off to its device thread
 included; at short sequences compare `host us/call` with it).
