@@ -8,6 +8,9 @@ launcher stub after the cubin, which needs libcuda: there the compile stops afte
 from __future__ import annotations
 
 import collections
+import os
+import subprocess
+import tempfile
 from typing import Any, Dict, List, Mapping, Tuple
 from unittest import mock
 
@@ -68,7 +71,7 @@ def _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages):
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
-    return compiled.asm["cubin"]
+    return compiled.asm
 
 
 _Triton2Specialization = collections.namedtuple(
@@ -96,10 +99,10 @@ def _compile_triton2(fn, signature, constexprs, arch, num_warps, num_stages):
             num_stages=num_stages,
             device_type="cuda",
         )
-    return asm["cubin"]
+    return asm
 
 
-def compile_to_cubin(
+def compile_to_asm(
     kernel,
     *,
     signature: Mapping[str, str],
@@ -107,8 +110,9 @@ def compile_to_cubin(
     arch: int,
     num_warps: int = 4,
     num_stages: int = 3,
-) -> bytes:
-    """Compile one specialization of `kernel` for sm_`arch` and return the cubin.
+) -> Dict[str, Any]:
+    """Compile one specialization of `kernel` for sm_`arch` and return its stages by name
+    ("ptx", "cubin", ...).
 
     signature: a Triton type for each runtime argument, e.g. {"x_ptr": "*bf16", "n_cols": "i32"}.
     constexprs: a value for each tl.constexpr argument, e.g. {"BLOCK_N": 1024}.
@@ -120,8 +124,33 @@ def compile_to_cubin(
     fn = base_jit_function(kernel)
     _check_arguments(fn, signature, constexprs)
     compile_fn = _compile_triton3 if triton_version() >= (3, 0) else _compile_triton2
-    cubin = compile_fn(fn, signature, constexprs, arch, num_warps, num_stages)
-    if not cubin:
+    asm = compile_fn(fn, signature, constexprs, arch, num_warps, num_stages)
+    if not asm.get("cubin"):
         raise AssertionError(f"{fn.__name__}: empty cubin for sm_{arch}")
     COMPILED.append((fn.__name__, arch))
-    return cubin
+    return asm
+
+
+def compile_to_cubin(kernel, **options: Any) -> bytes:
+    """compile_to_asm's cubin."""
+    return compile_to_asm(kernel, **options)["cubin"]
+
+
+def serialized_wgmma_notes(ptx: str) -> List[str]:
+    """ptxas's notes (C75xx) that it serialized the wgmma instructions of an sm_90 kernel's PTX.
+
+    Serialized, each of Hopper's asynchronous MMAs waits for the one before it to finish, for the
+    whole kernel: a slowdown the kernel's source does not show and its results do not reveal.
+    Runs the ptxas that Triton ships (Triton 3.x) with -v.
+    """
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "kernel.ptx")
+        with open(path, "w") as handle:
+            handle.write(ptx)
+        log = subprocess.run(
+            [get_ptxas(90).path, "-arch=sm_90a", "-v", path, "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    return [line for line in log.splitlines() if "wgmma.mma_async instructions are serialized" in line]

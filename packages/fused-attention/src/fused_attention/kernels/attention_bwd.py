@@ -495,7 +495,7 @@ def _attn_bwd_dq_kernel(
             full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False,
             USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    if ALIBI:
+    if ALIBI and not IS_VARLEN:
         # As in the forward (kernels/attention_fwd.py): the near blocks first, then the far ones
         # in the rank-1 form; with a right bound the near ones join the masked loop.
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)

@@ -195,13 +195,14 @@ def _attn_fwd_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    if ALIBI:
+    if ALIBI and not IS_VARLEN:
         # The fully visible blocks far off the diagonal take the rank-1 bias (common.py). A loop
         # over them runs after one that always runs first (the near blocks): ptxas serializes
         # every wgmma of the kernel (C7515) when a loop that may be skipped comes first with
         # loop-invariant work in its preheader (the key bias vector), as the skip path then
         # re-defines the zeroed accumulator. With a right bound the near blocks join the masked
-        # loop of the diagonal, which keeps the loop count.
+        # loop of the diagonal, which keeps the loop count. Varlen batches keep the exact form:
+        # their masked loops load without TMA, and ptxas serialized the far loop after them.
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
         if HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
