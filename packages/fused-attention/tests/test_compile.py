@@ -13,8 +13,7 @@ import itertools
 
 import pytest
 import triton
-from tritonformer_testkit.aot import compile_to_asm, compile_to_cubin, serialized_wgmma_notes
-from tritonformer_testkit.runtime import triton_version
+from tritonformer_testkit.aot import compile_to_cubin
 
 from fused_attention._compat import HAS_TENSOR_DESCRIPTOR
 from fused_attention.kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
@@ -101,13 +100,12 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
     if kind == "dkdv":
         constexprs["DQ_ATOMIC"] = dq_atomic
     signature = {name: _type(name, dtype, descriptor) for name in kernel.arg_names if name not in constexprs}
-    asm = compile_to_asm(
+    # On sm_90 the testkit also fails the compile when ptxas serialized the wgmmas (the ALiBi
+    # loops' order once did).
+    compile_to_cubin(
         kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip
-    if arch == 90 and triton_version() >= (3, 0):
-        # Hopper: ptxas must keep the wgmmas asynchronous (the ALiBi loops' order once broke it).
-        assert not serialized_wgmma_notes(asm["ptx"]), serialized_wgmma_notes(asm["ptx"])
 
 
 @pytest.mark.parametrize(

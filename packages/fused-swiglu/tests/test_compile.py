@@ -28,6 +28,14 @@ from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARP
 pytestmark = pytest.mark.aot
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
+
+
+def _known_serialized(constexprs) -> bool:
+    """The fp16-accumulate kernels: ptxas serializes their wgmmas on sm_90 (a known defect, README
+    "Performance"); the testkit fails any other sm_90 compile it finds serialized."""
+    return bool(constexprs.get("ACC_FP16"))
+
+
 # SMs of the target, a constexpr of the weight gradient (its last-wave split) and the TMA forward.
 NUM_SMS = {80: 108, 90: 132}
 
@@ -137,8 +145,9 @@ def test_autotuned_kernels_compile(name, config, dtype, out_dtype, contiguous, c
         signature.update(ws_ptr="*fp32", dwg_ptr=POINTER[out_dtype], dwu_ptr=POINTER[out_dtype])
         constexprs["NUM_SMS"] = NUM_SMS[arch]
     compile_to_cubin(
-        kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps, num_stages=num_stages
-    )
+        kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps, num_stages=num_stages,
+        serialized_wgmma_ok=_known_serialized(constexprs),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
@@ -288,4 +297,5 @@ def test_tma_kernels_compile(name, config, dtype, out_dtype, constexprs):
         arch=90,
         num_warps=num_warps,
         num_stages=num_stages,
+        serialized_wgmma_ok=_known_serialized(constexprs),
     )

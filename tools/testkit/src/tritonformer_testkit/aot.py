@@ -110,6 +110,7 @@ def compile_to_asm(
     arch: int,
     num_warps: int = 4,
     num_stages: int = 3,
+    serialized_wgmma_ok: bool = False,
 ) -> Dict[str, Any]:
     """Compile one specialization of `kernel` for sm_`arch` and return its stages by name
     ("ptx", "cubin", ...).
@@ -117,6 +118,8 @@ def compile_to_asm(
     signature: a Triton type for each runtime argument, e.g. {"x_ptr": "*bf16", "n_cols": "i32"}.
     constexprs: a value for each tl.constexpr argument, e.g. {"BLOCK_N": 1024}.
     Pointers are marked 16-byte aligned, as the JIT marks torch allocations.
+    On sm_90 with Triton 3.x the compile fails if ptxas serialized the kernel's wgmma instructions
+    (`serialized_wgmma_notes`), unless `serialized_wgmma_ok` (a known case, documented where passed).
     """
     blocker = aot_blocker()
     if blocker:
@@ -128,6 +131,10 @@ def compile_to_asm(
     if not asm.get("cubin"):
         raise AssertionError(f"{fn.__name__}: empty cubin for sm_{arch}")
     COMPILED.append((fn.__name__, arch))
+    if arch == 90 and triton_version() >= (3, 0) and not serialized_wgmma_ok:
+        notes = serialized_wgmma_notes(asm["ptx"])
+        if notes:
+            raise AssertionError(f"{fn.__name__}: ptxas serialized its wgmma instructions on sm_90: {notes[0]}")
     return asm
 
 
