@@ -15,15 +15,18 @@ Conventions (all kernels):
   then scaled once, so a score near the diagonal carries only its own rounding, as PyTorch's fp32
   scores do. Converting positions per vector and subtracting per element avoids an int -> float
   conversion per element. That costs three fp32 operations per score on top of the plain ones.
-  Key blocks at least BLOCK_N keys off the diagonal for every query of the tile (`_alibi_far_split`)
-  take a rank-1 form instead, one operation per score: on one side of the diagonal the bias is
-  sign * slope * (c + (j0 - i - diag)) for key c of a block starting at j0, a per-key vector added
-  in the FMA of the scale and a per-query term folded into the row's max. Its roundings are at
-  the magnitude of slope * (d + 2 * BLOCK_N) for a distance d >= BLOCK_N, within 3x of the bias
-  itself, and such a score weighs at most 2^(-slope * log2(e) * d) of the diagonal's in the
-  softmax: the error it brings stays far below an fp32 ulp of the LSE. (Using the rank-1 form on
-  the diagonal blocks too put every score there at slope * BLOCK_N in magnitude: with 128-query
-  blocks and slopes near 1 the fp32 LSE was off by about 1e-5.)
+  In the forward and dQ kernels (dense batches), key blocks at least BLOCK_N keys off the diagonal
+  for every query of the tile (`_alibi_far_split`) take a rank-1 form instead, one operation per
+  score: on one side of the diagonal the bias is sign * slope * (c + (j0 - i - diag)) for key c of
+  a block starting at j0, a per-key vector added in the FMA of the scale and a per-query term
+  folded into the row's max (forward) or its LSE (dQ). Its roundings are at the magnitude of
+  slope * (d + 2 * BLOCK_N) for a distance d >= BLOCK_N, within 3x of the bias itself, and such a
+  score weighs at most 2^(-slope * log2(e) * d) of the diagonal's in the softmax: the error it
+  brings stays far below an fp32 ulp of the LSE (the GPU tests check the LSE with slopes up to
+  1.05). (Using the rank-1 form on the diagonal blocks too put every score there at
+  slope * BLOCK_N in magnitude: with 128-query blocks and slopes near 1 the fp32 LSE was off by
+  about 1e-5.) The dK/dV kernel keeps the exact form everywhere (its D = 128 configs already
+  spill; the vectors cost 12 %), and so do varlen batches (ptxas serialized their far loop).
 """
 
 import triton
