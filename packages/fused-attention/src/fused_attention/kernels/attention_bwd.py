@@ -495,18 +495,22 @@ def _attn_bwd_dq_kernel(
             full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False,
             USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
+    # ALiBi in dense batches, as in the forward (kernels/attention_fwd.py): the far blocks in the
+    # rank-1 form after the near ones; with a right bound the near ones join the masked loop,
+    # which then runs first.
+    masked_start = full_end
     if ALIBI and not IS_VARLEN:
-        # As in the forward (kernels/attention_fwd.py): the near blocks first, then the far ones
-        # in the rank-1 form; with a right bound the near ones join the masked loop.
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
         if HAS_RIGHT:
-            dq = _dq_blocks(
-                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, end, 1.0,
-                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-                HEADS_OUTER, UPCAST,
-            )  # fmt: skip
-        else:
+            masked_start = below_end
+    if ALIBI and HAS_RIGHT and not IS_VARLEN:
+        dq = _dq_blocks(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end,
+            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+    if ALIBI and not IS_VARLEN:
+        if not HAS_RIGHT:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
                 stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end,
@@ -525,22 +529,17 @@ def _attn_bwd_dq_kernel(
                 full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
                 HEADS_OUTER, UPCAST,
             )  # fmt: skip
-            dq = _dq_blocks(
-                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
-                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-                HEADS_OUTER, UPCAST,
-            )  # fmt: skip
     else:
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
             1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
+    if not (ALIBI and HAS_RIGHT and not IS_VARLEN):
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
+            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end,
+            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
 

@@ -195,23 +195,26 @@ def _attn_fwd_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
+    # ALiBi in dense batches: the fully visible blocks far off the diagonal take the rank-1 bias
+    # (common.py). With a right bound the near blocks join the masked loop of the diagonal (which
+    # keeps the loop count), and that loop runs first: ptxas serializes every wgmma of the kernel
+    # (C7515) when a loop that may be skipped comes first with loop-invariant work in its
+    # preheader (the key bias vector), as the skip path then re-defines the zeroed accumulator.
+    # Without one the near blocks' loop comes first. Varlen batches keep the exact form: their
+    # masked loops load without TMA, and ptxas serialized the far loop after them.
+    masked_start = full_end
     if ALIBI and not IS_VARLEN:
-        # The fully visible blocks far off the diagonal take the rank-1 bias (common.py). A loop
-        # over them runs after one that always runs first (the near blocks): ptxas serializes
-        # every wgmma of the kernel (C7515) when a loop that may be skipped comes first with
-        # loop-invariant work in its preheader (the key bias vector), as the skip path then
-        # re-defines the zeroed accumulator. With a right bound the near blocks join the masked
-        # loop of the diagonal, which keeps the loop count. Varlen batches keep the exact form:
-        # their masked loops load without TMA, and ptxas serialized the far loop after them.
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
         if HAS_RIGHT:
-            acc, l_i, m_i = _fwd_blocks(
-                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end, end, 1.0,
-                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-                HEADS_OUTER, UPCAST,
-            )  # fmt: skip
-        else:
+            masked_start = below_end
+    if ALIBI and HAS_RIGHT and not IS_VARLEN:
+        acc, l_i, m_i = _fwd_blocks(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+        )  # fmt: skip
+    if ALIBI and not IS_VARLEN:
+        if not HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
                 acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
                 stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end,
@@ -230,21 +233,16 @@ def _attn_fwd_kernel(
                 full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
                 HEADS_OUTER, UPCAST,
             )  # fmt: skip
-            acc, l_i, m_i = _fwd_blocks(
-                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
-                HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-                HEADS_OUTER, UPCAST,
-            )  # fmt: skip
     else:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end, 1.0,
             HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
+    if not (ALIBI and HAS_RIGHT and not IS_VARLEN):
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_end, end, 1.0,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
             HEADS_OUTER, UPCAST,
         )  # fmt: skip
