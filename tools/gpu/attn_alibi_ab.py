@@ -14,12 +14,11 @@ lab tool for the GPU runs recorded in NOTES.md: it prints a table and changes no
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import pathlib
 import statistics
 import sys
 
 import torch
+from lab import load_package_copy
 
 from fused_attention import alibi_slopes
 from fused_attention.ops import launch
@@ -36,13 +35,8 @@ POINTS = {
 
 def _load_copy(label: str, src: str):
     """The `ops.launch` module of the fused_attention package under `src`, imported as its own package."""
-    name = f"fused_attention_{label}"
-    init = pathlib.Path(src) / "fused_attention" / "__init__.py"
-    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return importlib.import_module(f"{name}.ops.launch")
+    copy = load_package_copy(src, "fused_attention", label)
+    return importlib.import_module(f"{copy.__name__}.ops.launch")
 
 
 def _forward(module, tensors, slopes, spec, shape):

@@ -13,11 +13,11 @@ A lab tool for the GPU runs recorded in NOTES.md: it prints a table and changes 
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 
 from attn_config_sweep import attention_problem, own_plans
+from lab import load_module_as
 
 from fused_attention.ops import configs, launch
 from fused_attention.ops.configs import KernelConfig
@@ -29,16 +29,9 @@ DKDV = [KernelConfig(32, 128, 8, 2, True), KernelConfig(64, 128, 8, 2, True), Ke
 DQ = KernelConfig(64, 64, 4, 3, True)
 
 
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("fused_attention.kernels._lab_attention_bwd", path)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "fused_attention.kernels"
-    spec.loader.exec_module(module)
-    return module._attn_bwd_dkdv_kernel
-
-
 def main(lab_path: str) -> None:
-    kernels = {"base": configs.KERNELS["dkdv"], "lab": _load(lab_path)}
+    lab = load_module_as(lab_path, "fused_attention.kernels", "_lab_attention_bwd")
+    kernels = {"base": configs.KERNELS["dkdv"], "lab": lab._attn_bwd_dkdv_kernel}
     shortest = configs.DQ_ATOMIC_MIN_SEQLEN_CAUSAL
     print("| B, H, S | dQ | dK/dV config | kernel | ms | TFLOP/s |")
     print("|---|---|---|---|---:|---:|")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import statistics
 
-import torch
 import torch.nn.functional as F
+from lab import gemm_config_name, gemm_operands
 
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops import launch, tuning
@@ -34,26 +34,15 @@ VARIANTS = [
 ]
 
 
-def _name(meta) -> str:
-    split = "s" if meta["EPILOGUE_SPLIT"] else ""
-    return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']} w{meta['num_warps']} s{meta['num_stages']}"
-            f" p{meta['PROGRAMS_PER_SM']}{split}")  # fmt: skip
-
-
 def _rows(m: int, k: int, n: int):
-    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-    b = w.t().unsqueeze(0)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-    z = torch.empty_like(c)
+    a, w, b, bias, c, z = gemm_operands(m, k, n)
     launches, names = [], []
     for label, has_bias, activation, store_z in VARIANTS:
         kwargs = dict(bias=bias if has_bias else None, activation=ACTIVATION_CODES[activation],
                       z=z if store_z else None, split=1)  # fmt: skip
         launch.launch_matmul(a, b, c, **kwargs)  # tunes this variant's plan
         plan = launch.tma_plan(a, b, c, kwargs["z"], kwargs["bias"], kwargs["activation"])
-        names.append(f"{label} ({_name(plan.meta)})")
+        names.append(f"{label} ({gemm_config_name(plan.meta)})")
         launches.append(lambda kwargs=kwargs: launch.launch_matmul(a, b, c, **kwargs))
     x = a[0]
     for label, fn in (

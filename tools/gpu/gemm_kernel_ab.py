@@ -13,11 +13,11 @@ A lab tool for the GPU runs recorded in NOTES.md: it prints a table and changes 
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 
 import torch
+from lab import gemm_operands, load_module_as
 
 from fused_gemm.kernels import matmul_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
@@ -28,14 +28,6 @@ EPILOGUES = [("plain", False, None, False), ("+bias", True, None, False), ("+bia
              ("+bias gelu", True, "gelu", False), ("+bias gelu, z", True, "gelu", True)]  # fmt: skip
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, PROGRAMS_PER_SM): the tuner's usual picks at these sizes.
 CONFIGS = [(128, 128, 4, 3, 2), (128, 128, 8, 3, 2), (128, 256, 8, 3, 1)]
-
-
-def _load_other(path: str):
-    spec = importlib.util.spec_from_file_location("fused_gemm.kernels._other_matmul_tma", path)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "fused_gemm.kernels"
-    spec.loader.exec_module(module)
-    return module._matmul_tma_kernel
 
 
 def _config(kernel, block_m, block_n, warps, stages, programs):
@@ -62,16 +54,12 @@ def _pinned_launch(kernel, config, a, b, c, kwargs):
 
 def main(other_path: str) -> None:
     ours = matmul_tma._matmul_tma_kernel
-    other = _load_other(other_path)
+    other = load_module_as(other_path, "fused_gemm.kernels", "_other_matmul_tma")._matmul_tma_kernel
     all_ours, all_other = list(ours.configs), list(other.configs)
     print("| product | epilogue | config | A ms | B ms | B / A |")
     print("|---|---|---|---:|---:|---:|")
     for m, k, n in PRODUCTS:
-        a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-        b = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16).t().unsqueeze(0)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        c = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-        z = torch.empty_like(c)
+        a, _, b, bias, c, z = gemm_operands(m, k, n)
         for label, has_bias, activation, store_z in EPILOGUES:
             kwargs = dict(bias=bias if has_bias else None, activation=ACTIVATION_CODES[activation],
                           z=z if store_z else None, split=1)  # fmt: skip

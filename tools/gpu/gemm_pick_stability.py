@@ -19,6 +19,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from lab import gemm_config_name, gemm_operands
 
 from fused_gemm._compat import multiprocessor_count
 from fused_gemm.kernels.configs import tma_candidates
@@ -27,12 +28,6 @@ from fused_gemm.ops import launch, tuning
 
 REPEATS = 6
 TUNINGS = 4
-
-
-def _name(config) -> str:
-    kw = config.kwargs
-    split = "s" if kw["EPILOGUE_SPLIT"] else ""
-    return f"{kw['BLOCK_M']}x{kw['BLOCK_N']} w{config.num_warps} s{config.num_stages} p{kw['PROGRAMS_PER_SM']}{split}"
 
 
 def _gpu_state() -> str:
@@ -53,13 +48,10 @@ def _pinned(config, a, b, c):
 
 def main(m: int, k: int, n: int) -> None:
     print(torch.cuda.get_device_name(), f"{m}x{k}x{n} plain forward, bf16")
-    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-    b = w.t().unsqueeze(0)
-    c = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
+    a, w, b, _, c, _ = gemm_operands(m, k, n)
     all_configs = list(_matmul_tma_kernel.configs)
     candidates = tma_candidates(all_configs, m, n, 1, 2, 0, False, 2, a.device)
-    names = [_name(config) for config in candidates] + ["cuBLAS"]
+    names = [gemm_config_name(launch.config_launch_kwargs(config)) for config in candidates] + ["cuBLAS"]
     launches = [_pinned(config, a, b, c) for config in candidates] + [lambda: F.linear(a[0], w)]
     try:
         for call in launches:
@@ -83,7 +75,7 @@ def main(m: int, k: int, n: int) -> None:
         launch.launch_matmul(a, b, c, split=1)
         plan = launch.tma_plan(a, b, c)
         picked = next(cfg for cfg in all_configs if launch.config_launch_kwargs(cfg) == plan.meta)
-        print(f"  {_name(picked)} ({_gpu_state()})", flush=True)
+        print(f"  {gemm_config_name(launch.config_launch_kwargs(picked))} ({_gpu_state()})", flush=True)
     print(f"(SMs: {multiprocessor_count(a.device)})")
 
 

@@ -18,7 +18,6 @@ changes nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from gemm_kernel_ab import EPILOGUES, PRODUCTS, _config, _pinned_launch
+from lab import gemm_operands, load_module_as
 
 from fused_gemm.kernels import matmul_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
@@ -40,11 +40,7 @@ VARIANTS = [("smid 3us", 0, 3000), ("smid 10us", 0, 10000), ("pid>=SMs 5us", 1, 
 def _load(path: str, index: int, rule: int, ns: int, counters: torch.Tensor):
     os.environ.update(GEMM_STAGGER_NS=str(ns), GEMM_STAGGER_RULE=str(rule))
     os.environ["GEMM_STAGGER_COUNTERS"] = str(counters.data_ptr())
-    spec = importlib.util.spec_from_file_location(f"fused_gemm.kernels._stagger_{index}", path)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "fused_gemm.kernels"
-    spec.loader.exec_module(module)
-    return module._matmul_tma_kernel
+    return load_module_as(path, "fused_gemm.kernels", f"_stagger_{index}")._matmul_tma_kernel
 
 
 def _placement(kernel, counters, a, b, c) -> str:
@@ -70,12 +66,7 @@ def main(lab_path: str) -> None:
     print("| product | epilogue | config | " + " | ".join(f"{n} ms" for n in names) + " | best lab / base |")
     print("|---|---|---|" + "---:|" * (len(names) + 1))
     for m, k, n in PRODUCTS:
-        a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-        w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-        b = w.t().unsqueeze(0)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        c = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-        z = torch.empty_like(c)
+        a, w, b, bias, c, z = gemm_operands(m, k, n)
         if (m, k, n) == PRODUCTS[0]:
             print(_placement(labs[0], counters, a, b, c), flush=True)
         x = a[0]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 import sys
 
-import torch
 import torch.nn.functional as F
+from lab import gemm_config_name, gemm_operands
 
 from fused_gemm.kernels.configs import tma_configs
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
@@ -32,23 +32,14 @@ PRODUCTS = {
 }
 
 
-def _name(meta) -> str:
-    split = "s" if meta["EPILOGUE_SPLIT"] else ""
-    return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']} w{meta['num_warps']} s{meta['num_stages']}"
-            f" p{meta['PROGRAMS_PER_SM']}{split}")  # fmt: skip
-
-
 def _row(label: str, m: int, k: int, n: int, tunings: int) -> str:
-    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
-    b = w.t().unsqueeze(0)
-    c = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
+    a, w, b, _, c, _ = gemm_operands(m, k, n)
     picks, configs = [], {}
     for _ in range(tunings):
         _matmul_tma_kernel.configs = tma_configs()  # a fresh list: the plan re-tunes
         launch.launch_matmul(a, b, c, split=1)
         plan = launch.tma_plan(a, b, c)
-        picks.append(_name(plan.meta))
+        picks.append(gemm_config_name(plan.meta))
         configs[picks[-1]] = (plan.meta, plan.grid, plan.blocks)
 
     def with_pick(state):
