@@ -18,6 +18,7 @@ import statistics
 import sys
 
 import torch
+from attn_config_sweep import attention_problem
 from lab import load_package_copy
 
 from fused_attention import alibi_slopes
@@ -61,13 +62,8 @@ def main(copies) -> None:
           + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")  # fmt: skip
     print("|---|---|---|" + "---:|" * (2 * len(names) - 1))
     for (batch, heads, seqlen, head_dim), (fwd_configs, bwd_configs) in POINTS.items():
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
-                       for _ in range(4))  # fmt: skip
         slopes = alibi_slopes(heads, device="cuda")
-        spec = launch.AttentionSpec(batch, heads, heads, head_dim, seqlen, seqlen, head_dim**-0.5, -1, 0, True,
-                                    False, False)  # fmt: skip
-        tensors = (do, q, k, v, *launch.attention_fwd(q, k, v, slopes, None, None, spec))
+        spec, tensors = attention_problem(batch, heads, seqlen, head_dim, True, slopes)
         point = f"B{batch} H{heads} S{seqlen} D{head_dim} causal"
         cases = [(m, slopes, spec) if alibi else (m, None, spec._replace(has_alibi=False))
                  for m, alibi in variants.values()]  # fmt: skip
@@ -83,7 +79,7 @@ def main(copies) -> None:
             times = [statistics.median(t) for t in tuning.replay_rounds(calls, tuning.ROUNDS)]
             print(f"| {point} | {direction} | {config} | " + " | ".join(f"{t:.4f}" for t in times) + " | "
                   + " | ".join(f"{t / times[0]:.3f}" for t in times[1:]) + " |", flush=True)  # fmt: skip
-        del q, k, v, do, tensors, rows
+        del tensors, rows
         torch.cuda.empty_cache()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+from attn_config_sweep import attention_problem
 
 from fused_attention import alibi_slopes
 from fused_attention.ops import launch
@@ -23,17 +24,6 @@ from fused_gemm.ops import tuning
 
 # (B, H, S, D, causal)
 SHAPES = [(4, 16, 4096, 128, True), (4, 32, 4096, 64, True), (4, 16, 4096, 128, False)]
-
-
-def _problem(batch, heads, seqlen, head_dim, causal, slopes):
-    """(spec, (dO, Q, K, V, O, LSE)) of a dense bf16 attention, ALiBi when `slopes` is given."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16)
-                   for _ in range(4))  # fmt: skip
-    spec = launch.AttentionSpec(batch, heads, heads, head_dim, seqlen, seqlen, head_dim**-0.5, -1,
-                                0 if causal else -1, slopes is not None, False, False)  # fmt: skip
-    o, lse = launch.attention_fwd(q, k, v, slopes, None, None, spec)
-    return spec, (do, q, k, v, o, lse)
 
 
 def _picked(launch_or_none) -> str:
@@ -62,7 +52,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|")
     for batch, heads, seqlen, head_dim, causal in SHAPES:
         slopes = alibi_slopes(heads, device="cuda")
-        problems = [_problem(batch, heads, seqlen, head_dim, causal, s) for s in (None, slopes)]
+        problems = [attention_problem(batch, heads, seqlen, head_dim, causal, s) for s in (None, slopes)]
         flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
         forwards = [
             lambda spec=spec, t=t, s=s: launch.attention_fwd(t[1], t[2], t[3], s, None, None, spec)

@@ -57,13 +57,14 @@ def own_plans(fn):
     return call
 
 
-def attention_problem(batch, heads, seqlen, head_dim, causal):
-    """(spec, (dO, Q, K, V, O, LSE)) of a dense bf16 attention, the forward run by the package."""
+def attention_problem(batch, heads, seqlen, head_dim, causal, alibi_slopes=None):
+    """(spec, (dO, Q, K, V, O, LSE)) of a dense bf16 attention, the forward run by the package;
+    ALiBi with `alibi_slopes` when given."""
     q, k, v, do = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
                    for _ in range(4))  # fmt: skip
     spec = launch.AttentionSpec(batch, heads, heads, head_dim, seqlen, seqlen, head_dim**-0.5, -1,
-                                0 if causal else -1, False, False, False)  # fmt: skip
-    o, lse = launch.attention_fwd(q, k, v, None, None, None, spec)
+                                0 if causal else -1, alibi_slopes is not None, False, False)  # fmt: skip
+    o, lse = launch.attention_fwd(q, k, v, alibi_slopes, None, None, spec)
     return spec, (do, q, k, v, o, lse)
 
 
