@@ -503,7 +503,7 @@ def _attn_bwd_dq_kernel(
         below_end, above_start = _alibi_far_split(m0 + diag, last_m + diag, full_start, full_end, BLOCK_N, BLOCK_N)
         if HAS_RIGHT:
             masked_start = below_end
-    if ALIBI and HAS_RIGHT and not IS_VARLEN:
+    if (ALIBI and HAS_RIGHT) and not IS_VARLEN:
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end,
@@ -535,7 +535,7 @@ def _attn_bwd_dq_kernel(
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
             1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
-    if not (ALIBI and HAS_RIGHT and not IS_VARLEN):
+    if not ((ALIBI and HAS_RIGHT) and not IS_VARLEN):
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
             stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end,
