@@ -49,23 +49,15 @@ RESET_TO_ZERO = {"fwd": None, "dkdv": ["dq_accum_ptr"], "dq": None}
 # the only one that fits.
 DQ_ATOMIC = {64: True, 128: False, 256: False}
 # ...and at 64 only from these longest sequences on (full; causal), None: never. On the GPU the dQ
-# kernel runs at every length since session 12: `tools/gpu/attn_dq_policy.py` (H100, Triton 3.6,
-# D = 64, H = 32, 16k tokens, each path autotuned; run 93) timed the backward with atomics
-# 1.10-1.35x the dQ kernel's at S = 2048-16384, causal and full (causal S = 4096: 2.725 against
-# 2.279 ms; full S = 16384: 19.18 against 14.21), where session 5 had measured the atomics ahead
-# from S = 4096 (causal S = 16384: 341 against 312 TFLOP/s fwd+bwd): the dK/dV and dQ candidates
-# added since (sessions 6 and 8) sped up the dQ kernel's side, while the atomic dK/dV kernel
-# spills at 4 warps (Triton 3.6, AOT here: 64x64, 456 bytes; 8 warps hold 255 registers). The
-# atomic path stays: the interpreter's tiny shapes take it, so that the CPU tests cover both, a
-# GPU test forces it at real sizes, and the tool re-measures the choice for another GPU or Triton.
-# Tried and not kept (session 6, same setup): the dQ shares as bulk reduce-adds through a TMA
-# descriptor of the accumulator (`desc.atomic_add`) instead of per-element atomics. At 64 slower
-# than the atomics (causal S = 2048, B = 8, H = 16: 1.063 vs 1.048 ms; without a mask S = 4096:
-# 6.228 vs 5.937); at 128 much faster than the atomics (causal S = 4096: 3.376 vs 3.722) but not
-# than the dQ kernel (3.168), and level with it without a mask at S = 16384 (23.49 vs 23.64).
-# Nor (session 12, run 92, `tools/gpu/attn_dkdv_ab.py`): adding the shares in the dot's own
-# register layout with red.global.add.v2.f32 (inline PTX), which skips the layout conversion
-# through shared memory before the atomics: 2-40 % slower, pinned config by config.
+# kernel runs at every length: on an H100 (Triton 3.6, D = 64, H = 32, 16k tokens, each path autotuned)
+# the backward with atomics takes 1.10-1.35x the dQ kernel's time at S = 2048-16384, causal and full
+# (causal S = 4096: 2.725 against 2.279 ms), as the atomic dK/dV kernel spills at 4 warps (64x64:
+# 456 bytes; 8 warps hold 255 registers). The atomic path stays so that the interpreter's tiny shapes
+# take it and the CPU tests cover both paths; a GPU test forces it at real sizes.
+# Slower on the same H100 and not used: the dQ shares as bulk reduce-adds through a TMA descriptor of
+# the accumulator (`desc.atomic_add`), at best level with the dQ kernel (D = 128 causal S = 4096:
+# 3.376 against 3.168 ms); and adds in the dot's own register layout with red.global.add.v2.f32 (inline
+# PTX, no layout conversion through shared memory), 2-40 % slower config by config.
 DQ_ATOMIC_MIN_SEQLEN: Optional[int] = 0 if INTERPRETING else None
 DQ_ATOMIC_MIN_SEQLEN_CAUSAL: Optional[int] = 0 if INTERPRETING else None
 
@@ -90,21 +82,13 @@ C = KernelConfig
 # dkdv: BLOCK_N keys stay on chip (dK, dV accumulate in registers), BLOCK_M queries stream.
 # dq: BLOCK_M queries stay on chip (dQ accumulates), BLOCK_N keys stream.
 # Hopper with TMA: tiles sit in shared memory, not registers, so larger tiles fit without spills.
-# At 64, 4-warp tiles joined in session 6 (H100, D = 64 causal fwd+bwd, each config alone): at B = 8,
-# S = 2048, H = 16 (a 410M GPT's attention), dK/dV 32x128 4 warps 0.958 ms and dQ 64x64 4 warps
-# 0.913 ms, against 1.001 with the earlier candidates (cuDNN 0.761); at S = 1024 dQ 64x64 1.072
-# against 1.207; at S = 4096 (atomic dQ) dK/dV 64x64 4 warps 3.321 against 3.401.
-# At 128, session 8 (H100, B = 4, H = 16, S = 4096, backward alone, one kernel's config forced,
-# the other at 32x128 8 warps / 128x64 8 warps 2 stages): dK/dV 64x64 4 warps 2 stages 2.236 ms
-# causal (3.792 without a mask) against 2.589 (4.617) for the earlier 32x128 8 warps; 32x64 4
-# warps 3 stages 2.322 (4.058); 64x128 8 warps 3 stages, flex_attention's Hopper shape, 2.878
-# (3.915); 16x128 8 warps 3.231 (6.095): dropped. dQ 128x64 8 warps 3 stages 2.360 (4.387)
-# against 2.574 (4.637) with 2 stages; 64x64 4 warps 2 stages 2.402 (4.497). The forward (H200,
-# same shape, CUDA-graph timing): 128x128 8 warps 3 stages 0.555 ms causal (1.014 without a mask)
-# against 0.696 (1.167) with 2 stages and 0.611 (1.078) for 128x64; at the 410M shape (D = 64,
-# B = 8, S = 2048, causal) 64x128 4 warps 0.212 and 128x64 4 warps 0.218 against 0.222 for 64x64
-# (128x128 8 warps 0.299). Together (H100 benchmark, run 53): D = 128 causal S = 4096 backward
-# 265.9 -> 315.8 TFLOP/s, forward+backward 303.2 -> 351.6.
+# Measured on an H100 (Triton 3.6, each config alone): at 64, at a 410M GPT's attention (causal,
+# B = 8, S = 2048, H = 16, fwd+bwd), the 4-warp dK/dV 32x128 and dQ 64x64 tiles take 0.958 and
+# 0.913 ms against 1.001 without the 4-warp tiles. At 128 (B = 4, H = 16, S = 4096, backward alone):
+# dK/dV 64x64 4 warps 2 stages 2.236 ms causal against 2.589 for 32x128 8 warps (16x128 and 64x128
+# 8 warps lose more), dQ 128x64 8 warps 2.360 with 3 stages against 2.574 with 2; the forward
+# (H200, CUDA-graph timing) 128x128 8 warps 3 stages 0.555 ms causal against 0.696 with 2 stages
+# and 0.611 for 128x64.
 TMA_CONFIGS: Dict[str, Dict[int, List[KernelConfig]]] = {
     "fwd": {
         64: [
