@@ -374,7 +374,7 @@ def _ws_runs(a, b, c, z, bias) -> bool:
 def _ws_worthwhile(a, b, bias, activation: int, z) -> bool:
     """The launcher's choice of kernels.matmul_ws: a forward with an activation to hide (with or
     without a bias; no z to store, so not a training forward that saves it), large enough that
-    every SM gets several 128x256 tiles. Measured on the H100 (session 12, runs 111-112): bias +
+    every SM gets several 128x256 tiles. Measured on an H100 (Triton 3.6): bias +
     GELU 1.08-1.33x torch's F.gelu(F.linear) against 1.02-1.18x for the TMA kernel. Plain and
     bias-only products stay with the TMA kernel (level with cuBLAS; the bias costs it 0-6 %)."""
     if not HAS_GLUON_WS or z is not None or not activation:

@@ -1,20 +1,19 @@
 """Choosing a kernel config by timing the candidates in interleaved rounds, under sustained load.
 
 Why not Triton's autotuner: it times each candidate over ~40 ms, one after another, each call
-after an L2 flush. On the H100 the same kernel's time drifted by up to 15 % within seconds
-(NOTES.md, run 57: every config of a shape was fastest in the first round, as clocks fall while
-the GPU heats and meets its power limit), so a candidate timed later looked slower than it is,
-and two tunings of one shape picked different configs, 4-14 % slower than the best one. The
-isolated, L2-flushed calls also ranked some configs differently from back-to-back calls (a
-4-warp ping-pong config was among the fastest by the autotuner's timer and among the slower in
-a CUDA graph of the same calls).
+after an L2 flush. On an H100 the same kernel's time drifts by up to 15 % within seconds (every
+config of a shape runs fastest in the first round, as clocks fall while the GPU heats and meets its
+power limit), so a candidate timed later looks slower than it is, and two tunings of one shape pick
+different configs, 4-14 % slower than the best one. The isolated, L2-flushed calls also rank some
+configs differently from back-to-back calls (a 4-warp ping-pong config is among the fastest by the
+autotuner's timer and among the slower in a CUDA graph of the same calls).
 
 Here each candidate's calls are captured in a CUDA graph, a few back-to-back calls each (as a
-training step runs its products). The graphs replay with no pause between them: first a few
-untimed rounds that bring the GPU to its sustained-load clocks (a first version paused before
-each timing, and its picks still changed from tuning to tuning: run 58), then timed rounds in
-which every candidate runs once, the order reversing from round to round; each candidate keeps
-its median over the rounds, so a slow phase of the GPU costs every candidate alike.
+training step runs its products). The graphs replay with no pause between them (with a pause before
+each timing, the picks still change from tuning to tuning): first a few untimed rounds that bring
+the GPU to its sustained-load clocks, then timed rounds in which every candidate runs once, the
+order reversing from round to round; each candidate keeps its median over the rounds, so a slow
+phase of the GPU costs every candidate alike.
 """
 
 from __future__ import annotations
