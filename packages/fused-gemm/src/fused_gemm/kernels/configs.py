@@ -80,9 +80,9 @@ def EVEN_K_HEURISTIC(args: Dict) -> bool:
 
 
 # Row-tiles per group of the tile order (kernels.common._grouped_tile). The persistent TMA kernel
-# takes 4: over a 410M GPT layer's twelve products (H100, Triton 3.6, each config alone, session 7)
-# 4 beat 8 by 1-2 % on most of them. Session 8 (H200, plain forwards, CUDA-graph timing, best
-# config of each): 4 faster on 16384x2048x8192 and 16384x8192x2048 (0.773 / 0.781 ms against
+# takes 4: over a 410M GPT layer's twelve products (H100, Triton 3.6, each config alone) 4 beats 8
+# by 1-2 % on most of them. On an H200 (plain forwards, CUDA-graph timing, best config of each) 4 is
+# faster on 16384x2048x8192 and 16384x8192x2048 (0.773 / 0.781 ms against
 # 0.824 / 0.837), slower on 16384x2048x6144 (0.626 against 0.596), level (within 3 %) on the 410M
 # layer's qkv, fc1, fc2 and proj. The portable kernel keeps 8.
 PORTABLE_GROUP_M = 8
@@ -169,13 +169,10 @@ def tma_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     two 4-warp programs per SM (half the shared memory each) one program's epilogue overlaps the
     other's main loop, as a ping-pong schedule.
 
-    Tried as extra candidates and not kept (H100, Triton 3.6, session 6): the (tile, k) loop
-    unflattened, and Triton's automatic warp specialization of it (compiles at 8 warps only).
-    Across a 410M GPT step's twelve products the autotuner's picks summed to the same matmul time
-    (43.67 ms base, 43.70 unflattened, 43.52 specialized), and the specialized picks were slower
-    on the 16384x8192x2048 forward (0.82 vs 0.72 ms: timing noise chose them). The first of
-    these was no experiment after all: Triton 3.6 leaves the "flattened" loop nested anyway
-    (kernels.matmul_tma).
+    Not among the candidates: Triton's automatic warp specialization of a nested (tile, k) loop
+    (compiles at 8 warps only). On an H100 (Triton 3.6), across a 410M GPT step's twelve products,
+    the autotuner's picks with it sum to the same matmul time (43.52 against 43.67 ms), and they
+    are slower on the 16384x8192x2048 forward (0.82 vs 0.72 ms: timing noise chose them).
     """
     if interpreting:
         tile = dict(INTERPRETER_TILE, PROGRAMS_PER_SM=1, EPILOGUE_SPLIT=False)
