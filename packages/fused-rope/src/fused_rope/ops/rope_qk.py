@@ -32,7 +32,7 @@ from .launch import KernelLaunches
 
 _rope_qk_launches = KernelLaunches(_rope_qk_kernel)
 
-# Tiles of the HF-style kernel (H100, bf16 q, k (4, 4096, H, D) forward, run 24): whole token
+# Tiles of the HF-style kernel (H100, Triton 3.6, bf16 q, k (4, 4096, H, D) forward): whole token
 # rows do best, q's and k's in one program: (H, D) = (32, 512) takes 0.728 ms with 32-row tiles
 # of q and k together under 16 warps against 0.799 with 16-row tiles of one tensor under 8
 # (Liger 0.729); (32, 256) 0.362 vs 0.364; (32, 128) 0.184 either way; (64, 128) 0.361 vs
