@@ -14,9 +14,9 @@ strides and base, which the launcher checks per call; everything else takes the 
 kernel). Why the forward: its two accumulators put the pointer kernel at ptxas' 255-register
 limit with spills at 128x128 (the addresses of three operand tiles); the TMA variant compiles to
 186 registers and no spills (cuobjdump, sm_90, Triton 3.9). Its tile loop is not flattened (a
-flattened one measured slower in session 4), so the next tile's loads wait for the epilogue. The
-weight-gradient and down-projection backward kernels have TMA variants too (session 10); the
-backward kernels compile at 102-228 registers without spills on the pointer path.
+flattened one runs slower on an H100, Triton 3.6), so the next tile's loads wait for the epilogue.
+The weight-gradient and down-projection backward kernels have TMA variants too; the backward
+kernels compile at 102-228 registers without spills on the pointer path.
 """
 
 from __future__ import annotations
