@@ -107,7 +107,7 @@ _DOWN_GRAD_ROWS = [
     (64, 64, 32, 8, 4, 3, 32),  # 24 KB: anything, fp32 included
 ]
 # The down projection's backward by TMA (Hopper; row-slice epilogue only). Measured at the
-# headline (16384 x 2048 -> 5632, H100, tools/gpu/swiglu_epilogue_diag.py): 128x128x64 w8 s3
+# headline (16384 x 2048 -> 5632, H100, Triton 3.6): 128x128x64 w8 s3
 # 0.849 ms, at 4 warps 0.869, EPILOGUE_M 16 0.869 and 64 1.070, 2 stages 1.045, 256x128 0.918,
 # 128x256 s4 0.914; the pointer kernel's best 0.900 in the same run.
 _DOWN_GRAD_TMA_ROWS = [
