@@ -1,8 +1,8 @@
 """tritonformer-bench: training-step throughput of the GPT against PyTorch, on a CUDA GPU.
 
-    tritonformer-bench                                   # the issue's two headline configs
+    tritonformer-bench                                   # the two headline configs
     tritonformer-bench --providers tritonformer+graph,torch.compile --config 410M:2048:8
-    tritonformer-bench --sweep seed                      # the seed's table (model size x context)
+    tritonformer-bench --sweep seed                      # the model size x context sweep
 
 For each config (PRESET:CONTEXT:BATCH) and provider, one training step (forward + backward of
 the loss on random tokens, bf16 autocast, fp32 weights; `--optimizer` adds a fused AdamW step)
@@ -57,7 +57,7 @@ PROVIDERS = (
 # The default run, in this order at each point (Liger's rows after all others: it patches classes).
 DEFAULT_PROVIDERS = ("tritonformer+graph", "tritonformer", "torch", "torch.compile", "hf-llama", "hf-llama+liger")
 HEADLINE = ("410M:2048:8", "llama-1.4B:2048:4")
-# The seed's table (GPT-2 style, no linear biases), plus its LLaMA-style counterparts.
+# Model size x context, GPT-2 style without linear biases, plus LLaMA-style counterparts.
 SEED_SWEEP = (
     "160M:2048:8", "410M:2048:4", "410M:4096:2", "410M:4096:4", "840M:2048:2", "840M:4096:1", "1.4B:2048:2",
     "llama-410M:2048:8", "llama-1.4B:2048:4",
