@@ -1,5 +1,5 @@
-"""The real sizes, compiled on a CUDA GPU: sizes 1..4097 in every dim, every epilogue and dtype, the
-issue's shapes, every autotune config, int64 offsets, TF32 opt-in and autocast.
+"""The real sizes, compiled on a CUDA GPU: sizes 1..4097 in every dim, every epilogue and dtype, a
+1.4B model's linear shapes, every autotune config, int64 offsets, TF32 opt-in and autocast.
 
 Few distinct shapes (each new specialization compiles), one pinned config per kernel except in
 test_every_config (conftest), and float64 references only where they are cheap.
@@ -58,9 +58,9 @@ def test_every_epilogue_and_dtype_compiled(activation, dtype, check):
     check(_ours(activation), _reference(activation), _operands(1031, 520, 4104, dtype, bias=bias), NAMES)
 
 
-@pytest.mark.gpu(reason="the issue's shapes (16384 tokens) need a GPU")
+@pytest.mark.gpu(reason="a 1.4B model's linear shapes (16384 tokens) need a GPU")
 @pytest.mark.parametrize("k, n", [(2048, 8192), (8192, 2048), (2048, 6144)])
-def test_issue_shapes_bias_gelu(k, n, check):
+def test_model_shapes_bias_gelu(k, n, check):
     x, w, b = _operands(16384, k, n, torch.bfloat16)
     check(_ours("gelu"), _reference("gelu"), (x.view(4, 4096, k), w, b), NAMES)
 
@@ -99,8 +99,8 @@ def test_first_call_tunes_over_every_candidate(check, monkeypatch):
     check(_ours("gelu"), _reference("gelu"), (x, w, b), NAMES)
 
 
-@pytest.mark.gpu(reason="bmm of the issue's size needs a GPU")
-def test_bmm_issue_shape(check):
+@pytest.mark.gpu(reason="bmm of an attention's size (64 x 2048 x 128 @ 128 x 2048) needs a GPU")
+def test_bmm_attention_shape(check):
     a = torch.randn(64, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = (torch.randn(64, 2048, 128, device="cuda") / 128**0.5).to(torch.bfloat16).transpose(1, 2).requires_grad_()
     check(lambda a, b, bias: bmm(a, b, bias), bmm_reference, (a, b, None), ("a", "b", "bias"))
