@@ -46,9 +46,10 @@ COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (256, 128, 64, 
 PING_PONG = {(128, 128, 64, 4, 2, 2), (64, 256, 64, 4, 2, 2), (128, 128, 64, 4, 3, 2), (128, 128, 64, 8, 3, 2)}
 
 
-def test_issue_shapes_keep_the_large_hopper_tiles():
-    """As compiled for sm_90 (configs module docstring): every variant of the issue's shapes fits the
-    cooperative and the ping-pong candidates (no prologue or row sums in the matmuls any more)."""
+def test_model_shapes_keep_the_large_hopper_tiles():
+    """As compiled for sm_90 (configs module docstring): every variant of a 1.4B model's linear shapes
+    at 16384 tokens fits the cooperative and the ping-pong candidates (the matmuls have no prologue or
+    row sums to stage)."""
     assert _tma(16384, 8192) == COOPERATIVE | PING_PONG  # forward, plain or biased: whole-tile staging
     assert _tma(16384, 8192, halves=True) == COOPERATIVE | PING_PONG  # forward with GELU and z: half tiles
     assert _tma(16384, 2048) == COOPERATIVE | PING_PONG  # dX
