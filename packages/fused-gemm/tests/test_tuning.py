@@ -1,7 +1,7 @@
 """ops.tuning: how candidates are timed and ranked (no GPU: the timer is a model of one).
 
 The GPU model: each candidate has a true time per call, and the GPU slows as it keeps working
-(clocks fall as it heats: NOTES.md run 57 measured up to 15 % within seconds), so a timing
+(clocks fall as it heats: up to 15 % within seconds on an H100), so a timing
 taken later reads slower. Timing candidates one after another then favours the early ones;
 interleaved rounds must not.
 """
