@@ -17,8 +17,8 @@ Groups:
   pass), and torch's F.linear / F.gelu / F.linear. Flops: both products.
 The providers of a row are timed in turn (`measure_paired`: five interleaved do_bench windows
 each, median of medians), so that a drift of the GPU's clocks falls on all of them alike: timed
-one after the other in one window each, the same code's ratios moved by several percent from run
-to run (runs 50-81).
+one after the other in one window each, the same code's ratios move by several percent from one
+benchmark to the next.
 """
 
 import pytest
