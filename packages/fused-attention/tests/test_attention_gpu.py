@@ -146,8 +146,8 @@ def test_direct_launches_repeat_the_jit_launch(attn, monkeypatch):
 @pytest.mark.gpu(reason="the atomic dQ path at real sizes needs the compiled kernels")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_atomic_dq_when_forced(causal, attn, monkeypatch):
-    """The atomic dQ path (configs.DQ_ATOMIC), which the GPU no longer takes by default (the dQ
-    kernel measured faster at every length: run 93, NOTES.md), forced at a real size: GQA 2:1, a
+    """The atomic dQ path (configs.DQ_ATOMIC), which the GPU does not take by default (the dQ
+    kernel is faster at every length: configs.DQ_ATOMIC_MIN_SEQLEN), forced at a real size: GQA 2:1, a
     ragged key tail, with and without the causal mask (the rotated loop start)."""
     monkeypatch.setattr(configs, "DQ_ATOMIC_MIN_SEQLEN", 0)
     monkeypatch.setattr(configs, "DQ_ATOMIC_MIN_SEQLEN_CAUSAL", 0)
