@@ -1,9 +1,9 @@
-"""The seed's test grid on the GPU: forward and backward against the float64 references.
+"""The full test grid on the GPU: forward and backward against the float64 references.
 
 apply_rotary_pos_emb: seq_length {512, 1024, 2048, 4096} x head_dim {128, 256, 512} x
 rotary_percent {0.5, 1.0} x batch {2, 4, 8, 16} x heads {8, 16, 32, 64} x margin {0, 10, 33, 77}
 x format {sbhd, bshd, thd} x {rotate-half, interleaved} x {fp32, fp16, bf16} is 27648 cases,
-the largest 2^31 elements: hours of GPU time. SEED_GRID is a pairwise covering array of it:
+the largest 2^31 elements: hours of GPU time. PAIRWISE_GRID is a pairwise covering array of it:
 every pair of values of any two axes (every format with every dtype, every head dim with every
 batch, ...) is in at least one of its 23 cases, the fewest a greedy search found (the bound is
 4 x 4 = 16), under a cap of 2^26 elements per tensor (256 MiB in fp32; the cap still admits
@@ -29,7 +29,7 @@ from tritonformer_testkit import assert_close_to_reference
 from fused_rope import apply_rotary_pos_emb, apply_rotary_qk
 from fused_rope.reference import apply_rotary_pos_emb_reference, rotary_qk_reference
 
-pytestmark = pytest.mark.gpu(reason="the seed's grid at full size: up to 2^26-element tensors")
+pytestmark = pytest.mark.gpu(reason="the full grid at real sizes: up to 2^26-element tensors")
 
 AXES = {
     "seq_length": [512, 1024, 2048, 4096],
@@ -42,7 +42,7 @@ AXES = {
     "interleaved": [False, True],
     "dtype": ["fp32", "fp16", "bf16"],
 }
-SEED_GRID = [
+PAIRWISE_GRID = [
     (2048, 128, 0.5, 4, 64, 0, "bshd", False, "bf16"),
     (4096, 128, 0.5, 2, 64, 33, "bshd", False, "bf16"),
     (1024, 256, 0.5, 16, 16, 33, "bshd", False, "fp16"),
@@ -72,17 +72,17 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMPARED_ELEMENTS = 2**21
 
 
-def _seed_grid_params():
-    """SEED_GRID as parameters, after checking that it covers every pair of axis values and
+def _pairwise_grid_params():
+    """PAIRWISE_GRID as parameters, after checking that it covers every pair of axis values and
     that no case's tensor exceeds MAX_ELEMENTS."""
     values = list(AXES.values())
     for i, j in itertools.combinations(range(len(values)), 2):
-        missing = set(itertools.product(values[i], values[j])) - {(case[i], case[j]) for case in SEED_GRID}
-        assert not missing, f"SEED_GRID misses {list(AXES)[i]}, {list(AXES)[j]} = {sorted(missing)}"
-    for case in SEED_GRID:
+        missing = set(itertools.product(values[i], values[j])) - {(case[i], case[j]) for case in PAIRWISE_GRID}
+        assert not missing, f"PAIRWISE_GRID misses {list(AXES)[i]}, {list(AXES)[j]} = {sorted(missing)}"
+    for case in PAIRWISE_GRID:
         seq_length, head_dim, _, batch, heads = case[:5]
         assert seq_length * batch * heads * head_dim <= MAX_ELEMENTS, case
-    return [pytest.param(*case, id="-".join(map(str, case))) for case in SEED_GRID]
+    return [pytest.param(*case, id="-".join(map(str, case))) for case in PAIRWISE_GRID]
 
 
 def _positions(seq_len: int, per_position: int) -> torch.Tensor:
@@ -91,8 +91,8 @@ def _positions(seq_len: int, per_position: int) -> torch.Tensor:
     return torch.cat([torch.tensor([0, 1, seq_len - 2, seq_len - 1]), rest]).unique().cuda()
 
 
-@pytest.mark.parametrize(", ".join(AXES), _seed_grid_params())
-def test_seed_grid(seq_length, head_dim, rotary_percent, batch, heads, margin, tensor_format, interleaved, dtype):
+@pytest.mark.parametrize(", ".join(AXES), _pairwise_grid_params())
+def test_pairwise_grid(seq_length, head_dim, rotary_percent, batch, heads, margin, tensor_format, interleaved, dtype):
     dtype = DTYPES[dtype]
     shape = {"sbhd": (seq_length, batch), "bshd": (batch, seq_length), "thd": (batch * seq_length,)}[tensor_format]
     t = torch.randn(*shape, heads, head_dim, device="cuda", dtype=dtype, requires_grad=True)
