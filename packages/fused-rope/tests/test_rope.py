@@ -1,8 +1,8 @@
 """apply_rotary_pos_emb against TransformerEngine's unfused formula (float64), forward and backward.
 
-A reduced grid of the issue's (formats x interleaved x dtypes x full / partial rotary, with a
-margin of extra angles) on tiny shapes, then odd sizes and layouts. The full grid at real
-sizes is in test_rope_gpu.py.
+A reduced grid (formats x interleaved x dtypes x full / partial rotary, with a margin of extra
+angles) on tiny shapes, then odd sizes and layouts. The full grid at real sizes is in
+test_rope_gpu.py.
 """
 
 import pytest
