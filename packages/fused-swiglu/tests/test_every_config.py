@@ -1,6 +1,6 @@
 """Every autotune config of every kernel, compiled and run once (the other tests pin one per
 kernel: conftest.py). Config index i of each kernel's list (its last where the list is shorter),
-bf16, on the issue's odd dims at 1000 rows: the MLP at d_intermediate 2760 (16-byte rows: the
+bf16, on odd dims at 1000 rows (d_model 1000): the MLP at d_intermediate 2760 (16-byte rows: the
 TMA kernels on a Hopper; the weight gradient's last wave splits for most tiles) and SwiGLU at 2730 (unaligned rows:
 the pointer forward and weight gradients and the elementwise gradient)."""
 
