@@ -1,4 +1,4 @@
-"""Compiled on a GPU at real sizes: the issue's odd dims (d_model 1000, d_intermediate 2730),
+"""Compiled on a GPU at real sizes: odd dims (d_model 1000, d_intermediate 2730),
 the fp16-accumulation bound at a real reduction length, int64 offsets, autocast on CUDA.
 
 Every autotuned kernel runs its last config here (conftest.py pins it; test_every_config.py
