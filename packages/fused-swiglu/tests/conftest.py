@@ -6,9 +6,9 @@ poisoned_allocations.)
 
 Pinned configs: compiled on a GPU, every autotuned kernel of the correctness tests runs with
 ONE config, its last (the smallest, which fits every dtype; `pin_configs`), instead of
-autotuning each test's shape: compiling and timing every config for every new (M, N, K) was
-most of the GPU test time. Every other config still runs: `test_gpu.py::test_every_config`
-pins each in turn (bf16, the issue's odd dims), the AOT pass compiles them all, and the
+autotuning each test's shape: compiling and timing every config for every new (M, N, K) would be
+most of the GPU test time. Every other config still runs: `test_every_config.py::test_every_config`
+pins each in turn (bf16, odd dims), the AOT pass compiles them all, and the
 benchmarks autotune over them. Under the interpreter the kernels carry one config anyway.
 """
 
