@@ -12,9 +12,9 @@ forward at S = 1024 and 4096 (D = 128) and 4096 (D = 64); backward alone at S = 
 the memory-efficient backend (the slowest anchor) at D = 128 causal S = 4096 only; ALiBi (D = 128,
 causal, S = 4096) against our own plain causal run (its ratio is the cost of the bias) and
 compiled flex_attention twice: causal as a block mask (its fastest set-up), and causal masked
-inside the ALiBi score_mod without a block mask (the issue's set-up: it reproduces the issue's
-flex_attention figures). Extra rows at the headline (D = 128 causal S = 4096, forward+backward):
-our deterministic backward (always the dQ kernel; the GPU's default path since 0.2.1, so level) and an
+inside the ALiBi score_mod without a block mask (flex_attention then computes the masked blocks
+too). Extra rows at the headline (D = 128 causal S = 4096, forward+backward):
+our deterministic backward (always the dQ kernel, the GPU's default path too, so level) and an
 autograd floor (an autograd.Function that allocates the gradients and launches nothing: what
 any single-op forward+backward costs the host here, the engine's hand-off to its device thread
 included; at short sequences compare `host us/call` with it).
@@ -50,7 +50,7 @@ DETERMINISTIC = "tritonformer deterministic=True"
 FLOOR = "autograd floor (no kernels)"
 PLAIN_CAUSAL = "tritonformer causal, no ALiBi"
 FLEX = "flex_attention (compiled)"
-# The set-up (its 208 / 182 TFLOP/s reproduce it): causal masked inside the score_mod, no block mask.
+# Causal masked inside the score_mod, no block mask: flex_attention computes the masked blocks too.
 FLEX_NO_BLOCK_MASK = "flex_attention (compiled), causal in the score_mod"
 # (head dim, causal, ALiBi, deterministic) of every configuration of ours the file runs.
 OUR_COMBINATIONS = [(64, False, False, False), (64, True, False, False), (128, False, False, False),
