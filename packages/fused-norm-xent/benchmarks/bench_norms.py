@@ -2,9 +2,9 @@
 torch.compile and Liger-Kernel (when importable), in one run; plus the fused residual + dropout +
 RMSNorm against its unfused torch form.
 
-Memory-bound; bytes count each input read once and each output written once (the issue's
-convention): fwd = read x + write y = 2 * M * N * 2 bytes; fwd+bwd adds read x, read dy and write
-dx: 5 * M * N * 2 bytes (the weight, the statistics and the parameter gradients are noise).
+Memory-bound; bytes count each input read once and each output written once: fwd = read x +
+write y = 2 * M * N * 2 bytes; fwd+bwd adds read x, read dy and write dx: 5 * M * N * 2 bytes
+(the weight, the statistics and the parameter gradients are noise).
 Residual + dropout + norm, prenorm, fp32 residual stream: fwd reads x (bf16) and the residual
 (fp32) and writes y (bf16) and the new residual (fp32): 12 bytes per element; fwd+bwd adds
 reading the saved sum (fp32), dy (bf16), the residual-out gradient (fp32) and writing dx (bf16)
