@@ -23,15 +23,14 @@ for the whole model, a single-op benchmark once per op).
 Memory-bound: bytes = q and k read once and written once, 4 * (q + k) bytes per direction
 (fwd+bwd: twice that); the cos/sin or angle tables (< 0.5 %) are not counted.
 
-Headline: q, k (4, 32, 4096, 128) fwd and fwd+bwd for every provider. Then the seed's sweeps,
+Headline: q, k (4, 32, 4096, 128) fwd and fwd+bwd for every provider. Then sweeps,
 one axis at a time from the headline (seq length 512-2048, head dim 256 and 512, rotary
 percent 0.5, batch 2-16, heads 8-64, margin 10-77: extra rows of angles beyond the sequence),
 fwd and fwd+bwd, ours against Liger (the floor to beat at every point), torch and
 torch.compile, timed in turn (five interleaved do_bench windows each, median of medians: many
 sweep rows are host-bound, and the host's speed drifts between one provider's window and the
-next); the headline's providers are timed in turn likewise. Run 24c (sweep against Liger
-alone, headline one provider after the other) took one minute on an H100; the torch providers
-add their compiles and slower rows.
+next); the headline's providers are timed in turn likewise. With Liger as the only anchor the
+file takes about a minute on an H100; the torch providers add their compiles and slower rows.
 """
 
 import pytest
@@ -45,7 +44,7 @@ from fused_rope.reference import apply_rotary_pos_emb_reference
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
 HEADLINE = dict(seq=4096, head_dim=128, rotary_percent=1.0, batch=4, heads=32, margin=0)
-# The seed's sweep axes, each value other than the headline's (head_dim 512 and 64 heads give
+# The sweep axes, each value other than the headline's (head_dim 512 and 64 heads give
 # 1 GiB bf16 tensors).
 SWEEP = [
     *(("seq", v) for v in (512, 1024, 2048)), *(("head_dim", v) for v in (256, 512)), ("rotary_percent", 0.5),
