@@ -19,7 +19,7 @@ medians), so that a drift of the GPU's clocks or the host's speed falls on all o
   reach), the forward, the down-projection backward and the weight gradients also against the
   portable pointer kernel on its first config (what runs off Hopper); the shape column names the
   config the autotuner chose;
-- the seed's sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024,
+- a sweep (batch 4 x sequence 2048 rows, d_intermediate = 3 x d_model) at d_model 1024,
   2048, 4096 and 8192, bf16 and fp16, against torch eager and Liger-Kernel, and in fp16 also
   FastAccumFusedSwiGLU with fp16 accumulation; torch.compile runs at the bf16 headline only (its
   compile time per shape, dtype and mode would not fit).
