@@ -1,4 +1,4 @@
-"""Training-step throughput of the GPT at the issue's two headline configs, against PyTorch.
+"""Training-step throughput of the GPT at two headline configs, against PyTorch.
 
 GPT-2 style 410M at batch 8 and LLaMA style 1.4B at batch 4, context 2048, bf16 autocast,
 fp32 weights; one step = forward + backward of the loss on random tokens (`tritonformer-bench`'s
