@@ -1,11 +1,11 @@
-"""The project's tolerance rule (DESIGN.md, correctness policy).
+"""The project's tolerance rule (docs/ARCHITECTURE.md, correctness policy).
 
 A kernel's error against the high-precision reference must be at most `factor` (2) times the
 error of the same PyTorch computation run in the kernel's low precision, plus a small atol.
 Non-finite values must sit where the reference has them: NaN where it has NaN, inf of the
 same sign where it has inf.
 
-Triton's interpreter truncates fp32 -> bf16 casts instead of rounding them (DESIGN.md), so
+Triton's interpreter truncates fp32 -> bf16 casts instead of rounding them, so
 when interpreting, a bf16 result may also be off by one bf16 ulp of the reference value.
 """
 
