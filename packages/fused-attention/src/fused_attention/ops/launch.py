@@ -5,7 +5,7 @@ as (batch, position, head, dim) with a unit-stride head dim; a packed varlen bat
 (total, heads, dim) tensor plus cu_seqlens. Nothing here copies an input.
 
 The host path is short because it is paid once per layer per step, and at short sequences it
-used to be longer than the kernels. Everything a launch needs that the call's shapes, strides,
+can take longer than the kernels. Everything a launch needs that the call's shapes, strides,
 dtype, pointer alignment and options decide is computed once and cached as a launch plan:
 the config (autotuned once per plan, then never consulted again), the grid, every integer
 argument, the constexprs, the TMA descriptor templates. A call then builds one key, allocates
