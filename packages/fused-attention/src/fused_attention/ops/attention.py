@@ -7,7 +7,7 @@ Eager calls (and older torch) run the same launchers inside `FlashAttentionFunct
 the forward launcher directly when no input needs a gradient.
 
 The eager host path is kept short (it is paid per layer per step, and at short sequences it
-used to exceed the kernels): the checks read each attribute once, and their outcome for a
+can exceed the kernels): the checks read each attribute once, and their outcome for a
 combination of shapes, dtypes, devices and options is cached (`_dense_spec`), so a repeated call
 costs one dictionary lookup before the launchers, which cache their launch plans likewise.
 """
