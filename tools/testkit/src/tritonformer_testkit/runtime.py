@@ -80,7 +80,7 @@ def torch_dynamo_blocker() -> Optional[str]:
 
     Not only torch.compile needs it: torch.optim's optimizer steps, torch.utils.checkpoint,
     transformers' models and a custom op's autograd path import it lazily. torch >= 2.3 beside
-    a Triton 2.x (the CPU Triton 2.2 session, the GPU box's Triton 2.2 run) cannot: its inductor
+    a Triton 2.x (a Triton 2.2 environment, on a CPU or a GPU) cannot: its inductor
     imports `triton.backends`, which only Triton 3 has.
     """
     try:
