@@ -216,7 +216,7 @@ def _matmul_tma_kernel(
         # One loop over this program's (tile, k) steps, flattened by hand: the pipeliner then loads
         # the next tile's operands while this tile's epilogue runs (the module docstring). Against
         # nested loops (H100, Triton 3.6, configs pinned) the fastest config of each product and
-        # epilogue runs 1-6.5 % faster.
+        # epilogue is 1-6.5 % faster.
         programs = NUM_SMS * PROGRAMS_PER_SM
         pid = tl.program_id(0)
         zero = pid * 0  # i32 tensors: the loop and the branch below carry them
