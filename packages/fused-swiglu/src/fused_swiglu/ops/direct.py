@@ -2,7 +2,7 @@
 
 Every launch of this package is one autotuned kernel, and Triton's autotuner plus its JIT spend
 100-170 us of host time per launch on an H100 machine's host (the forward's launch takes 166 us
-of a 290 us call at x 8192 x 1024 -> 3072, whose kernel runs 176 us), so small SwiGLUs would be
+of a 290 us call at x 8192 x 1024 -> 3072, whose kernel takes 176 us), so small SwiGLUs would be
 host-bound. A launch here passes the kernel's positional arguments and its flags.
 The first launch with a given key goes through the autotuner (which tunes on a new problem) and
 keeps the compiled kernel of the config it chose; later launches with that key fill in the
