@@ -8,10 +8,10 @@ Llama plain and with Liger-Kernel when they import. Ours is the step with the bo
 CUDA graphs (tritonformer+graph; the eager step is the "tritonformer (eager)" row).
 
 Flops: model flops 6N + 12 * L * d * S per token (N: the matmul parameters, the head
-included, the embedding tables not), times B * S tokens. Measured here (plain-PyTorch GPT):
-410M b8 eager 363, torch.compile 476 model TFLOP/s, peak 24.9 / 17.3 GiB; 1.4B b4 eager 370,
-torch.compile 547 (23.8 GiB); HF Llama 315, + Liger 442. Must reach torch.compile with no more
-peak memory; aim 1.1x. About 3-4 minutes on an H100 (torch.compile compiles each model once).
+included, the embedding tables not), times B * S tokens. Reference figures of a plain-PyTorch
+GPT: 410M b8 eager 363, torch.compile 476 model TFLOP/s, peak 24.9 / 17.3 GiB; 1.4B b4 eager 370,
+torch.compile 547 (23.8 GiB); HF Llama 315, + Liger 442. The goal: torch.compile's throughput or
+more at no more peak memory, ideally 1.1x. About 3-4 minutes on an H100 (torch.compile compiles each model once).
 """
 
 import pytest
