@@ -5,8 +5,8 @@ H100 facts that shape them: 132 SMs, 227 KB of shared memory per block, wgmma wo
 warpgroup slices, so 8 warps cover a 128-row tile, and 128x256 is the largest tile whose fp32
 accumulator (128 registers per thread at 8 warps) leaves room for the epilogue.
 
-Shared memory, as compiled for sm_90 (`metadata.shared`; Triton 3.9 here, 3.6 on the GPU box
-within 2 KB before), is what the prune models, so that no candidate is compiled only to fail its
+Shared memory, as compiled for sm_90 (`metadata.shared` under Triton 3.9; Triton 3.6's within
+2 KB), is what the prune models, so that no candidate is compiled only to fail its
 launch: operand stages, plus for the TMA kernel one output staging buffer that every store of a
 tile reuses: a whole tile for a plain or biased epilogue (128x256x64, three stages: 3 x 48 +
 64 = 208 KB), half a tile when an activation or the saved z makes the epilogue work in two
