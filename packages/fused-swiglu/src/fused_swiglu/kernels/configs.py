@@ -84,8 +84,8 @@ _INPUT_GRAD_ROWS = [
     (64, 64, 32, 8, 4, 3),  # anything, fp32 included
 ]
 # The input gradient by TMA (Hopper; one program per tile, a TMA store of dx). Measured at the
-# headline (16384 x 5632 x 2 -> 2048, H100): 128x256x64 s3 1.00 ms, 128x256x32 s4 1.07,
-# 128x128x64 s4 1.19; the pointer kernel's best 1.24 in the same run. Shared memory: the stages
+# headline (16384 x 5632 x 2 -> 2048, H100, Triton 3.6): 128x256x64 s3 1.00 ms, 128x256x32 s4 1.07,
+# 128x128x64 s4 1.19; the pointer kernel's best 1.24, timed alongside. Shared memory: the stages
 # plus the BLOCK_M x BLOCK_K output tile.
 _INPUT_GRAD_TMA_ROWS = [
     (128, 256, 64, 8, 8, 3),  # 144 + 64 KB: the headline's
@@ -109,7 +109,7 @@ _DOWN_GRAD_ROWS = [
 # The down projection's backward by TMA (Hopper; row-slice epilogue only). Measured at the
 # headline (16384 x 2048 -> 5632, H100, Triton 3.6): 128x128x64 w8 s3
 # 0.849 ms, at 4 warps 0.869, EPILOGUE_M 16 0.869 and 64 1.070, 2 stages 1.045, 256x128 0.918,
-# 128x256 s4 0.914; the pointer kernel's best 0.900 in the same run.
+# 128x256 s4 0.914; the pointer kernel's best 0.900, timed alongside.
 _DOWN_GRAD_TMA_ROWS = [
     # M,   N,   D, group, warps, stages, EPILOGUE_M   smem (16-bit)
     (128, 128, 64, 8, 8, 3, 32),  # 96 KB: two programs per SM
@@ -119,7 +119,7 @@ _DOWN_GRAD_TMA_ROWS = [
 ]
 # The weight gradients by TMA (Hopper). Measured at the headline: 128x128x64 w8 s4 1.088 ms,
 # s3 1.117 (1.145 without the last-wave split), 128x128x32 s5 1.244, 128x64x64 w4 s4 1.254; the
-# pointer kernel's best 1.205 and cuBLAS on [d_gate | d_up] 1.109 in the same run.
+# pointer kernel's best 1.205 and cuBLAS on [d_gate | d_up] 1.109, timed alongside.
 _WEIGHT_GRAD_TMA_ROWS = [
     # K,   N,   M, group, warps, stages   smem (16-bit)
     (128, 128, 64, 8, 8, 4),  # 192 KB: the headline's
