@@ -25,7 +25,7 @@ def test_every_preset_is_valid(name):
 @pytest.mark.parametrize(
     "name, millions", [("160M", 160), ("410M", 410), ("840M", 840), ("1.4B", 1400), ("llama-1.4B", 1400)]
 )
-def test_seed_sizes_have_their_parameter_counts(name, millions):
+def test_size_presets_have_their_parameter_counts(name, millions):
     config = TransformerConfig.preset(name)
     assert abs(config.num_params(matmul_only=False) / 1e6 - millions) / millions < 0.04
 
@@ -49,7 +49,7 @@ def test_counts_from_the_config_match_the_models(options):
         assert model.flops_per_token(16) == 6 * n + 12 * 2 * 32 * 16
 
 
-def test_seed_flags():
+def test_attn_bias_and_linear_bias_flags():
     assert TransformerConfig.preset("410M").use_linear_bias is False
     alibi = TransformerConfig.preset("410M", attn_bias=True, use_linear_bias=True)
     assert alibi.position == "alibi" and alibi.attn_bias and alibi.use_linear_bias
