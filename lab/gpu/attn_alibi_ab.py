@@ -1,6 +1,6 @@
 """A/B of fused-attention's ALiBi kernels: the package against copies of its source, configs pinned.
 
-    python3 tools/gpu/attn_alibi_ab.py old=/path/to/src [v2=/path/to/other/src ...]
+    python3 lab/gpu/attn_alibi_ab.py old=/path/to/src [v2=/path/to/other/src ...]
 
 Each copy is a `src` directory holding a `fused_attention` package (e.g. `git archive` of an
 earlier commit); it is imported under its own module name beside the package, so every variant

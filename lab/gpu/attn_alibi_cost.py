@@ -1,6 +1,6 @@
 """What ALiBi costs fused-attention's kernels: each direction with and without ALiBi, as users get it.
 
-    python3 tools/gpu/attn_alibi_cost.py
+    python3 lab/gpu/attn_alibi_cost.py
 
 At the benchmark's ALiBi point (D = 128, H = 16, B = 4, S = 4096, causal) and beside it (D = 64,
 H = 32; D = 128 without a mask), the forward and the backward run autotuned, once with the

@@ -1,6 +1,6 @@
 """Sweep of block shapes for fused-attention's kernels (forward, dK/dV and dQ), one kernel at a time.
 
-    python3 tools/gpu/attn_config_sweep.py [fwd]
+    python3 lab/gpu/attn_config_sweep.py [fwd]
 
 The backward's default path (the dK/dV kernel without atomics, then the dQ kernel) at the model
 shapes (GPT-2 410M: D = 64, H = 16; LLaMA 1.4B: D = 128, H = 16; both B = 8, S = 2048, causal)

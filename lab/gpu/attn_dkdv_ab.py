@@ -1,6 +1,6 @@
 """A/B of fused-attention's dK/dV kernel at head dim 64, causal: the package's against a lab file.
 
-    python3 tools/gpu/attn_dkdv_ab.py LAB_ATTENTION_BWD_PY
+    python3 lab/gpu/attn_dkdv_ab.py LAB_ATTENTION_BWD_PY
 
 LAB_ATTENTION_BWD_PY is another version of kernels/attention_bwd.py, loaded as a module of the
 package. For the 410M GPT's attention (B = 8, H = 16, S = 2048) and S = 4096 (B = 4), the

@@ -1,6 +1,6 @@
 """Which dQ path should fused-attention's backward take at head dim 64: atomics or the dQ kernel?
 
-    python3 tools/gpu/attn_dq_policy.py
+    python3 lab/gpu/attn_dq_policy.py
 
 For the FlashAttention benchmark grid at D = 64 (hidden 2048: H = 32; 16k tokens: B = 16384 / S),
 causal and not, S = 2048 .. 16384, the backward runs as users get it (configs autotuned), once

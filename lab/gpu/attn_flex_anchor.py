@@ -1,6 +1,6 @@
 """Which flex_attention set-up is the ALiBi anchor of fused-attention's benchmark?
 
-    python3 tools/gpu/attn_flex_anchor.py
+    python3 lab/gpu/attn_flex_anchor.py
 
 The issue's ALiBi anchor is "flex_attention (compiled) with an ALiBi score_mod", measured by its
 author at 208 / 182 TFLOP/s (fwd / fwd+bwd, D = 128, S = 4096, causal) on an H100; the

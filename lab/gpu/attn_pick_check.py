@@ -1,6 +1,6 @@
 """Does Triton's autotuner pick fused-attention's fastest config? Fresh tunings against pinned timings.
 
-    python3 tools/gpu/attn_pick_check.py
+    python3 lab/gpu/attn_pick_check.py
 
 At the model shapes and two benchmark points, each of the three kernels is tuned TUNINGS times from
 scratch (autotuners and launch plans dropped in between; the autotuner times each candidate alone,

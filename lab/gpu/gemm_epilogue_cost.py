@@ -1,6 +1,6 @@
 """What fused-gemm's forward epilogue costs, by part: bias, activation math, the second store.
 
-    python3 tools/gpu/gemm_epilogue_cost.py
+    python3 lab/gpu/gemm_epilogue_cost.py
 
 For the issue's three products (bf16, x (M, K) @ w (K, N)), the TMA kernel's forward with: no
 epilogue; + bias; + bias, ReLU; + bias, GELU; + bias, GELU (tanh); + bias, GELU storing z too (the

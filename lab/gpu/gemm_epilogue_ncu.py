@@ -1,7 +1,7 @@
 """The TMA gemm kernel's epilogue under Nsight Compute: where a two-program config's GELU goes.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats python3 tools/gpu/gemm_epilogue_ncu.py
+        --section LaunchStats --section WarpStateStats python3 lab/gpu/gemm_epilogue_ncu.py
 
 Run 91 measured the bias + GELU epilogue at +2.8 % over the plain product on the one-program
 128x256 config and +12-15 % on the two-program 128x128 ones (16384x8192x2048), far more than its

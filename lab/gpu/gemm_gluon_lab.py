@@ -1,6 +1,6 @@
 """fused-gemm's warp-specialized Gluon kernel against its TMA kernel and torch, forced path by path.
 
-    python3 tools/gpu/gemm_gluon_lab.py
+    python3 lab/gpu/gemm_gluon_lab.py
 
 Needs Triton 3.6 on a Hopper GPU (`_compat.HAS_GLUON_WS`). First kernels.matmul_ws's results
 against an fp32 reference on ragged and real shapes (beside torch's own 16-bit result, for

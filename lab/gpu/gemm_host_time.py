@@ -1,6 +1,6 @@
 """fused-gemm's host time per call, launched through Triton's JIT against the direct launches.
 
-    python3 tools/gpu/gemm_host_time.py
+    python3 lab/gpu/gemm_host_time.py
 
 For the forward (no grad) and forward+backward, plain and bias+GELU, at a size whose kernels
 take a few microseconds (so the GPU never holds the host back): the microseconds the host

@@ -1,6 +1,6 @@
 """A/B of two versions of fused-gemm's TMA kernel, config by config, in one process.
 
-    python3 tools/gpu/gemm_kernel_ab.py OTHER_MATMUL_TMA_PY
+    python3 lab/gpu/gemm_kernel_ab.py OTHER_MATMUL_TMA_PY
 
 OTHER_MATMUL_TMA_PY is another version of kernels/matmul_tma.py (e.g. the file at an earlier
 commit). It is loaded as a module of the package, so its relative imports resolve. For each of

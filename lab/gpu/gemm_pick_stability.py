@@ -1,6 +1,6 @@
 """How stable fused-gemm's tuner picks are, and whether its ranking of candidates holds over time.
 
-    python3 tools/gpu/gemm_pick_stability.py [M K N]      (default 16384 2048 8192, plain forward)
+    python3 lab/gpu/gemm_pick_stability.py [M K N]      (default 16384 2048 8192, plain forward)
 
 1. Every TMA candidate the tuner would time for the product, each pinned (as gemm_kernel_ab.py
    pins them), and cuBLAS beside them: REPEATS times the tuner's own timer over all of them

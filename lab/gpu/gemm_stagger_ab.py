@@ -1,6 +1,6 @@
 """Does staggering the second program of each SM make the two-program gemm configs a real ping-pong?
 
-    python3 tools/gpu/gemm_stagger_ab.py LAB_MATMUL_TMA_PY
+    python3 lab/gpu/gemm_stagger_ab.py LAB_MATMUL_TMA_PY
 
 The hypothesis (NOTES.md, session 12): two 4-warp programs per SM start together and do equal
 work, so they reach their epilogues together, and the tensor cores idle through both; a program

@@ -1,6 +1,6 @@
 """Does fused-gemm's tuner (ops.tuning) pick the same config twice, and how close to the best?
 
-    python3 tools/gpu/gemm_tuning_check.py [TUNINGS]
+    python3 lab/gpu/gemm_tuning_check.py [TUNINGS]
 
 For each product (the issue's three forwards, and the GPT-2 410M layer's four at 16k tokens):
 tunes it TUNINGS times (default 3; a fresh config list each time, so the plan re-tunes), then

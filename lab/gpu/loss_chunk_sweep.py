@@ -1,7 +1,7 @@
 """How the fused loss's chunk size trades time for memory: fused_norm_xent.linear_cross_entropy
 alone, and the GPT training step (CUDA-graph body) with TransformerConfig.loss_chunk_size.
 
-    python3 tools/gpu/loss_chunk_sweep.py [loss] [model]
+    python3 lab/gpu/loss_chunk_sweep.py [loss] [model]
 
 Why: each chunk adds its share of the weight gradient into an fp32 (V, H) accumulator, a read
 and a write of 8*V*H bytes, against 2*C*V*H flops of that chunk's gradient matmul: below a few

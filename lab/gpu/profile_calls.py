@@ -1,6 +1,6 @@
 """Where one call's time goes on the GPU: per-kernel device time (profiler) and the host's Python hot spots.
 
-    python3 tools/gpu/profile_calls.py NAME...      (names: see CASES)
+    python3 lab/gpu/profile_calls.py NAME...      (names: see CASES)
 
 A lab tool for the GPU runs recorded in NOTES.md; prints tables, changes nothing.
 """

@@ -1,6 +1,6 @@
 """Markdown tables from a $TRITONFORMER_BENCH_ROWS file (JSON lines), e.g. of a run cut short.
 
-python tools/gpu/rows_to_tables.py rows.jsonl > tables.md
+python lab/gpu/rows_to_tables.py rows.jsonl > tables.md
 """
 
 import sys

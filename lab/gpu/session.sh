@@ -2,7 +2,7 @@
 # One GPU session on the lent machine: tests under the installed Triton and under Triton 2.2,
 # then the benchmarks, logs under $OUT. Run from the repository root:
 #   TESTS="packages/fused-rope/tests" BENCH="packages/fused-rope/benchmarks" \
-#     bash tools/gpu/session.sh tests3 tests22 bench
+#     bash lab/gpu/session.sh tests3 tests22 bench
 # Steps: tests3 (= small3 gpu3), tests22 (= small22 gpu22), bench.
 # TESTS / BENCH default to every package; BENCH_K selects benchmarks by pytest -k. Tests that fit beside each other run in XDIST (default
 # 8) processes, compiling in parallel; the `gpu`-marked ones (large shapes) in XDIST_GPU (default
@@ -59,7 +59,7 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout "$STAGE_TIMEOUT" python3 -m pytest -q -p no:xdist $BENCH ${BENCH_K:+-k "$BENCH_K"} --bench-table "$OUT/bench.md" 2>&1 \
         | tee "$OUT/bench.log" | grep -E " passed| failed|FAILED|ERROR" | tail -20
-      PYTHONPATH=tools/testkit/src python3 tools/gpu/rows_to_tables.py "$OUT/bench_rows.jsonl" ;;
+      PYTHONPATH=tools/testkit/src python3 lab/gpu/rows_to_tables.py "$OUT/bench_rows.jsonl" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

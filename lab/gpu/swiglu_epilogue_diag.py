@@ -18,7 +18,7 @@ Weight gradients (dw_gate, dw_up = x^T @ (d_gate, d_up), the shipped last-wave s
   shipped  the package's pointer kernel, autotuned
   tma      operand tiles by TMA (x's tile transposed in shared memory), the same split
 
-    PYTHONPATH=... python tools/gpu/swiglu_epilogue_diag.py
+    PYTHONPATH=... python lab/gpu/swiglu_epilogue_diag.py
 """
 
 import itertools
