@@ -14,7 +14,7 @@ from .modules import FlashAttention, MultiheadSelfAttention
 from .ops.attention import FlashAttentionFunction, flash_attention, flash_attention_varlen
 from .ops.packed import FlashAttentionQKVPackedFunction, flash_attention_qkvpacked
 
-__version__ = "0.2.2"
+__version__ = "0.3.0"
 
 __all__ = [
     "FlashAttention",

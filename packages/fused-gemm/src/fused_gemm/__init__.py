@@ -14,6 +14,6 @@ from .modules import MLP, Linear
 from .ops.matmul import GemmFunction, bmm, matmul
 from .ops.mlp import MLPFunction, mlp
 
-__version__ = "0.2.4"
+__version__ = "0.3.0"
 
 __all__ = ["MLP", "GemmFunction", "Linear", "MLPFunction", "bmm", "matmul", "mlp", "__version__"]

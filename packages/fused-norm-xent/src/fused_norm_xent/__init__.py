@@ -23,7 +23,7 @@ from .ops.linear_cross_entropy import LinearCrossEntropyFunction, linear_cross_e
 from .ops.norm import NormFunction, add_dropout_norm, layer_norm, rms_norm
 from .ops.softmax import SoftmaxFunction, log_softmax, softmax
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "AddDropoutNorm",

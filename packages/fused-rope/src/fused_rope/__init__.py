@@ -12,7 +12,7 @@ from .modules import RotaryEmbedding
 from .ops.rope import RoPEFunction, apply_rotary_pos_emb
 from .ops.rope_qk import RoPEQKFunction, RoPEQKInplaceFunction, apply_rotary_qk
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "RoPEFunction",

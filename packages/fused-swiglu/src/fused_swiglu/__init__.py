@@ -13,7 +13,7 @@ from .modules import SwiGLU, SwiGLUMLP
 from .ops.mlp import FusedSwiGLUMLP, swiglu_mlp
 from .ops.swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, swiglu
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "FastAccumFusedSwiGLU",

@@ -14,7 +14,7 @@ from .cuda_graph import GraphedModel
 from .model import Transformer
 from .torch_model import TorchTransformer
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "PRESETS",
