@@ -1,6 +1,7 @@
 """The matrix: every package's tests on each Triton version, lint, packaging, benchmarks.
 
-    nox -s tests-triton-2.2      # Triton 2.2.0
+    nox -s tests-triton-2.2      # Triton 2.2.0, the oldest supported
+    nox -s tests-triton-3.8      # Triton 3.8.0, what a plain `pip install torch` resolves today (torch 2.14)
     nox -s tests-triton-3.x      # the newest Triton 3.x on PyPI
     nox -s lint packaging
     nox -s tests-installed       # the torch and Triton already installed (a GPU box offline)
@@ -31,13 +32,15 @@ KERNEL_PACKAGES = ["fused-attention", "fused-gemm", "fused-swiglu", "fused-rope"
 MODEL_PACKAGE = "tritonformer-model"
 PACKAGES = [*KERNEL_PACKAGES, MODEL_PACKAGE]
 TESTKIT = "tools/testkit"
-# The README's one command that installs the model and its five siblings from a checkout.
-FULL_MODEL_INSTALL = ["pip", "install", *(f"./packages/{package}" for package in PACKAGES)]
+# The README's one command that installs the model and its five siblings from a checkout (then trains).
+FULL_MODEL_INSTALL = ["python3", "-m", "pip", "install", *(f"./packages/{package}" for package in PACKAGES)]
+TRAIN = "tritonformer-train"
 
 # Each test session: its Triton, the torch release it pairs with on a GPU machine, the numpy
 # range its interpreter works with, and whether its interpreter can run our (2-D) kernels.
 MATRIX = {
     "2.2": {"triton": "2.2.0", "gpu_torch": "2.2.2", "numpy": "numpy>=1.21,<2", "interprets": False},
+    "3.8": {"triton": "3.8.0", "gpu_torch": "2.14.1", "numpy": "numpy>=1.26,<3", "interprets": True},
     "3.x": {"triton": "3.9.0", "gpu_torch": "2.13.0", "numpy": "numpy>=1.26,<3", "interprets": True},
 }
 # On a CPU-only machine: the CPU build (this project's CPU machines keep its wheel locally).
@@ -51,7 +54,7 @@ CPU_WORKERS = min(4, os.cpu_count() or 1)
 # Triton 3.9 warns that its fp-fusion default will change; keep today's behaviour, quietly.
 TRITON_ENV = {"TRITON_DEFAULT_FP_FUSION": "1"}
 
-nox.options.sessions = ["lint", "tests-triton-2.2", "tests-triton-3.x", "packaging"]
+nox.options.sessions = ["lint", "tests-triton-2.2", "tests-triton-3.8", "tests-triton-3.x", "packaging"]
 
 
 def has_gpu() -> bool:
@@ -129,6 +132,13 @@ def tests_triton_2_2(session: nox.Session) -> None:
     run_suite(session, MATRIX["2.2"]["interprets"])
 
 
+@nox.session(name="tests-triton-3.8")
+def tests_triton_3_8(session: nox.Session) -> None:
+    """Every package's tests on Triton 3.8.0, the one a plain `pip install torch` brings today."""
+    install_test_environment(session, "3.8")
+    run_suite(session, MATRIX["3.8"]["interprets"])
+
+
 @nox.session(name="tests-triton-3.x")
 def tests_triton_3_x(session: nox.Session) -> None:
     """Every package's tests on the newest Triton 3.x."""
@@ -165,7 +175,7 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("python", "tools/check_readme_commands.py", *FULL_MODEL_INSTALL)
+    session.run("python", "tools/check_readme_commands.py", " ".join([*FULL_MODEL_INSTALL, "&&", TRAIN]))
 
 
 def _fresh_venv(session: nox.Session, path: pathlib.Path) -> pathlib.Path:
@@ -175,7 +185,8 @@ def _fresh_venv(session: nox.Session, path: pathlib.Path) -> pathlib.Path:
 
 @nox.session
 def packaging(session: nox.Session) -> None:
-    """Wheels build with plain dependency names; one kernel and the full model install in fresh venvs."""
+    """Wheels build with plain dependency names, carry the LICENSE and the shared runtime; one kernel and the
+    full model install in fresh venvs as the README says, and run there (a kernel call, two training steps)."""
     session.install("build", "wheel")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
@@ -184,27 +195,44 @@ def packaging(session: nox.Session) -> None:
             session.run("python", "-m", "build", "--wheel", "--outdir", str(dist), f"packages/{package}")
         session.run("python", "tools/check_wheels.py", str(dist), *PACKAGES)
 
-        # One kernel alone, straight from the checkout, as the README says.
+        # One kernel alone, straight from the checkout, as the README says; one call in the interpreter.
         python = _fresh_venv(session, tmp / "one-kernel")
         session.run(str(python), "-m", "pip", "install", "-q", CPU_TORCH, external=True)
         session.run(str(python), "-m", "pip", "install", "-q", "./packages/fused-swiglu", external=True)
-        session.run(str(python), "-c", "import fused_swiglu; print(fused_swiglu.__version__)", external=True)
+        session.run(str(python), "-c", ONE_KERNEL_CALL, env={"TRITON_INTERPRET": "1", **TRITON_ENV}, external=True)
 
         imports = "; ".join(f"import {name}" for name in _import_names())
-        # The full model from the checkout with the README's one command.
-        python = _fresh_venv(session, tmp / "full-model")
+        # The full model from the checkout with the README's command, then a short training run.
+        venv = tmp / "full-model"
+        python = _fresh_venv(session, venv)
         session.run(str(python), "-m", "pip", "install", "-q", CPU_TORCH, external=True)
-        session.run(str(python), "-m", *FULL_MODEL_INSTALL, "-q", external=True)
+        session.run(str(python), *FULL_MODEL_INSTALL[1:], "-q", external=True)
         session.run(str(python), "-c", f"{imports}; print('model and five kernels import')", external=True)
+        session.run(
+            str(venv / "bin" / TRAIN), "--steps", "2", "--out-dir", str(tmp / "train-out"),
+            env={"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", **TRITON_ENV}, external=True,
+        )  # fmt: skip
 
         # The full model from the wheels just built, offline: siblings resolve by their plain names.
         python = _fresh_venv(session, tmp / "full-model-wheels")
-        session.run(str(python), "-m", "pip", "install", "-q", CPU_TORCH, "triton", external=True)
+        session.run(str(python), "-m", "pip", "install", "-q", CPU_TORCH, "triton", "numpy", external=True)
         session.run(
             str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(dist), "tritonformer-model",
             external=True,
         )  # fmt: skip
         session.run(str(python), "-c", f"{imports}; print('model and five kernels import from wheels')", external=True)
+
+
+# A SwiGLU forward and backward through the installed package, compared with PyTorch.
+ONE_KERNEL_CALL = """
+import torch, torch.nn.functional as F, fused_swiglu
+x = torch.randn(8, 16, requires_grad=True)
+gate, up = torch.randn(16, 32, requires_grad=True), torch.randn(16, 32, requires_grad=True)
+y = fused_swiglu.swiglu(x, gate, up)
+torch.testing.assert_close(y, F.silu(x @ gate) * (x @ up), rtol=1e-4, atol=1e-4)
+y.sum().backward()
+print("fused_swiglu", fused_swiglu.__version__, "ran in the interpreter")
+"""
 
 
 def _import_names() -> list[str]:
