@@ -146,6 +146,44 @@ def measure_paired(
     return rows
 
 
+def eager_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> float:
+    """Microseconds per call of fn called back to back, as eager code calls it, with one
+    synchronization after the calls; the median of `repeats` such windows. At tiny shapes the GPU
+    finishes each call's kernels before the host issues the next, so this is the host path."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    windows = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        windows.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(windows)
+
+
+HOST_GROUP = "host"
+
+
+def measure_host(benchmark, *, op: str, mode: str, shape: str, providers: Dict[str, Callable[[], object]]) -> None:
+    """The `host` group: microseconds per eager call of each provider of one op at a tiny shape,
+    timed in turn (three rounds, the median), so every provider sees the same host. mode: "fwd"
+    or "fwd+bwd" (the backward through `.sum().backward()`, as in the providers' fn)."""
+    rounds: Dict[str, List[float]] = {name: [] for name in providers}
+    for _ in range(3):
+        for name, fn in providers.items():
+            rounds[name].append(eager_us_per_call(fn))
+    for index, (name, fn) in enumerate(providers.items()):
+        us = statistics.median(rounds[name])
+        row = BenchRow(HOST_GROUP, f"{op} {mode} {shape}", name, us / 1e3, host_us=us)
+        ROWS.append(row)
+        _log_row(row)
+        if index == 0 and benchmark is not None:
+            benchmark.extra_info.update(host_us=us)
+            benchmark.pedantic(fn, rounds=5, warmup_rounds=1)
+
+
 def _record(benchmark, row: BenchRow, fn: Callable[[], object], memory: bool) -> BenchRow:
     """Complete `row` (host time, kernel time, memory), log it, and hand fn to pytest-benchmark."""
     row.host_us = host_us_per_call(fn)
