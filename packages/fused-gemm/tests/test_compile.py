@@ -11,7 +11,7 @@ runs it on Hopper alone (Triton >= 3.4).
 import pytest
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
-from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK, HAS_TENSOR_DESCRIPTORS
+from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, HOPPER_SHARED_MEMORY_PER_BLOCK
 from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, splits_epilogue, tma_configs
 from fused_gemm.kernels.grad import _activation_grad_kernel
 from fused_gemm.kernels.matmul import _matmul_kernel
@@ -295,7 +295,7 @@ def test_the_sets_cover_every_value():
     assert all(case[2] == "fp32" for case in portable if case[4]), "ALLOW_TF32 only matters for fp32"
     for index, _, dtype, _, _ in portable:
         smem = _portable_smem(configs[index], configs[index]["num_stages"], SIZES[dtype])
-        assert smem <= H100_SHARED_MEMORY_PER_BLOCK, (index, dtype)
+        assert smem <= HOPPER_SHARED_MEMORY_PER_BLOCK, (index, dtype)
 
     configs = TMA_CONFIGS
     assert sorted({case[0] for case in TMA_CASES}) == list(range(len(configs)))
@@ -319,7 +319,7 @@ def test_the_sets_cover_every_value():
         halves = splits_epilogue(config, flags["ACTIVATION"], flags["STORE_Z"] or grad_z, fp32_out)
         smem = _tma_smem(config, config["num_stages"], 2, halves, 4 if fp32_out else 2)
         programs = config["PROGRAMS_PER_SM"]
-        assert programs * (smem + 1024) <= H100_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
+        assert programs * (smem + 1024) <= HOPPER_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
 
     assert {case[0] for case in GRAD_CASES} == {0, RELU, GELU, GELU_TANH}
     assert {case[1] for case in GRAD_CASES} == {case[2] for case in GRAD_CASES} == {True, False}
@@ -328,7 +328,7 @@ def test_the_sets_cover_every_value():
 
 def test_grad_tile_is_the_launchers():
     """GRAD_TILE above is the compiled launch's tile (configs.GRAD_TILE outside the interpreter)."""
-    from fused_gemm._compat import INTERPRETING
+    from fused_gemm._runtime.compat import INTERPRETING
     from fused_gemm.kernels import configs
 
     if not INTERPRETING:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fused_gemm._compat import H100_SHARED_MEMORY_PER_BLOCK
+from fused_gemm._runtime.compat import HOPPER_SHARED_MEMORY_PER_BLOCK
 from fused_gemm.kernels.configs import (
     GRAD_TILE,
     _portable_large_candidate,
@@ -18,7 +18,7 @@ from fused_gemm.kernels.configs import (
     tma_configs,
 )
 
-H100 = H100_SHARED_MEMORY_PER_BLOCK
+H100 = HOPPER_SHARED_MEMORY_PER_BLOCK
 
 
 def _tiles(configs):

@@ -12,7 +12,8 @@ import triton
 from tritonformer_testkit import assert_close_to_reference
 
 from fused_gemm import Linear, bmm, matmul, mlp
-from fused_gemm._compat import DIRECT_LAUNCH, HAS_GLUON_WS, supports_tma
+from fused_gemm._compat import HAS_GLUON_WS, supports_tma
+from fused_gemm._runtime.launch import DIRECT_LAUNCH
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import portable_configs, tma_configs
 from fused_gemm.kernels.matmul import _matmul_kernel
@@ -213,8 +214,9 @@ def test_linear_under_cuda_autocast():
 @pytest.mark.gpu(reason="direct launches call compiled kernels (Triton 3.4 to 3.9 on a GPU)")
 def test_direct_launches_match_the_jit_and_respect_specializations():
     """A plan's first launch goes through the JIT, the next ones through the compiled kernel's
-    launcher (ops.launch._KernelLaunch): the same bits, forward and backward. A bias that is not
-    16-byte aligned, or strided, is another plan (the JIT specializes the kernel on both)."""
+    launcher (the plan's tuned `_runtime.launch.Launch`): the same bits, forward and backward. A bias
+    that is not 16-byte aligned, or strided, is another compiled kernel (the JIT specializes on both)
+    or another plan."""
     if not DIRECT_LAUNCH:
         pytest.skip(f"direct launches need Triton 3.4 to 3.9 (installed: {triton.__version__})")
     x, w, b = _operands(1031, 520, 4104, torch.bfloat16)
@@ -228,7 +230,8 @@ def test_direct_launches_match_the_jit_and_respect_specializations():
     c = torch.empty(1, 1031, 4104, device="cuda", dtype=torch.bfloat16)
     a_view, b_view = x.detach().unsqueeze(0), w.detach().unsqueeze(0)
     plan = tma_plan(a_view, b_view, c, torch.empty_like(c), b, ACTIVATION_CODES["gelu"])
-    assert plan is not None and plan.launch.direct is not None
+    tuned = launch._TUNED.get(launch._tuned_key(plan, _matmul_tma_kernel.configs))
+    assert plan is not None and tuned is not None and tuned.launch._compiled, "no compiled kernel kept"
     storage = torch.randn(2 * 4104 + 8, device="cuda", dtype=torch.bfloat16)
     for bias in (storage[1 : 4104 + 1], storage[::2][:4104]):  # 2-byte offset; stride 2
         with torch.no_grad():

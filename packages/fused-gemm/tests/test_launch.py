@@ -13,7 +13,8 @@ import torch
 import triton
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
-from fused_gemm._compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING, supports_tma
+from fused_gemm._compat import supports_tma
+from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import tma_configs
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
@@ -22,8 +23,10 @@ from fused_gemm.reference import activation_reference
 
 pytestmark = pytest.mark.kernels
 
-# A_TRANS, B_TRANS, C_TRANS, BATCHED in a TMA plan's kernel arguments (ops.launch._tma_plan).
-LAYOUT = slice(10, 14)
+
+def _layout(plan):
+    """A TMA plan's (A_TRANS, B_TRANS, C_TRANS, BATCHED)."""
+    return plan.a_trans, plan.b_trans, plan.c_trans, plan.batched
 
 
 def _matrix(batch, rows, cols, transposed, device, dtype, scale=1.0):
@@ -201,7 +204,7 @@ def test_tma_layout_rules(device):
     x = torch.randn(1, 32, 48, device=device, dtype=torch.bfloat16)
     w = torch.randn(1, 24, 48, device=device, dtype=torch.bfloat16).transpose(1, 2)
     y = torch.empty(1, 32, 24, device=device, dtype=torch.bfloat16)
-    assert tma_plan(x, w, y).args[LAYOUT] == (False, True, False, False)
+    assert _layout(tma_plan(x, w, y)) == (False, True, False, False)
     assert tma_plan(x[:, :, 1:], w[:, 1:], y) is None  # base not 16-byte aligned
     assert tma_plan(x[:, :, ::2], w[:, ::2], y) is None  # no unit stride
     assert tma_plan(x.float(), w.float(), y.float()) is None  # fp32: the portable kernel
@@ -213,7 +216,7 @@ def test_tma_layout_rules(device):
     batched = tma_plan(
         x.expand(3, 32, 48).contiguous(), w.expand(3, 48, 24).contiguous(), y.expand(3, 32, 24).contiguous()
     )
-    assert batched.args[LAYOUT] == (False, False, False, True)
+    assert _layout(batched) == (False, False, False, True)
 
 
 def test_kernel_choice(device):

@@ -114,7 +114,8 @@ PATHS = ["unfused", "tma"]
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_fused_activation_gradient(activation, column_sum, path, device):
     """dZ = (dY @ W2^T) * act'(saved) and its column sums, rows and columns that are not multiples of
-    a tile, against the product and the elementwise pass computed by torch (float64 and bf16)."""
+    a tile, against the product and the elementwise pass computed by torch (float64 and bf16). The
+    second call takes the config the first one chose (its partial sums in unzeroed memory): the same."""
     if path == "tma" and not supports_tma(torch.device(device)):
         pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
     m, k, n, dtype = 75, 40, 56, torch.bfloat16
@@ -124,6 +125,9 @@ def test_fused_activation_gradient(activation, column_sum, path, device):
     saved = activation_reference(z, "relu") if activation == "relu" else z
     with poisoned_allocations():
         dz, dbias = launch_matmul_activation_grad(dy, w2, saved, ACTIVATION_CODES[activation], column_sum, path=path)
+        again = launch_matmul_activation_grad(dy, w2, saved, ACTIVATION_CODES[activation], column_sum, path=path)
+    assert torch.equal(again[0], dz) and (dbias is None) == (again[1] is None)
+    assert dbias is None or torch.equal(again[1], dbias)
 
     def contract(dtype):
         dh = torch.bmm(dy.to(dtype), w2.to(dtype))

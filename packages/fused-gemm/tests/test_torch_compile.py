@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fused_gemm import MLP, bmm, matmul
-from fused_gemm._compat import HAS_CUSTOM_OP
+from fused_gemm._runtime.compat import HAS_CUSTOM_OP
 
 pytestmark = [
     pytest.mark.kernels,

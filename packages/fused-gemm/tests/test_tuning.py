@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fused_gemm._compat import LAUNCH_ERRORS
+from fused_gemm._runtime.compat import LAUNCH_ERRORS
 from fused_gemm.ops import tuning
 
 OutOfResources = LAUNCH_ERRORS[0]  # triton.runtime.errors.OutOfResources(required, limit, name)

@@ -27,11 +27,11 @@ def test_rejects_integer_dtypes():
 
 
 def test_rejects_mixed_dtypes_outside_autocast():
-    with pytest.raises(TypeError, match=r"^w has dtype torch.float16 but x has dtype torch.float32"):
+    with pytest.raises(TypeError, match=r"^w has dtype torch.float16 but x has torch.float32"):
         matmul(_ok(2, 3), _ok(3, 4, dtype=torch.float16))
-    with pytest.raises(TypeError, match=r"^bias has dtype torch.bfloat16 but x has dtype torch.float32"):
+    with pytest.raises(TypeError, match=r"^bias has dtype torch.bfloat16 but x has torch.float32"):
         matmul(_ok(2, 3), _ok(3, 4), _ok(4, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match=r"^b has dtype torch.bfloat16 but a has dtype torch.float16"):
+    with pytest.raises(TypeError, match=r"^b has dtype torch.bfloat16 but a has torch.float16"):
         bmm(_ok(2, 2, 3, dtype=torch.float16), _ok(2, 3, 4, dtype=torch.bfloat16))
 
 

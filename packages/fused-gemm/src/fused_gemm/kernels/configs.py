@@ -25,7 +25,7 @@ from typing import Dict, List
 
 import triton
 
-from .._compat import INTERPRETING, max_shared_memory
+from .._runtime.compat import INTERPRETING, max_shared_memory
 
 # Autotune keys: the problem size and every constexpr that changes the work per tile.
 PORTABLE_KEY = ["M", "N", "K", "HAS_BIAS", "ACTIVATION", "STORE_Z", "ALLOW_TF32"]

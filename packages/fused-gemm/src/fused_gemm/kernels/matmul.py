@@ -26,7 +26,7 @@ Offsets are int64, so tensors past 2^31 elements are addressed correctly.
 import triton
 import triton.language as tl
 
-from .._compat import AUTOTUNE_TIMING
+from .._runtime.compat import AUTOTUNE_TIMING
 from .common import _activation, _add_bias, _cast, _grouped_tile
 from .configs import EVEN_K_HEURISTIC, PORTABLE_KEY, portable_configs, prune_portable_configs
 

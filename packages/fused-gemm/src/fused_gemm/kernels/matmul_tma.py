@@ -52,7 +52,7 @@ the launcher adds up: no atomics, so the result does not depend on the order pro
 import triton
 import triton.language as tl
 
-from .._compat import AUTOTUNE_TIMING
+from .._runtime.compat import AUTOTUNE_TIMING
 from .common import ACT_NONE, _activation, _activation_grad, _add_bias, _cast, _grouped_tile
 from .configs import TMA_KEY, prune_tma_configs, tma_configs
 

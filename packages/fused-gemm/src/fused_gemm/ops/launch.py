@@ -16,35 +16,38 @@ launcher picks the kernel:
   under the interpreter (tests force the emulated TMA kernel with path="tma"), with a tile that
   follows the problem's size (configs.interpreter_config).
 
-Host path: what depends only on shapes, strides, dtypes and options (kernel choice, layouts,
-descriptor geometry) is computed once per distinct problem, a plan (functools.lru_cache). The
-first launch of a plan times the kernel's candidate configs for it (its autotuner's list, pruned
-by the autotuner's rule, timed by ops.tuning in interleaved rounds rather than by Triton's
-autotuner); the plan then keeps the fastest (with its grid and descriptor block shapes), and
-every launch calls the kernel with it directly: no autotuner key, pre-hook or grid callback per
-call. A plan re-tunes when the kernel's config list is replaced (tests pin configs that way).
-After a plan's first launch through Triton's JIT, the TMA kernel and the elementwise pass are
-launched through the compiled kernel's launcher (_KernelLaunch; Triton 3.4 to 3.9): the plan's key
-holds everything the JIT would specialize on (dtypes, strides, 16-byte alignment), so its per-call
-argument binding and cache lookup are skipped.
+Host path: what depends only on shapes, strides, dtypes, options and the device (the kernel
+choice, layouts, split-K, descriptor geometry) is decided once per distinct problem, in an
+immutable plan (functools.lru_cache). The first launch of a plan chooses its config: it times the
+kernel's candidate configs for it (its autotuner's list, pruned by the autotuner's rule, timed by
+ops.tuning in interleaved rounds rather than by Triton's autotuner), then publishes the chosen
+one, whole, in a PublishedCache: its Launch (`_runtime.launch`: grid, fixed arguments, direct
+calls of the compiled kernel after the first) and, for the TMA kernel, the descriptors' geometry
+and block shapes. Threads that meet an unpublished plan each tune, and all use the first choice
+published. A plan re-tunes when the kernel's config list is replaced (tests pin configs that
+way). Per call: look up the plan and its choice, put the operands into the descriptors, launch.
+
+kernels.matmul_ws keeps its own launch (launch_matmul_ws): Launch cannot pass its `num_warps`
+constexpr parameter, which Gluon also reads as the compile option.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .._compat import (
-    HAS_GLUON_WS,
+from .._compat import HAS_GLUON_WS, supports_tma
+from .._runtime.cache import PublishedCache
+from .._runtime.compat import (
     INTERPRETING,
     config_launch_kwargs,
-    direct_launcher,
+    descriptor_like,
     multiprocessor_count,
-    supports_tma,
     tensor_descriptor,
 )
+from .._runtime.launch import Launch
 from ..kernels.configs import (
     grad_rows,
     grad_tile,
@@ -61,10 +64,32 @@ from ..kernels.matmul_tma import _matmul_tma_kernel
 from .tuning import fastest
 
 TMA_DTYPES = (torch.float16, torch.bfloat16)
-PATHS = ("tma", "portable")
 # kernels.matmul_ws's tile, and when the launcher prefers it: K of at least WS_MIN_K and at least
 # WS_MIN_WAVES tiles per SM (its epilogue hides behind the next tile's MMAs).
 WS_BLOCK_M, WS_BLOCK_N, WS_MIN_K, WS_MIN_WAVES = 128, 256, 512, 2
+
+# Each plan's chosen config, by (id(plan), id(the kernel's config list)). An entry holds both
+# objects, so neither id can name another object while the entry exists.
+_TUNED = PublishedCache()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _device(index: int) -> torch.device:
+    """The device of a tensor whose get_device() is `index` (-1: the CPU of interpreted kernels)."""
+    return torch.device("cuda", index) if index >= 0 else torch.device("cpu")
+
+
+def _is_contiguous(shape, stride) -> bool:
+    """torch's is_contiguous, from the shape and strides: dims of size 1 may have any stride."""
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
 
 
 def launch_matmul_ws(a, w, c, bias, activation: int, num_sms: int) -> None:
@@ -74,11 +99,40 @@ def launch_matmul_ws(a, w, c, bias, activation: int, num_sms: int) -> None:
     launch(a, w, c, bias, activation, num_sms)
 
 
+class _Tuned(NamedTuple):
+    """A plan's chosen config, ready to launch; `plan` and `configs` are the objects its key names."""
+
+    plan: object
+    configs: list
+    launch: Launch
+    descriptors: tuple = ()  # TMA: the a, b and c descriptors (z's is c's) with no data yet
+    block_m: int = 0
+
+
+def _tuned_key(plan, configs) -> Tuple[int, int]:
+    return id(plan), id(configs)
+
+
+def _config_launch(kernel, grid, config, **fixed) -> Launch:
+    """A Launch of `kernel` (a JIT function) over `grid` with `config`'s meta-parameters and compile options."""
+    meta = config_launch_kwargs(config)
+    options = {name: meta.pop(name) for name in ("num_warps", "num_stages") if name in meta}
+    meta.pop("num_ctas", None)  # one CTA per program: every config here, and Launch's default
+    return Launch(kernel, grid, **options, **meta, **fixed)
+
+
+def _fastest(choices: list, calls: Callable) -> object:
+    """The fastest of `choices` (ops.tuning), each launched by calls(choice)(); the only one without launching it."""
+    if len(choices) == 1:
+        return choices[0]
+    return choices[fastest([calls(choice) for choice in choices])]
+
+
 def _matrix_layout(shape, stride, element_size: int) -> Optional[bool]:
     """For a (batch, rows, cols) view: False if its matrices are row-major, True if they are the
     transpose of row-major, None if a tensor descriptor cannot address it (TMA needs a unit
     stride and 16-byte aligned, positive other strides: a broadcast (expanded) operand takes the
-    portable kernel). The base address is checked per call."""
+    portable kernel). The base address is part of the caller's key."""
     if shape[0] > 1 and (stride[0] <= 0 or (stride[0] * element_size) % 16):
         return None
     if stride[2] == 1 and stride[1] > 0 and (stride[1] * element_size) % 16 == 0:
@@ -100,209 +154,310 @@ def _descriptor_geometry(shape, stride, transposed: bool, batched: bool):
     return [rows, cols], [stride_rows, stride_cols]
 
 
-class _KernelLaunch:
-    """One kernel's launch as a plan fixes it: the JIT function, the grid, the arguments after the
-    per-call ones (constexprs included, in the signature's order) and the compile options.
+class TmaPlan(NamedTuple):
+    """What the TMA kernel computes for one problem, before its config is chosen."""
 
-    The first call goes through Triton's JIT (which compiles, and returns the compiled kernel);
-    later calls use the compiled kernel's launcher directly where `_compat.direct_launcher` gives
-    one, and go through the JIT while it declines (another device, or launch hooks installed).
-    """
+    geometry: tuple  # (shape, strides) of the a, b and c descriptors; z's are c's
+    m: int
+    n: int
+    k: int
+    batch: int
+    split: int  # > 1: c is the fp32 split-K workspace (split x batch, M, N)
+    stride_bias: int  # 0 without a bias
+    has_bias: bool
+    activation: int
+    store_z: bool
+    grad_z: bool
+    column_sum: bool
+    a_trans: bool
+    b_trans: bool
+    c_trans: bool
+    batched: bool
+    element_size: int
+    c_size: int
+    num_sms: int
+    device: torch.device
 
-    __slots__ = ("kernel", "grid", "trailing", "options", "direct")
-
-    def __init__(self, kernel, grid: tuple, n_per_call: int, args: tuple, meta: dict):
-        """kernel: a JITFunction; n_per_call: how many leading arguments each call passes; args: the
-        plain arguments after them; meta: the config's keywords (its constexprs and compile options)."""
-        names = list(kernel.arg_names)
-        self.kernel = kernel
-        self.grid = (*grid, 1, 1)[:3]  # the direct launch takes all three dims
-        self.trailing = (*args, *(meta[name] for name in names[n_per_call + len(args) :]))
-        self.options = {key: value for key, value in meta.items() if key not in names}
-        self.direct = None
-
-    def __call__(self, *per_call) -> None:
-        direct = self.direct
-        if direct is not None and direct(self.grid, (*per_call, *self.trailing)):
-            return
-        compiled = self.kernel[self.grid](*per_call, *self.trailing, **self.options)
-        if direct is None:
-            self.direct = direct_launcher(compiled)
-
-
-class _Plan:
-    """What one distinct problem launches: `args` (the kernel's arguments after the tensors), and,
-    once tuned, the config's launch keywords with the config list they came from, the grid,
-    (TMA) the descriptors' block shapes and the kernel's _KernelLaunch."""
-
-    __slots__ = ("geometry", "args", "configs", "meta", "grid", "blocks", "launch")
-
-    def __init__(self, geometry, args):
-        self.geometry = geometry
-        self.args = args
-        self.configs = None
-        self.launch = None
-
-    def tune(self, kernel, config, grid, blocks=None, n_per_call=None) -> None:
-        """Keep `config`, one of `kernel`'s, for the next launches; with n_per_call (the arguments
-        each call passes before `args`), also the launch of kernel.fn with it."""
-        self.configs = kernel.configs
-        self.meta = config_launch_kwargs(config)
-        self.grid = grid(config.kwargs)
-        self.blocks = blocks(config.kwargs) if blocks is not None else None
-        if n_per_call is not None:
-            self.launch = _KernelLaunch(kernel.fn, self.grid, n_per_call, self.args, self.meta)
-
-    def tuned_for(self, kernel) -> bool:
-        return self.configs is kernel.configs
+    @property
+    def uses_z(self) -> bool:
+        return self.store_z or self.grad_z
 
 
 @functools.lru_cache(maxsize=1024)
-def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, c_size, z, dtype, bias, activation, num_sms,
-              split=1, grad_z=False, column_sum=False):  # fmt: skip
-    """The TMA kernel's plan, or None where it cannot run (c and z share c_stride; K = 0 goes to the
-    portable kernel: a descriptor cannot have a zero-sized dim). The dtypes (the operands', and c's
-    element size c_size: 4 for an fp32 output) are part of the key: the autotuner may choose
-    differently per dtype. bias: None, or what the compiled kernel is specialized on (dtype,
-    stride, 16-byte alignment). split > 1: c is the split-K workspace, fp32 (split x batch, M, N)
-    row-major. grad_z: z is the activation's saved input of a fused activation gradient (c row-major,
-    unbatched), column_sum its d(bias) partial sums."""
-    element_size = dtype.itemsize
+def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype, bias_stride, activation: int,
+              device_index: int, split: int = 1, store_z: bool = False, grad_z: bool = False,
+              column_sum: bool = False) -> Optional[TmaPlan]:  # fmt: skip
+    """The TMA kernel's plan, or None where it cannot run (the caller checked that the bases are
+    16-byte aligned and that z is laid out like c; K = 0 goes to the portable kernel: a descriptor
+    cannot have a zero-sized dim). c_dtype: the operands' dtype, or fp32 (the accumulator uncast).
+    split > 1: c is the split-K workspace, fp32 (split x batch, M, N) row-major. grad_z: z is the
+    activation's saved input of a fused activation gradient (c row-major, unbatched), column_sum
+    its d(bias) partial sums."""
+    device = _device(device_index)
+    if dtype not in TMA_DTYPES or not supports_tma(device):
+        return None
+    element_size, c_size = dtype.itemsize, c_dtype.itemsize
     batch, m, k = a_shape
     n = b_shape[2]
     c_shape = (batch * split, m, n)
     if k == 0:
         return None
     layouts = [
-        _matrix_layout(shape, stride, size)
-        for shape, stride, size in (
-            (a_shape, a_stride, element_size),
-            (b_shape, b_stride, element_size),
-            (c_shape, c_stride, c_size),
-        )
+        _matrix_layout(a_shape, a_stride, element_size),
+        _matrix_layout(b_shape, b_stride, element_size),
+        _matrix_layout(c_shape, c_stride, c_size),
     ]
     if None in layouts:
         return None
     a_trans, b_trans, c_trans = layouts
     batched = batch > 1
+    if grad_z and (c_trans or batched):
+        return None
     geometry = (
         _descriptor_geometry(a_shape, a_stride, a_trans, batched),
         _descriptor_geometry(b_shape, b_stride, b_trans, batched),
         _descriptor_geometry(c_shape, c_stride, c_trans, batched or split > 1),
     )
-    if grad_z and (c_trans or batched):
-        return None
-    store_z = z and not grad_z
-    has_bias = bias is not None
-    flags = (has_bias, activation, store_z, grad_z, column_sum, a_trans, b_trans, c_trans, batched, split > 1)
-    return _Plan(geometry, (m, n, k, batch, split, *flags, INTERPRETING, num_sms))
+    return TmaPlan(
+        geometry, m, n, k, batch, split, bias_stride or 0, bias_stride is not None, activation, store_z, grad_z,
+        column_sum, a_trans, b_trans, c_trans, batched, element_size, c_size, multiprocessor_count(device), device,
+    )  # fmt: skip
 
 
 def tma_plan(
     a, b, c, z=None, bias=None, activation: int = 0, split: int = 1, grad_z: bool = False, column_sum: bool = False
-) -> Optional[_Plan]:
+) -> Optional[TmaPlan]:
     """The TMA kernel's plan for these operands (z laid out like c; with split > 1, c is the fp32
     split-K workspace; with grad_z, z is read for a fused activation gradient), or None where it
     cannot run."""
-    if a.dtype not in TMA_DTYPES or not supports_tma(a.device):
+    pointers = a.data_ptr() | b.data_ptr() | c.data_ptr() | (0 if z is None else z.data_ptr())
+    if pointers % 16 or (z is not None and z.stride() != c.stride()):
         return None
-    if a.data_ptr() % 16 or b.data_ptr() % 16 or c.data_ptr() % 16:
-        return None
-    if z is not None and (z.data_ptr() % 16 or z.stride() != c.stride()):
-        return None
-    bias_key = None if bias is None else (bias.dtype, bias.stride(0), bias.data_ptr() % 16 == 0)
     return _tma_plan(
-        a.shape, a.stride(), b.shape, b.stride(), c.stride(), c.element_size(), z is not None, a.dtype,
-        bias_key, activation, multiprocessor_count(a.device), split, grad_z, column_sum,
+        a.shape, a.stride(), b.shape, b.stride(), c.stride(), a.dtype, c.dtype,
+        None if bias is None else bias.stride(0), activation, a.get_device(), split, z is not None and not grad_z,
+        grad_z, column_sum,
     )  # fmt: skip
 
 
-def _launch_tma(plan: _Plan, a, b, c, z, bias, colsum=None) -> None:
-    (a_shape, a_strides), (b_shape, b_strides), (c_shape, c_strides) = plan.geometry
-    m, n, k, batch, split, *flags, _, num_sms = plan.args
-    has_bias, activation, store_z, grad_z, _, a_trans, b_trans, c_trans, batched, split_out = flags
-    uses_z = store_z or grad_z
-    # The per-call arguments: four descriptors, then the bias (c where there is none), its stride
-    # and the column sums (c where there are none).
-    bias_args = ((bias, bias.stride(0)) if has_bias else (c, 0)) + (colsum if colsum is not None else c,)
-
-    def descriptors(blocks):
-        a_block, b_block, c_block = blocks
-        return (
-            tensor_descriptor(a, a_shape, a_strides, a_block),
-            tensor_descriptor(b, b_shape, b_strides, b_block),
-            tensor_descriptor(c, c_shape, c_strides, c_block),
-            tensor_descriptor(z, c_shape, c_strides, c_block) if uses_z else None,
-        )
-
-    if not plan.tuned_for(_matmul_tma_kernel):
-
-        def run(grid, blocks, meta) -> None:
-            _matmul_tma_kernel.fn[grid](*descriptors(blocks), *bias_args, *plan.args, **meta)
-
-        def grid(meta):
-            work = batch * split * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"])
-            return (min(work, num_sms * meta["PROGRAMS_PER_SM"]),)
-
-        def blocks(meta):
-            halves = splits_epilogue(meta, activation, uses_z, c.element_size() == 4)
-            return tma_block_shapes(meta, a_trans, b_trans, c_trans, batched, halves, split_out)
-
-        candidates = tma_candidates(
-            _matmul_tma_kernel.configs, m, n, batch * split, a.element_size(), activation, uses_z, c.element_size(),
-            a.device,
-        )  # fmt: skip
-        config = _fastest(candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), blocks(cfg.kwargs),
-                                                                    config_launch_kwargs(cfg)))  # fmt: skip
-        plan.tune(_matmul_tma_kernel, config, grid, blocks, n_per_call=4 + len(bias_args))
-        if colsum is not None and len(candidates) > 1:
-            colsum.zero_()  # candidates with other BLOCK_M wrote partial sums into other rows
-    plan.launch(*descriptors(plan.blocks), *bias_args)
+def _tma_choice(plan: TmaPlan, configs: list, config) -> _Tuned:
+    """The TMA kernel's launch of `config` for `plan`, with its descriptors' block shapes."""
+    meta = config.kwargs
+    work = plan.batch * plan.split * _cdiv(plan.m, meta["BLOCK_M"]) * _cdiv(plan.n, meta["BLOCK_N"])
+    grid = (min(work, plan.num_sms * meta["PROGRAMS_PER_SM"]),)
+    halves = splits_epilogue(meta, plan.activation, plan.uses_z, plan.c_size == 4)
+    blocks = tma_block_shapes(meta, plan.a_trans, plan.b_trans, plan.c_trans, plan.batched, halves, plan.split > 1)
+    descriptors = tuple(
+        tensor_descriptor(None, shape, strides, block) for (shape, strides), block in zip(plan.geometry, blocks)
+    )
+    launch = _config_launch(
+        _matmul_tma_kernel.fn, grid, config, stride_bias=plan.stride_bias, M=plan.m, N=plan.n, K=plan.k,
+        BATCH=plan.batch, SPLIT_K=plan.split, HAS_BIAS=plan.has_bias, ACTIVATION=plan.activation,
+        STORE_Z=plan.store_z, GRAD_Z=plan.grad_z, COLUMN_SUM=plan.column_sum, A_TRANS=plan.a_trans,
+        B_TRANS=plan.b_trans, C_TRANS=plan.c_trans, BATCHED=plan.batched, SPLIT_OUT=plan.split > 1,
+        UPCAST=INTERPRETING, NUM_SMS=plan.num_sms,
+    )  # fmt: skip
+    return _Tuned(plan, configs, launch, descriptors, meta["BLOCK_M"])
 
 
-def _fastest(candidates, launch_of):
-    """The fastest of `candidates` (ops.tuning), each launched by launch_of(config)(); the only
-    one without launching it."""
-    if len(candidates) == 1:
-        return candidates[0]
-    return candidates[fastest([launch_of(config) for config in candidates])]
+def _run_tma(tuned: _Tuned, a, b, c, z, bias, colsum) -> None:
+    """The chosen launch on these operands: descriptors over a, b, c (and z), then the bias (c where
+    there is none) and the column sums (c where there are none)."""
+    a_desc, b_desc, c_desc = tuned.descriptors
+    tuned.launch(
+        descriptor_like(a_desc, a),
+        descriptor_like(b_desc, b),
+        descriptor_like(c_desc, c),
+        None if z is None else descriptor_like(c_desc, z),
+        c if bias is None else bias,
+        c if colsum is None else colsum,
+    )
+
+
+def _tune_tma(plan: TmaPlan, configs: list, a, b, c, z, bias, colsum) -> _Tuned:
+    """Choose `plan`'s config among `configs` on these operands and publish it."""
+    candidates = tma_candidates(
+        configs, plan.m, plan.n, plan.batch * plan.split, plan.element_size, plan.activation, plan.uses_z,
+        plan.c_size, plan.device,
+    )  # fmt: skip
+    choices = [_tma_choice(plan, configs, config) for config in candidates]
+    choice = _fastest(choices, lambda tuned: functools.partial(_run_tma, tuned, a, b, c, z, bias, colsum))
+    if colsum is not None and len(choices) > 1:
+        colsum.zero_()  # candidates with other BLOCK_M wrote partial sums into other rows
+    return _TUNED.publish(_tuned_key(plan, configs), choice)
+
+
+def _launch_tma(plan: TmaPlan, a, b, c, z, bias, colsum=None) -> None:
+    configs = _matmul_tma_kernel.configs
+    tuned = _TUNED.get(_tuned_key(plan, configs))
+    if tuned is None:
+        tuned = _tune_tma(plan, configs, a, b, c, z, bias, colsum)
+    _run_tma(tuned, a, b, c, z, bias, colsum)
+
+
+class PortablePlan(NamedTuple):
+    """What the portable kernel computes for one problem, before its config is chosen."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    element_size: int
+    device: torch.device
+    fixed: tuple  # (name, value) of each kernel argument the plan fixes, but the config's
 
 
 @functools.lru_cache(maxsize=1024)
-def _portable_plan(a_stride, b_stride, c_stride, batch, m, n, k, dtype, has_bias, activation, z, allow_tf32):
-    """The portable kernel's plan: its stride arguments, and the tuned config (whose shared memory
-    depends on the dtype: fp32 doubles it)."""
-    return _Plan(None, (*a_stride, *b_stride, *c_stride))
+def _portable_plan(a_stride, b_stride, c_stride, batch, m, n, k, dtype, c_dtype, bias_stride, activation: int,
+                   store_z: bool, allow_tf32: bool, device_index: int) -> PortablePlan:  # fmt: skip
+    """The portable kernel's plan; dtypes and the bias's stride (which the kernel specializes on) key
+    the tuned config too (fp32 doubles the shared memory of a tile)."""
+    names = ("stride_a_batch", "stride_am", "stride_ak", "stride_b_batch", "stride_bk", "stride_bn",
+             "stride_c_batch", "stride_cm", "stride_cn")  # fmt: skip
+    fixed = (
+        *zip(names, (*a_stride, *b_stride, *c_stride)),
+        ("stride_bias", bias_stride or 0), ("M", m), ("N", n), ("K", k), ("HAS_BIAS", bias_stride is not None),
+        ("ACTIVATION", activation), ("STORE_Z", store_z), ("ALLOW_TF32", allow_tf32), ("UPCAST", INTERPRETING),
+    )  # fmt: skip
+    return PortablePlan(m, n, k, batch, dtype.itemsize, _device(device_index), fixed)
 
 
-def _launch_portable(a, b, c, z, bias, activation: int, allow_tf32: bool) -> None:
-    batch, m, k = a.shape
-    n = b.shape[2]
-    has_bias = bias is not None
-    plan = _portable_plan(a.stride(), b.stride(), c.stride(), batch, m, n, k, a.dtype, has_bias, activation,
-                          z is not None, allow_tf32)  # fmt: skip
-    tensors = (a, b, c, z if z is not None else c, bias if has_bias else c)
-    args = (*plan.args, bias.stride(0) if has_bias else 0, m, n, k, has_bias, activation, z is not None, allow_tf32,
-            INTERPRETING)  # fmt: skip
+def _portable_choice(plan: PortablePlan, configs: list, config) -> _Tuned:
+    meta = config.kwargs
+    grid = (plan.batch * _cdiv(plan.m, meta["BLOCK_M"]) * _cdiv(plan.n, meta["BLOCK_N"]),)
+    # The JIT function under the autotuner and the EVEN_K heuristic.
+    launch = _config_launch(
+        _matmul_kernel.fn.fn, grid, config, **dict(plan.fixed), EVEN_K=plan.k % meta["BLOCK_K"] == 0
+    )
+    return _Tuned(plan, configs, launch)
 
-    def run(grid, meta) -> None:
-        # The kernel under the autotuner and the EVEN_K heuristic.
-        _matmul_kernel.fn.fn[grid](*tensors, *args, EVEN_K=k % meta["BLOCK_K"] == 0, **meta)
 
-    if not plan.tuned_for(_matmul_kernel):
-
-        def grid(meta):
-            return (batch * -(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"]),)
-
+def _launch_portable(plan: PortablePlan, a, b, c, z, bias) -> None:
+    configs = _matmul_kernel.configs
+    tuned = _TUNED.get(_tuned_key(plan, configs))
+    if tuned is None:
         if INTERPRETING:  # nothing to time: the config follows the problem's size
-            config = interpreter_config(_matmul_kernel.configs, m, n)
+            candidates = [interpreter_config(configs, plan.m, plan.n)]
         else:
-            candidates = portable_candidates(_matmul_kernel.configs, m, n, a.element_size(), a.device)
-            config = _fastest(
-                candidates, lambda cfg: functools.partial(run, grid(cfg.kwargs), config_launch_kwargs(cfg))
-            )
-        plan.tune(_matmul_kernel, config, grid)
-    run(plan.grid, plan.meta)
+            candidates = portable_candidates(configs, plan.m, plan.n, plan.element_size, plan.device)
+        choices = [_portable_choice(plan, configs, config) for config in candidates]
+        args = (a, b, c, c if z is None else z, c if bias is None else bias)
+        choice = _fastest(choices, lambda tuned: functools.partial(tuned.launch, *args))
+        tuned = _TUNED.publish(_tuned_key(plan, configs), choice)
+    tuned.launch(a, b, c, c if z is None else z, c if bias is None else bias)
+
+
+class _SplitPlan(NamedTuple):
+    """A plain product by the TMA kernel in K slices: fp32 partial sums in a workspace, then their sum."""
+
+    workspace: TmaPlan
+    sum_in_place: bool  # c is contiguous fp32 (an fp32 weight's gradient): the sum is written into it
+
+
+def _launch_split(plan: _SplitPlan, a, b, c, z, bias) -> None:
+    work = plan.workspace
+    workspace = torch.empty((work.split * work.batch, work.m, work.n), dtype=torch.float32, device=a.device)
+    _launch_tma(work, a, b, workspace, None, None)
+    partials = workspace.view(work.split, work.batch, work.m, work.n)
+    if plan.sum_in_place:
+        torch.sum(partials, 0, out=c)
+    else:
+        c.copy_(partials.sum(0))
+
+
+def _launch_ws(plan: Tuple[int, int], a, b, c, z, bias) -> None:
+    activation, num_sms = plan
+    launch_matmul_ws(a[0], b[0].t(), c[0], bias, activation, num_sms)
+
+
+def _launch_nothing(plan, a, b, c, z, bias) -> None:
+    pass
+
+
+class _MatmulPlan(NamedTuple):
+    """launch_matmul's choice for one problem: run(kernel_plan, a, b, c, z, bias), and what it returns."""
+
+    ran: str
+    run: Callable
+    kernel_plan: object
+
+
+def _ws_worthwhile(batch, m, n, k, has_z: bool, activation: int, num_sms: int) -> bool:
+    """The launcher's choice of kernels.matmul_ws: a forward with an activation to hide (with or
+    without a bias; no z to store, so not a training forward that saves it), large enough that
+    every SM gets several 128x256 tiles. Measured on an H100 (Triton 3.6): bias +
+    GELU 1.08-1.33x torch's F.gelu(F.linear) against 1.02-1.18x for the TMA kernel. Plain and
+    bias-only products stay with the TMA kernel (level with cuBLAS; the bias costs it 0-6 %)."""
+    if not HAS_GLUON_WS or has_z or not activation:
+        return False
+    tiles = _cdiv(m, WS_BLOCK_M) * _cdiv(n, WS_BLOCK_N)
+    return batch == 1 and k >= WS_MIN_K and tiles >= WS_MIN_WAVES * num_sms
+
+
+def _row_major_16(row_stride: int, col_stride: int, element_size: int) -> bool:
+    """A 2-D view TMA can address as row-major: unit column stride, 16-byte aligned rows (and base,
+    which the caller checks)."""
+    return col_stride == 1 and (row_stride * element_size) % 16 == 0
+
+
+def _ws_runs(a_shape, a_stride, b_stride, c_stride, dtype, c_dtype, has_z, bias_stride, aligned, device) -> bool:
+    """kernels.matmul_ws can compute c: Triton 3.6 on a Hopper GPU, one batch of 16-bit operands,
+    a and c row-major, b the transpose of a row-major (N, K) weight (nn.Linear's), no z to store,
+    a contiguous bias."""
+    if not HAS_GLUON_WS or device.type != "cuda" or not supports_tma(device):
+        return False
+    if dtype not in TMA_DTYPES or c_dtype != dtype or not aligned:
+        return False
+    if a_shape[0] != 1 or has_z or bias_stride not in (None, 1):
+        return False
+    size = dtype.itemsize
+    return (
+        _row_major_16(a_stride[1], a_stride[2], size)
+        and _row_major_16(b_stride[2], b_stride[1], size)
+        and _row_major_16(c_stride[1], c_stride[2], size)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype, z_stride, bias_stride,
+                 ab_aligned: bool, cz_aligned: bool, activation: int, allow_tf32: bool, path: Optional[str],
+                 split: Optional[int], device_index: int) -> _MatmulPlan:  # fmt: skip
+    """launch_matmul's kernel choice (its docstring) for one problem; raises where a forced path cannot run."""
+    batch, m, k = a_shape
+    n = b_shape[2]
+    if batch * m * n == 0:
+        return _MatmulPlan("none", _launch_nothing, None)
+    device = _device(device_index)
+    has_z = z_stride is not None
+    num_sms = multiprocessor_count(device)
+    if path == "ws" or (
+        path is None and not INTERPRETING and _ws_worthwhile(batch, m, n, k, has_z, activation, num_sms)
+    ):
+        aligned = ab_aligned and cz_aligned
+        if _ws_runs(a_shape, a_stride, b_stride, c_stride, dtype, c_dtype, has_z, bias_stride, aligned, device):
+            return _MatmulPlan("ws", _launch_ws, (activation, num_sms))
+        if path == "ws":
+            raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
+    if path == "tma" or (path is None and not INTERPRETING):
+        tma_args = (a_shape, a_stride, b_shape, b_stride)
+        if ab_aligned and bias_stride is None and not activation and not has_z:  # a plain product may split K
+            if split is None:
+                split = split_k(batch, m, n, k, num_sms)
+            workspace = None
+            if split > 1:
+                workspace = _tma_plan(*tma_args, (m * n, n, 1), dtype, torch.float32, None, 0, device_index, split)
+            if workspace is not None:
+                in_place = c_dtype == torch.float32 and _is_contiguous((batch, m, n), c_stride)
+                return _MatmulPlan("tma", _launch_split, _SplitPlan(workspace, in_place))
+        if ab_aligned and cz_aligned and (not has_z or z_stride == c_stride):
+            plan = _tma_plan(*tma_args, c_stride, dtype, c_dtype, bias_stride, activation, device_index, 1, has_z)
+            if plan is not None:
+                return _MatmulPlan("tma", _launch_tma, plan)
+        if path == "tma":
+            raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
+    plan = _portable_plan(a_stride, b_stride, c_stride, batch, m, n, k, dtype, c_dtype, bias_stride, activation, has_z,
+                          allow_tf32, device_index)  # fmt: skip
+    return _MatmulPlan("portable", _launch_portable, plan)
 
 
 def launch_matmul(
@@ -327,79 +482,14 @@ def launch_matmul(
     and "tma" raising where they cannot run. split: the TMA kernel's K slices for a plain product (None:
     configs.split_k decides; tests force one).
     """
-    batch, m, k = a.shape
-    n = b.shape[2]
-    if batch * m * n == 0:
-        return "none"
-    if path == "ws" or (path is None and not INTERPRETING and _ws_worthwhile(a, b, bias, activation, z)):
-        if _ws_runs(a, b, c, z, bias):
-            launch_matmul_ws(a[0], b[0].t(), c[0], bias, activation, multiprocessor_count(a.device))
-            return "ws"
-        if path == "ws":
-            raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
-    if path == "tma" or (path is None and not INTERPRETING):
-        if bias is None and not activation and z is None:  # a plain product may split K
-            if split is None:
-                split = split_k(batch, m, n, k, multiprocessor_count(a.device))
-            if split > 1 and _launch_split_tma(a, b, c, split):
-                return "tma"
-        plan = tma_plan(a, b, c, z, bias, activation)
-        if plan is not None:
-            _launch_tma(plan, a, b, c, z, bias)
-            return "tma"
-        if path == "tma":
-            raise ValueError("the TMA kernel cannot run these operands (dtype, device, Triton or layout)")
-    _launch_portable(a, b, c, z, bias, activation, allow_tf32)
-    return "portable"
-
-
-def _row_major_16(t: torch.Tensor) -> bool:
-    """A 2-D view TMA can address as row-major: unit column stride, 16-byte aligned rows."""
-    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-
-
-def _ws_runs(a, b, c, z, bias) -> bool:
-    """kernels.matmul_ws can compute c: Triton 3.6 on a Hopper GPU, one batch of 16-bit operands,
-    a and c row-major, b the transpose of a row-major (N, K) weight (nn.Linear's), no z to store,
-    a contiguous bias."""
-    if not HAS_GLUON_WS or not a.is_cuda or not supports_tma(a.device):
-        return False
-    if a.dtype not in (torch.float16, torch.bfloat16) or b.dtype != a.dtype or c.dtype != a.dtype:
-        return False
-    if a.shape[0] != 1 or z is not None or (bias is not None and bias.stride(0) != 1):
-        return False
-    return _row_major_16(a[0]) and _row_major_16(b[0].t()) and _row_major_16(c[0])
-
-
-def _ws_worthwhile(a, b, bias, activation: int, z) -> bool:
-    """The launcher's choice of kernels.matmul_ws: a forward with an activation to hide (with or
-    without a bias; no z to store, so not a training forward that saves it), large enough that
-    every SM gets several 128x256 tiles. Measured on an H100 (Triton 3.6): bias +
-    GELU 1.08-1.33x torch's F.gelu(F.linear) against 1.02-1.18x for the TMA kernel. Plain and
-    bias-only products stay with the TMA kernel (level with cuBLAS; the bias costs it 0-6 %)."""
-    if not HAS_GLUON_WS or z is not None or not activation:
-        return False
-    batch, m, k = a.shape
-    tiles = -(-m // WS_BLOCK_M) * -(-b.shape[2] // WS_BLOCK_N)
-    return batch == 1 and k >= WS_MIN_K and tiles >= WS_MIN_WAVES * multiprocessor_count(a.device)
-
-
-def _launch_split_tma(a, b, c, split: int) -> bool:
-    """c = a @ b by the TMA kernel in `split` K slices: fp32 partial sums in a workspace, added up
-    and cast into c; False where the TMA kernel cannot run these operands."""
-    batch, m, _ = a.shape
-    n = b.shape[2]
-    workspace = torch.empty((split * batch, m, n), dtype=torch.float32, device=a.device)
-    plan = tma_plan(a, b, workspace, split=split)
-    if plan is None:
-        return False
-    _launch_tma(plan, a, b, workspace, None, None)
-    partials = workspace.view(split, batch, m, n)
-    if c.dtype == torch.float32 and c.is_contiguous():  # an fp32 weight's gradient: summed in place
-        torch.sum(partials, 0, out=c)
-    else:
-        c.copy_(partials.sum(0))
-    return True
+    plan = _matmul_plan(
+        a.shape, a.stride(), b.shape, b.stride(), c.stride(), a.dtype, c.dtype, None if z is None else z.stride(),
+        None if bias is None else bias.stride(0), (a.data_ptr() | b.data_ptr()) % 16 == 0,
+        (c.data_ptr() | (0 if z is None else z.data_ptr())) % 16 == 0, activation, allow_tf32, path, split,
+        a.get_device(),
+    )  # fmt: skip
+    plan.run(plan.kernel_plan, a, b, c, z, bias)
+    return plan.ran
 
 
 def launch_matmul_activation_grad(
@@ -431,32 +521,49 @@ def launch_matmul_activation_grad(
     if plan is None:
         launch_matmul(a, b, dz, path=None if path is None else "portable")
         return launch_activation_grad(dz, saved, activation, True, column_sum, torch.float32)
+    configs = _matmul_tma_kernel.configs
+    tuned = _TUNED.get(_tuned_key(plan, configs))
     colsum = None
     if column_sum:
-        # One partial row per row tile of the smallest BLOCK_M any config has; tiles write theirs.
-        row_tiles = -(-m // min(config.kwargs["BLOCK_M"] for config in _matmul_tma_kernel.configs))
-        colsum = torch.zeros((row_tiles, n), dtype=torch.float32, device=a.device)
-    _launch_tma(plan, a, b, dz, saved, None, colsum)
+        # One partial row per row tile, each written by its tiles; until a config is chosen, one per
+        # row tile of the smallest BLOCK_M any config has, zeros where a wider tile writes none.
+        if tuned is None:
+            rows = _cdiv(m, min(config.kwargs["BLOCK_M"] for config in configs))
+            colsum = torch.zeros((rows, n), dtype=torch.float32, device=a.device)
+        else:
+            colsum = torch.empty((_cdiv(m, tuned.block_m), n), dtype=torch.float32, device=a.device)
+    if tuned is None:
+        tuned = _tune_tma(plan, configs, a, b, dz, saved, None, colsum)
+    _run_tma(tuned, a, b, dz, saved, None, colsum)
     return dz, colsum.sum(0) if column_sum else None
 
 
+class _GradPlan(NamedTuple):
+    """The elementwise pass for one problem: its launch (None without elements) and partial sums."""
+
+    launch: Optional[Launch]
+    partial_rows: int
+    partial_dtype: torch.dtype
+
+
 @functools.lru_cache(maxsize=1024)
-def _grad_plan(batch: int, m: int, n: int, programs: int):
-    """(tile, rows per program, grid, partial rows) of the elementwise pass."""
+def _grad_plan(batch: int, m: int, n: int, dy_stride: tuple, dtype, activation: int, write_dz: bool,
+               column_sum: bool, device_index: int) -> _GradPlan:  # fmt: skip
     tile = grad_tile(m, n)
-    rows = grad_rows(batch, m, n, programs, tile)
-    row_programs = batch * -(-m // rows)
-    return tile, rows, (row_programs, -(-n // tile["BLOCK_N"])), row_programs
-
-
-@functools.lru_cache(maxsize=1024)
-def _grad_launch(batch: int, m: int, n: int, programs: int, dy_stride: tuple, dtypes: tuple, aligned: tuple,
-                 activation: int, write_dz: bool, column_sum: bool) -> _KernelLaunch:  # fmt: skip
-    """The elementwise pass's launch; the key holds what its compiled kernel is specialized on
-    (the four pointers' dtypes and 16-byte alignment, dy's strides, N) besides its plan's."""
-    tile, rows, grid, _ = _grad_plan(batch, m, n, programs)
-    args = (*dy_stride, m, n, rows, activation, write_dz, column_sum, INTERPRETING)
-    return _KernelLaunch(_activation_grad_kernel, grid, 4, args, tile)
+    rows = grad_rows(batch, m, n, multiprocessor_count(_device(device_index)), tile)
+    row_programs = batch * _cdiv(m, rows)
+    # Column sums in fp64 for fp32 gradients (see kernels.grad), fp32 for 16-bit ones.
+    partial_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    launch = None
+    if batch * m * n:
+        stride_batch, stride_m, stride_n = dy_stride
+        launch = Launch(
+            _activation_grad_kernel, (row_programs, _cdiv(n, tile["BLOCK_N"])), num_warps=tile["num_warps"],
+            stride_dy_batch=stride_batch, stride_dy_m=stride_m, stride_dy_n=stride_n, M=m, N=n, ROWS=rows,
+            ACTIVATION=activation, WRITE_DZ=write_dz, COLUMN_SUM=column_sum, UPCAST=INTERPRETING,
+            BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"],
+        )  # fmt: skip
+    return _GradPlan(launch, row_programs, partial_dtype)
 
 
 def launch_activation_grad(
@@ -472,21 +579,14 @@ def launch_activation_grad(
     and row (N,) in sum_dtype (default dy's; else None). saved: contiguous (batch, M, N): z for the GELUs, the
     output for ReLU, None without activation."""
     batch, m, n = dy.shape
+    plan = _grad_plan(batch, m, n, dy.stride(), dy.dtype, activation, write_dz, column_sum, dy.get_device())
     dz = torch.empty((batch, m, n), dtype=dy.dtype, device=dy.device) if write_dz else dy
-    # Column sums in fp64 for fp32 gradients (see kernels.grad), fp32 for 16-bit ones.
-    partial_dtype = torch.float64 if dy.dtype == torch.float32 else torch.float32
-    programs = multiprocessor_count(dy.device)
-    partial_rows = _grad_plan(batch, m, n, programs)[3]
-    partial = torch.empty((partial_rows, n), dtype=partial_dtype, device=dy.device) if column_sum else None
-    if batch * m * n:
-        pointers = (dy, saved if saved is not None else dy, dz, partial if column_sum else dy)
-        launch = _grad_launch(
-            batch, m, n, programs, dy.stride(), tuple(t.dtype for t in pointers),
-            tuple(t.data_ptr() % 16 == 0 for t in pointers), activation, write_dz, column_sum,
-        )  # fmt: skip
-        launch(*pointers)
+    partial = torch.empty((plan.partial_rows, n), dtype=plan.partial_dtype, device=dy.device) if column_sum else None
+    if plan.launch is not None:
+        plan.launch(dy, dy if saved is None else saved, dz, dy if partial is None else partial)
     if not column_sum:
         return dz, None
     sum_dtype = sum_dtype or dy.dtype
-    dbias = partial.sum(0).to(sum_dtype) if partial_rows else torch.zeros(n, dtype=sum_dtype, device=dy.device)
-    return dz, dbias
+    if plan.launch is None:
+        return dz, torch.zeros(n, dtype=sum_dtype, device=dy.device)
+    return dz, partial.sum(0).to(sum_dtype)

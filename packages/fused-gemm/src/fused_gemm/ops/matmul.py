@@ -3,7 +3,7 @@
 Host path per call: the checks read each attribute once; without grad (inference, or no input
 requiring grad) the forward launcher runs directly, with no autograd node; otherwise one
 autograd.Function, whose backward enters torch's autocast context only when the forward ran
-under autocast (_compat.custom_bwd).
+under autocast (`_runtime.compat.custom_bwd`).
 
 Autocast: operands of another dtype (fp32 parameters) enter GemmFunction as they are and are cast
 inside it, so that each gradient is written in its operand's dtype by the kernel that computes
@@ -19,8 +19,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._compat import KERNEL_DEVICE_TYPE, autocast_dtype, custom_bwd, custom_fwd, tf32_allowed_by_torch
-from .._validation import check_activation, check_allow_tf32, check_device, check_same_dtype, check_tensor
+from .._compat import tf32_allowed_by_torch
+from .._runtime.compat import KERNEL_DEVICE_TYPE, autocast_dtype, custom_bwd, custom_fwd
+from .._runtime.validation import check_device, check_same_dtype, check_tensor
+from .._validation import check_activation, check_allow_tf32
 from .custom_ops import gemm_bwd_op, gemm_fwd_op
 from .gemm import SAVES_Z
 
@@ -57,14 +59,20 @@ class GemmFunction(torch.autograd.Function):
         return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None, None)
 
 
-def _check_options(activation, allow_tf32) -> bool:
-    """The activation and TF32 arguments; returns whether fp32 operands may use TF32."""
+def _check_options(activation, allow_tf32) -> None:
+    """The activation and TF32 arguments."""
     if activation is not None:
         check_activation(activation)
-    if allow_tf32 is None:
-        return tf32_allowed_by_torch()
-    check_allow_tf32(allow_tf32)
-    return allow_tf32
+    if allow_tf32 is not None:
+        check_allow_tf32(allow_tf32)
+
+
+def _tf32(allow_tf32: Optional[bool], dtype: torch.dtype) -> bool:
+    """Whether the product in `dtype` uses TF32: fp32 only (other dtypes do not read the flag, so
+    they share one plan whatever it is), as asked, else as torch.backends.cuda.matmul.allow_tf32."""
+    if dtype != torch.float32:
+        return False
+    return tf32_allowed_by_torch() if allow_tf32 is None else allow_tf32
 
 
 def _check_bias(bias: Optional[torch.Tensor], n_out: int, what: str, name: str = "bias") -> None:
@@ -93,14 +101,15 @@ def check_linear_operands(x, w, bias, names: Tuple[str, str, str] = ("x", "w", "
     _check_bias(bias, w_shape[1], f"{w_name}.shape[1]", bias_name)
 
 
-def _compute_dtype(*named: Tuple[str, Optional[torch.Tensor]]) -> torch.dtype:
+def _compute_dtype(**operands: Optional[torch.Tensor]) -> torch.dtype:
     """The dtype the kernels multiply in: autocast's where it is on (operands of other dtypes are
-    cast to it), else the (name, tensor) operands' one dtype; all on one device either way."""
+    cast to it), else the operands' one dtype (the first one's, by name); all on one device either way."""
     dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
     if dtype is None:
-        check_same_dtype(*named)
-        dtype = named[0][1].dtype
-    check_device(*named)
+        name, first = next(iter(operands.items()))
+        check_same_dtype(name, first, **operands)
+        dtype = first.dtype
+    check_device(**operands)
     return dtype
 
 
@@ -135,12 +144,12 @@ def matmul(
     Returns (..., k) in that dtype (autocast's under autocast); accumulation is fp32.
     """
     check_linear_operands(x, w, bias)
-    tf32 = _check_options(activation, allow_tf32)
+    _check_options(activation, allow_tf32)
     x_shape, w_shape = x.shape, w.shape
-    dtype = _compute_dtype(("x", x), ("w", w), ("bias", bias))
+    dtype = _compute_dtype(x=x, w=w, bias=bias)
     # (1, M, n) view of x (a copy only when its leading dims cannot be flattened into one stride).
     a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
-    c = _apply(a, w.unsqueeze(0), bias, activation, tf32, dtype)
+    c = _apply(a, w.unsqueeze(0), bias, activation, _tf32(allow_tf32, dtype), dtype)
     return c.view(*x_shape[:-1], w_shape[1])
 
 
@@ -162,7 +171,7 @@ def bmm(
     check_tensor("b", b)
     if bias is not None:
         check_tensor("bias", bias)
-    tf32 = _check_options(activation, allow_tf32)
+    _check_options(activation, allow_tf32)
     a_shape, b_shape = a.shape, b.shape
     if len(a_shape) != 3 or len(b_shape) != 3:
         raise ValueError(
@@ -176,5 +185,5 @@ def bmm(
             f"{tuple(b_shape)} (n = {b_shape[1]})"
         )
     _check_bias(bias, b_shape[2], "b.shape[2]")
-    dtype = _compute_dtype(("a", a), ("b", b), ("bias", bias))
-    return _apply(a, b, bias, activation, tf32, dtype)
+    dtype = _compute_dtype(a=a, b=b, bias=bias)
+    return _apply(a, b, bias, activation, _tf32(allow_tf32, dtype), dtype)

@@ -22,13 +22,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._compat import HAS_CUSTOM_OP, custom_bwd, custom_fwd, is_compiling
-from .._validation import check_tensor
+from .._runtime.compat import custom_bwd, custom_fwd
+from .._runtime.registration import custom_op
+from .._runtime.validation import check_tensor
 from ..kernels.common import ACTIVATION_CODES
 from .custom_ops import gemm_fwd_op
 from .gemm import SAVES_Z, _empty, gemm_bwd, gemm_bwd_fake
 from .launch import launch_activation_grad, launch_matmul_activation_grad
-from .matmul import _check_bias, _check_options, _compute_dtype, check_linear_operands
+from .matmul import _check_bias, _check_options, _compute_dtype, _tf32, check_linear_operands
 
 
 def mlp_bwd(
@@ -80,11 +81,7 @@ def mlp_bwd_fake(dy, x, w1, saved, h, w2, activation, need_dx, need_dw1, need_db
     return dx, dw1, db1, dw2, db2
 
 
-if HAS_CUSTOM_OP:
-    _mlp_bwd_custom = torch.library.custom_op("fused_gemm::mlp_bwd", mutates_args=())(mlp_bwd)
-    _mlp_bwd_custom.register_fake(mlp_bwd_fake)
-else:  # pragma: no cover - torch < 2.4
-    _mlp_bwd_custom = mlp_bwd
+mlp_bwd_op = custom_op("fused_gemm::mlp_bwd", mlp_bwd_fake)(mlp_bwd)
 
 
 def _forward(x, w1, b1, w2, b2, activation, save_z: bool, allow_tf32: bool):
@@ -117,8 +114,7 @@ class MLPFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, w1, saved, h, w2 = ctx.saved_tensors
         need = ctx.needs_input_grad
-        bwd = _mlp_bwd_custom if is_compiling() else mlp_bwd
-        dx, dw1, db1, dw2, db2 = bwd(
+        dx, dw1, db1, dw2, db2 = mlp_bwd_op(
             dy, x, w1, saved if saved is not None else h, h, w2, ctx.activation,
             need[0], need[1], need[2], need[3], need[4], ctx.allow_tf32, *ctx.grad_dtypes,
         )  # fmt: skip
@@ -153,8 +149,9 @@ def mlp(
     if b2 is not None:
         check_tensor("b2", b2)
     _check_bias(b2, w2.shape[1], "w2.shape[1]", "b2")
-    tf32 = _check_options(activation, allow_tf32)
-    dtype = _compute_dtype(("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))
+    _check_options(activation, allow_tf32)
+    dtype = _compute_dtype(x=x, w1=w1, b1=b1, w2=w2, b2=b2)
+    tf32 = _tf32(allow_tf32, dtype)
     x_shape = x.shape
     a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
     operands = (a, w1, b1, w2, b2)

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .._compat import LAUNCH_ERRORS
+from .._runtime.compat import LAUNCH_ERRORS
 
 # Untimed rounds that bring the GPU to sustained load, then timed rounds; each candidate's
 # median over the timed ones is its time.

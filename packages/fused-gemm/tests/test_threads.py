@@ -1,0 +1,148 @@
+"""Concurrent calls from several threads: plans and tuned launches are published whole, so a thread
+never sees another's half-built entry, and every call gets its own correct result.
+
+Under the interpreter, Triton keeps the running program's id and its patched `triton.language` in
+process-wide state, so two interpreted kernels cannot overlap: the `serial_kernels` fixture runs
+kernel bodies one at a time while everything around them (checks, plans, tuning, caches, launch
+assembly) runs concurrently. Compiled, kernels launch concurrently as they are.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, interpreting
+
+from fused_gemm import matmul
+from fused_gemm._compat import supports_tma
+from fused_gemm.kernels.matmul import _matmul_kernel
+from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
+from fused_gemm.ops import launch
+from fused_gemm.reference import matmul_reference
+
+pytestmark = pytest.mark.kernels
+
+# Each thread's wait for the others; far above what these small problems take.
+TIMEOUT_S = 120
+
+
+@pytest.fixture
+def serial_kernels(monkeypatch):
+    """Interpreted kernel bodies run one at a time (see the module docstring); compiled, nothing changes."""
+    if not interpreting():
+        return
+    from triton.runtime import interpreter
+
+    lock = threading.Lock()
+    run = interpreter.GridExecutor.__call__
+
+    def serialized(self, *args, **kwargs):
+        with lock:
+            return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialized)
+
+
+def _run_threads(work, count: int) -> list:
+    """work(i) in `count` threads started together; returns what each raised (None where nothing)."""
+    barrier = threading.Barrier(count)
+    errors = [None] * count
+
+    def target(i):
+        try:
+            barrier.wait(timeout=TIMEOUT_S)
+            work(i)
+        except BaseException as error:  # noqa: BLE001 - reported by the caller
+            errors[i] = error
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    assert not any(thread.is_alive() for thread in threads), "a thread did not finish"
+    return errors
+
+
+def _operands(m, k, n, dtype, device):
+    x = torch.randn(m, k, device=device).to(dtype)
+    w = (torch.randn(n, k, device=device) * k**-0.5).to(dtype).t()
+    b = torch.randn(n, device=device).to(dtype)
+    return x, w, b
+
+
+def test_threads_with_different_shapes_all_get_their_results(device, serial_kernels):
+    """Four threads, each its own shape (new plans, tuned concurrently), forward and backward twice
+    (the second call reuses what the first published)."""
+    shapes = [(9, 24, 16), (17, 40, 24), (33, 16, 40), (5, 48, 8)]
+    results = [None] * len(shapes)
+
+    def work(i):
+        m, k, n = shapes[i]
+        x, w, b = _operands(m, k, n, torch.float32, device)
+        leaves = [t.requires_grad_() for t in (x, w, b)]
+        dy = torch.randn(m, n, device=device)
+        for _ in range(2):
+            y = matmul(*leaves, "gelu")
+            grads = torch.autograd.grad(y, leaves, dy)
+        results[i] = (leaves, dy, y.detach(), grads)
+
+    assert _run_threads(work, len(shapes)) == [None] * len(shapes)
+    for leaves, dy, y, grads in results:
+        ref = [t.detach().double().requires_grad_() for t in leaves]
+        y_ref = matmul_reference(*ref, "gelu")
+        grads_ref = torch.autograd.grad(y_ref, ref, dy.double())
+        low = [t.detach().requires_grad_() for t in leaves]
+        y_low = matmul_reference(*low, "gelu")
+        grads_low = torch.autograd.grad(y_low, low, dy)
+        assert_close_to_reference(y, y_ref, y_low, name="y")
+        for name, g, g_ref, g_low in zip(("dx", "dw", "dbias"), grads, grads_ref, grads_low):
+            assert_close_to_reference(g, g_ref, g_low, name=name)
+
+
+@pytest.mark.parametrize("path", ["portable", "tma"])
+def test_a_thread_arriving_while_another_tunes_the_same_plan(path, device, serial_kernels, monkeypatch):
+    """The first thread is held inside its tuning (while it turns the chosen config into a launch);
+    a second thread launches the same problem meanwhile. It must not find a half-tuned entry
+    (a plan whose config was set but not yet its grid or launch): it tunes for itself, and both
+    results are right."""
+    if path == "tma" and not supports_tma(torch.device(device)):
+        pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
+    kernel = _matmul_tma_kernel if path == "tma" else _matmul_kernel
+    monkeypatch.setattr(kernel, "configs", list(kernel.configs))  # a fresh list: this problem tunes anew
+    inside, finished = threading.Event(), threading.Event()
+    held = []
+    real = launch.config_launch_kwargs
+
+    def held_once(config):
+        if not held:
+            held.append(threading.current_thread())
+            inside.set()
+            finished.wait(TIMEOUT_S)
+        return real(config)
+
+    monkeypatch.setattr(launch, "config_launch_kwargs", held_once)
+    m, k, n, dtype = 20, 32, 24, torch.bfloat16
+    a = torch.randn(1, m, k, device=device).to(dtype)
+    b = (torch.randn(1, n, k, device=device) * k**-0.5).to(dtype).transpose(1, 2)
+    bias = torch.randn(n, device=device).to(dtype)
+    outs = [torch.full((1, m, n), float("nan"), device=device, dtype=dtype) for _ in range(2)]
+
+    def work(i):
+        if i == 1:
+            assert inside.wait(TIMEOUT_S), "the first thread never reached its tuning"
+        try:
+            launch.launch_matmul(a, b, outs[i], bias=bias, activation=2, path=path)
+        finally:
+            if i == 1:
+                finished.set()
+
+    assert _run_threads(work, 2) == [None, None]
+    assert held, "the tuning step was never reached"
+    z64 = torch.bmm(a.double(), b.double()) + bias.double()
+    expected = torch.nn.functional.gelu(z64)
+    low = torch.nn.functional.gelu(torch.bmm(a, b) + bias)
+    for out in outs:
+        assert_close_to_reference(out, expected, low, name="c")
