@@ -174,13 +174,19 @@ def test_loss_finalize_kernel_compiles(dtype, mean, z_loss, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_scale_kernel_compiles(dtype, arch):
+@pytest.mark.parametrize(
+    "dtype, target_dtype", [("fp32", "i64"), ("bf16", "i32"), ("fp16", "i64"), ("fp32", None), ("bf16", None)]
+)
+def test_scale_kernel_compiles(dtype, target_dtype, arch):
+    """Both modes: the rows of a logits or hidden-state gradient (a target per row), a weight or
+    bias gradient (the target statistics)."""
     block_m, block_n = SCALE_TILE
+    row_targets = target_dtype is not None
     _spec(
-        ce_kernels._scale_kernel, arch, 8, {"BLOCK_M": block_m, "BLOCK_N": block_n},
-        x_ptr=dtype, scale_ptr=dtype, stride_x_row=4096, stride_x_col=1 if dtype != "fp16" else 2, n_rows=64,
-        n_cols=4096,
+        ce_kernels._scale_kernel, arch, 8, {"ROW_TARGETS": row_targets, "BLOCK_M": block_m, "BLOCK_N": block_n},
+        x_ptr=dtype, scale_ptr=dtype, target_ptr=target_dtype, stats_ptr=None if row_targets else "i64",
+        stride_x_row=4096, stride_x_col=1 if dtype != "fp16" else 2, stride_target=1 if row_targets else 0,
+        n_rows=64, n_cols=4096, n_stat_blocks=0 if row_targets else 4, ignore_index=-100,
     )  # fmt: skip
 
 

@@ -4,7 +4,8 @@ Per valid row (target != ignore_index), with lse = logsumexp(x), eps = label_smo
 and z = lse_square_scale:
     loss = lse - (1 - eps) * x[target] - eps * mean(x) + z * lse^2
     dloss/dx_j = (1 + 2 z lse) * softmax(x)_j - (1 - eps) * [j == target] - eps / V
-Ignored rows have loss 0 and gradient 0.
+Ignored rows have loss 0 and gradient 0 whatever their upstream gradient, NaN or inf included (as
+torch): the upstream gradient reaches a row through a select, never through a product with 0.
 
 Three kernels:
 - _target_stats_kernel: per block of targets, the number of rows not ignored and the lowest and
@@ -24,8 +25,10 @@ Three kernels:
     logits buffer itself: each element is read before the same thread overwrites it. Without
     COMPUTE_LOSS, lse is read from lse_ptr (a backward from saved statistics).
 - _loss_finalize_kernel: one program sums the fp64 partials and divides a mean by the count.
+- _scale_kernel: multiplies a gradient computed for an upstream 1 by the actual upstream gradient.
 NaN/inf follow torch: a NaN or +inf logit makes the row NaN, an all -inf row gives NaN, a -inf
-target logit gives +inf. Offsets are int64, so logits past 2^31 elements are addressed correctly.
+target logit gives +inf. Offsets are int64, row and column alike, so logits past 2^31 elements
+are addressed correctly in any layout (a column-major row's column offsets reach N * V).
 A target outside [0, V) that is not ignored loads nothing (its loss is NaN); the launcher
 rejects those.
 """
@@ -73,9 +76,17 @@ def _chunk_mask(mask_m, cols, n_cols):
 
 
 @triton.jit
+def _col_offsets(cols, stride_col):
+    """Element offsets of columns `cols`, in int64: with a column stride of N (column-major logits)
+    they pass 2^31 once N * V does."""
+    return cols.to(tl.int64) * stride_col
+
+
+@triton.jit
 def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr):
     """Columns `cols` of the tile's rows in fp32 (`other` where masked)."""
-    x = tl.load(row_ptrs[:, None] + cols[None, :] * stride_col, mask=_chunk_mask(mask_m, cols, n_cols), other=other)
+    ptrs = row_ptrs[:, None] + _col_offsets(cols, stride_col)[None, :]
+    x = tl.load(ptrs, mask=_chunk_mask(mask_m, cols, n_cols), other=other)
     return x.to(tl.float32)
 
 
@@ -156,9 +167,13 @@ def _cross_entropy_kernel(
         else:
             lse = tl.load(lse_ptr + offs_m, mask=mask_m, other=0.0)
         if COMPUTE_GRAD:
-            scale = tl.where(valid, grad_scale, 0.0)
+            scale = grad_scale
             if HAS_ROW_SCALE:
-                scale *= tl.load(row_scale_ptr + offs_m * stride_row_scale, mask=mask_m, other=0.0).to(tl.float32)
+                row_scale = tl.load(row_scale_ptr + offs_m * stride_row_scale, mask=mask_m, other=0.0)
+                scale = grad_scale * row_scale.to(tl.float32)
+            # Selected, not multiplied by 0: an ignored row's upstream gradient may be NaN or inf
+            # (a per-sequence mean over a sequence of padding only), and torch gives that row 0.
+            scale = tl.where(valid, scale, 0.0)
             softmax_scale = scale
             if HAS_Z_LOSS:
                 softmax_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
@@ -182,7 +197,7 @@ def _cross_entropy_kernel(
                 grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
                 if HAS_SMOOTHING:
                     grad -= uniform_grad[:, None]
-                grad_ptrs = grad_row_ptrs[:, None] + cols[None, :] * stride_grad_col
+                grad_ptrs = grad_row_ptrs[:, None] + _col_offsets(cols, stride_grad_col)[None, :]
                 tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=_chunk_mask(mask_m, cols, n_cols))
                 if PREFETCH:
                     x = x_next
@@ -217,26 +232,38 @@ def _loss_finalize_kernel(
         tl.store(z_loss_ptr, z_loss.to(tl.float32).to(z_loss_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["n_rows"])
+@triton.jit(do_not_specialize=["n_rows", "stride_target", "n_stat_blocks", "ignore_index"])
 def _scale_kernel(
-    x_ptr, scale_ptr,
-    stride_x_row, stride_x_col,
-    n_rows, n_cols,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr, scale_ptr, target_ptr, stats_ptr,
+    stride_x_row, stride_x_col, stride_target,
+    n_rows, n_cols, n_stat_blocks, ignore_index,
+    ROW_TARGETS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """x *= scale (a one-element tensor), in place, persistent over (BLOCK_M, BLOCK_N) tiles.
 
     Every program reads the scale first and touches nothing when it is 1: the common backward of
     a mean or summed loss costs one launch and no memory traffic, and no host synchronization.
+    What ignored rows contribute to x stays as it is whatever the scale, NaN or inf included, as
+    in torch: with ROW_TARGETS row i of x belongs to target i (logits or hidden-state gradients)
+    and ignored rows keep their values; without, x sums over every row (weight or bias
+    gradients) and is left as it is when no row is valid (stats: _target_stats_kernel's blocks).
     """
     scale = tl.load(scale_ptr).to(tl.float32)
-    if scale != 1.0:
+    active = scale != 1.0
+    if not ROW_TARGETS:
+        active = active & (_valid_count(stats_ptr, n_stat_blocks) > 0)
+    if active:
         n_col_tiles = (n_cols + BLOCK_N - 1) // BLOCK_N
         n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M * n_col_tiles
         for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
             offs_m = ((tile // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             offs_n = (tile % n_col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
-            ptrs = x_ptr + offs_m[:, None] * stride_x_row + offs_n[None, :] * stride_x_col
+            mask_m = offs_m < n_rows
+            mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
+            ptrs = x_ptr + offs_m[:, None] * stride_x_row + _col_offsets(offs_n, stride_x_col)[None, :]
             x = tl.load(ptrs, mask=mask, other=0.0)
-            tl.store(ptrs, (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty), mask=mask)
+            y = (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty)
+            if ROW_TARGETS:
+                target = tl.load(target_ptr + offs_m * stride_target, mask=mask_m, other=ignore_index)
+                y = tl.where((target == ignore_index)[:, None], x, y)
+            tl.store(ptrs, y, mask=mask)

@@ -5,7 +5,8 @@ How the gradient is produced depends on the reduction:
   row is re-read from L2, not from memory) for an upstream gradient of 1, into a new buffer or,
   with inplace_backward, into the logits buffer itself. The backward multiplies it by the actual
   upstream gradient with a kernel that exits at once when that gradient is 1 (a plain
-  loss.backward()), so the common step costs one read and one write of the logits in all.
+  loss.backward()), so the common step costs one read and one write of the logits in all. The
+  rows of ignored targets keep their zeros there, whatever the upstream gradient (NaN, inf).
 - "none": the upstream gradient differs per row, so the forward saves the logits and the fp32
   log-sum-exp of each row and the backward computes the gradient (into the logits buffer with
   inplace_backward).
@@ -82,12 +83,19 @@ class TargetStats(NamedTuple):
     ready: Optional[torch.cuda.Event]
 
 
-def target_stats(target: Tensor, ignore_index: int) -> TargetStats:
-    """Launch the statistics kernel over the (N,) targets and start copying its result to the host
-    (not while a CUDA graph is being captured: there is no host read then, and no label check)."""
+def target_counts(target: Tensor, ignore_index: int) -> Tensor:
+    """The statistics kernel's (blocks, 3) int64 result over the (N,) targets, on the device."""
     n_blocks = max(1, -(-target.shape[0] // STATS_BLOCK))
     stats = torch.empty((n_blocks, 3), dtype=torch.int64, device=target.device)
     _target_stats_kernel[(n_blocks,)](target, stats, target.stride(0), target.shape[0], ignore_index, BLOCK=STATS_BLOCK)
+    return stats
+
+
+def target_stats(target: Tensor, ignore_index: int) -> TargetStats:
+    """Launch the statistics kernel over the (N,) targets and start copying its result to the host
+    (not while a CUDA graph is being captured: there is no host read then, and no label check)."""
+    stats = target_counts(target, ignore_index)
+    n_blocks = stats.shape[0]
     if INTERPRETING:
         return TargetStats(stats, stats, None)
     if torch.cuda.is_current_stream_capturing():
@@ -170,8 +178,16 @@ def finalize_loss(partial: Tensor, stats: Tensor, loss: Tensor, z_loss: Optional
     )  # fmt: skip
 
 
-def scale_(x: Tensor, scale: Tensor) -> None:
-    """x *= scale in place (x 2-D, any strides; scale a one-element tensor), free when scale is 1."""
+def scale_(
+    x: Tensor, scale: Tensor, *, target: Optional[Tensor] = None, stats: Optional[Tensor] = None, ignore_index: int = 0
+) -> None:
+    """x *= scale in place (x 2-D, any strides; scale a one-element tensor), free when scale is 1.
+
+    x is a gradient for an upstream 1 that ignored rows do not reach; those keep their part of it
+    whatever the scale (NaN, inf). Pass one of: target ((rows,): row i of x belongs to target i),
+    whose ignore_index rows keep their values; stats (target_counts' result, when x sums over the
+    rows), with which x is left as it is when no row is valid.
+    """
     n_rows, n_cols = x.shape
     if x.numel() == 0:
         return
@@ -179,8 +195,16 @@ def scale_(x: Tensor, scale: Tensor) -> None:
     tiles = -(-n_rows // block_m) * -(-n_cols // block_n)
     programs = min(tiles, sm_count(x.device.index or 0) * SCALE_PROGRAMS_PER_SM)
     _scale_kernel[(programs,)](
-        x, scale, *x.stride(), n_rows, n_cols, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8
+        x, scale, target, stats, *x.stride(), 0 if target is None else target.stride(0), n_rows, n_cols,
+        0 if stats is None else stats.shape[0], ignore_index, ROW_TARGETS=target is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=8,
     )  # fmt: skip
+
+
+def keep_ignored_rows(grad: Tensor, scaled: Tensor, target: Tensor, ignore_index: int) -> Tensor:
+    """scaled (grad times the upstream gradient) with the rows of ignored targets taken from grad:
+    scale_ with a target, in torch ops (for the compiled backward)."""
+    return torch.where((target == ignore_index).unsqueeze(-1), grad, scaled)
 
 
 def loss_dtype_for(dtype: torch.dtype, device_type: str) -> torch.dtype:
@@ -274,10 +298,10 @@ def cross_entropy_backward(
 
     With logits, target and lse (reduction "none"): grad = d loss / d logits * grad_loss[row].
     Without (mean / sum): grad already holds the gradient for an upstream 1; it is scaled by the
-    one-element grad_loss in place.
+    one-element grad_loss in place, but for the rows of ignored targets.
     """
     if logits is None:
-        scale_(grad, grad_loss.reshape(1))
+        scale_(grad, grad_loss.reshape(1), target=target, ignore_index=ignore_index)
         return
     launch_cross_entropy(
         logits, target, None, grad=grad, lse=lse, row_scale=grad_loss, ignore_index=ignore_index,
@@ -300,8 +324,9 @@ def _setup_context(ctx, inputs, output):
         # The gradient lives in the logits buffer, whose version the forward bumped: kept as a plain
         # reference, not a saved tensor.
         ctx.grad_buffer = logits
+        ctx.save_for_backward(target)
     else:
-        ctx.save_for_backward(grad)
+        ctx.save_for_backward(grad, target)
 
 
 def _backward_rule(ctx, grads, backward, eager):
@@ -311,10 +336,11 @@ def _backward_rule(ctx, grads, backward, eager):
         grad = logits if ctx.inplace else torch.empty_like(logits)
         backward(grad_loss, grad, logits, target, lse, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
     elif eager:
-        grad = ctx.grad_buffer if ctx.inplace else ctx.saved_tensors[0]
-        backward(grad_loss, grad, None, None, None, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
+        grad, target = (ctx.grad_buffer, *ctx.saved_tensors) if ctx.inplace else ctx.saved_tensors
+        backward(grad_loss, grad, None, target, None, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
     else:
-        grad = ctx.saved_tensors[0] * grad_loss
+        grad, target = ctx.saved_tensors
+        grad = keep_ignored_rows(grad, grad * grad_loss, target, ctx.ignore_index)
     if ctx.inplace:
         # A new alias of the logits buffer: nothing else holds it, so autograd hands it on (or makes
         # it a leaf's .grad) as it is instead of copying the (N, V) buffer.

@@ -10,7 +10,8 @@ so the memory beyond the inputs and the gradients is one (C, V) buffer. The grad
 computed in the forward for an upstream gradient of 1 ("mean" / "sum"; the backward scales them,
 at no cost when the upstream gradient is 1). With reduction="none" the upstream gradient differs
 per row: the forward computes only the loss and the backward recomputes the chunk logits
-(one more matmul of the size of the first).
+(one more matmul of the size of the first). Either way an ignored token contributes exactly 0,
+as in torch, whatever its upstream gradient (NaN or inf included).
 
 grad_weight accumulates across N / C chunks. In fp32 (fp32_accumulation=True, the default) it
 is as accurate as one unchunked matmul, at the cost of an fp32 (V, H) accumulator when the
@@ -41,9 +42,11 @@ from .cross_entropy import (
     check_target_range,
     cross_entropy_programs,
     finalize_loss,
+    keep_ignored_rows,
     launch_cross_entropy,
     loss_dtype_for,
     scale_,
+    target_counts,
     target_stats,
 )
 
@@ -251,14 +254,16 @@ def linear_cross_entropy_backward(
 
     With hidden (reduction "none"): recomputes the chunks with the per-row upstream gradient.
     Without: the buffers hold the gradients for an upstream 1; they are scaled in place by the
-    one-element grad_loss (no traffic when it is 1).
+    one-element grad_loss (no traffic when it is 1), but for the ignored tokens' rows of
+    grad_hidden, and not at all grad_weight and grad_bias when every token is ignored.
     """
     if hidden is None:
         scale = grad_loss.reshape(1)
-        scale_(grad_hidden, scale)
-        scale_(grad_weight, scale)
+        scale_(grad_hidden, scale, target=target, ignore_index=ignore_index)
+        stats = target_counts(target, ignore_index)
+        scale_(grad_weight, scale, stats=stats)
         if grad_bias is not None:
-            scale_(grad_bias.view(1, -1), scale)
+            scale_(grad_bias.view(1, -1), scale, stats=stats)
         return
     h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
@@ -294,7 +299,7 @@ def _setup_context(ctx, inputs, output):
     if ctx.per_row:
         ctx.save_for_backward(hidden, weight, bias, target, lse)
     else:
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias if bias is not None else None)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias if bias is not None else None, target)
 
 
 def _backward_rule(ctx, grads, backward, eager):
@@ -307,10 +312,15 @@ def _backward_rule(ctx, grads, backward, eager):
         grad_bias = None if bias is None else torch.empty_like(bias)
         backward(grad_loss, grad_hidden, grad_weight, grad_bias, hidden, weight, bias, target, lse, *options, *settings)
     elif eager:
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        backward(grad_loss, grad_hidden, grad_weight, grad_bias, None, None, None, None, None, *options, *settings)
+        grad_hidden, grad_weight, grad_bias, target = ctx.saved_tensors
+        backward(grad_loss, grad_hidden, grad_weight, grad_bias, None, None, None, target, None, *options, *settings)
     else:
-        grad_hidden, grad_weight, grad_bias = (None if t is None else t * grad_loss for t in ctx.saved_tensors)
+        grad_hidden, grad_weight, grad_bias, target = ctx.saved_tensors
+        grad_hidden = keep_ignored_rows(grad_hidden, grad_hidden * grad_loss, target, ctx.ignore_index)
+        any_valid = (target != ctx.ignore_index).any()
+        grad_weight, grad_bias = (
+            None if t is None else torch.where(any_valid, t * grad_loss, t) for t in (grad_weight, grad_bias)
+        )
     return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 11))
 
 
