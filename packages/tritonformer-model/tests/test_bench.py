@@ -4,6 +4,7 @@ import csv
 
 import pytest
 import torch
+from tritonformer_testkit import interpreting
 
 from tritonformer import bench
 
@@ -133,3 +134,47 @@ def test_points_and_flops():
     cpu = torch.device("cpu")
     assert bench.skip_reason("tritonformer+graph", config, cpu) == "CUDA graphs need a CUDA GPU"
     assert bench.skip_reason("tritonformer", config, cpu) is None
+
+
+TRITON_ON_CPU = (
+    "skipped: the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
+)
+
+
+def test_cpu_skips_the_triton_rows_outside_the_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "interpreting", lambda: False)
+    args = ["--config", "tiny:16:2", "--providers", "tritonformer,tritonformer+compile,torch", "--device", "cpu",
+            "--steps", "1", "--warmup", "1", "--out-dir", str(tmp_path)]  # fmt: skip
+    assert bench.main(args) == 0
+    assert [r["status"] for r in rows_of(tmp_path)] == [TRITON_ON_CPU, TRITON_ON_CPU, "ok"]
+
+
+@pytest.mark.kernels
+@pytest.mark.skipif(not interpreting(), reason="on a CPU the tritonformer rows run only in Triton's interpreter")
+def test_cpu_runs_the_triton_rows_in_the_interpreter(tmp_path):
+    args = ["--config", "tiny:16:1", "--providers", "tritonformer", "--device", "cpu", "--steps", "1", "--warmup",
+            "1", "--out-dir", str(tmp_path)]  # fmt: skip
+    assert bench.main(args) == 0
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "ok" and row["loss"] == "fused" and float(row["step_ms"]) > 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "tpu"], "argument --device: unknown device 'tpu'; choose auto, cpu, cuda or cuda:N"),
+        (["--device", "auto"], "argument --device: unknown device 'auto'; choose cuda, cuda:N or cpu"),
+        (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        (["--warmup", "-1"], "argument --warmup: must be >= 1, got -1"),
+        (["--time-budget=-5"], "argument --time-budget: must be a finite number >= 0, got -5"),
+        (["--config", "410M:0:8"], "CONTEXT and BATCH must be >= 1 in '410M:0:8'"),
+        (["--config", "410M:2048:-1"], "CONTEXT and BATCH must be >= 1 in '410M:2048:-1'"),
+        (["--set", "dropout"], "--set takes OPTION=VALUE, got 'dropout'"),
+    ],
+)
+def test_bad_flags_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == f"tritonformer-bench: error: {message}"

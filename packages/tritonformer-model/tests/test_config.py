@@ -40,7 +40,7 @@ def test_size_presets_have_their_parameter_counts(name, millions):
     ],
 )
 def test_counts_from_the_config_match_the_models(options):
-    config = TransformerConfig(vocab_size=100, n_layer=2, n_head=4, d_model=32, max_seq_len=16, **options)
+    config = TransformerConfig(vocab_size=100, n_layer=2, n_head=2, d_model=32, max_seq_len=16, **options)
     for model_class in (TorchTransformer, Transformer):
         model = model_class(config)
         for matmul_only in (True, False):
@@ -75,7 +75,13 @@ def test_round_trip_through_a_dict():
         (dict(d_model=64.0), TypeError, "d_model must be an int"),
         (dict(vocab_size=True), TypeError, "vocab_size must be an int"),
         (dict(dropout=1.0), ValueError, "dropout must be a probability"),
-        (dict(norm_eps=0), ValueError, "norm_eps must be positive"),
+        (dict(norm_eps=0), ValueError, "norm_eps must be a finite number > 0, got 0"),
+        (dict(norm_eps=-1e-5), ValueError, "norm_eps must be a finite number > 0, got -1e-05"),
+        (dict(norm_eps=float("inf")), ValueError, "norm_eps must be a finite number > 0, got inf"),
+        (dict(norm_eps=float("nan")), ValueError, "norm_eps must be a finite number > 0, got nan"),
+        (dict(norm_eps=True), ValueError, "norm_eps must be a finite number > 0, got True"),
+        (dict(rope_base=float("inf")), ValueError, "rope_base must be a finite number > 1, got inf"),
+        (dict(dropout=float("nan")), ValueError, "dropout must be a probability"),
         (dict(tie_embeddings="yes"), TypeError, "tie_embeddings must be a bool"),
         (dict(ignore_index=3), ValueError, "ignore_index=3 must be an int outside"),
         (dict(d_model=60, n_head=4, position="rope"), ValueError, "head_dim=15 must be even"),

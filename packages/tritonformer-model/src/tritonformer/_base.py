@@ -8,12 +8,23 @@ modules under the same names and implement `hidden_states`, `cross_entropy` and
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
 from .config import TransformerConfig
+
+
+def _is_compiling() -> bool:
+    """Whether torch.compile is tracing this call (torch.compiler.is_compiling from torch 2.3)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    dynamo = sys.modules.get("torch._dynamo")  # pragma: no cover - torch < 2.3; never imported just to ask
+    return dynamo is not None and dynamo.is_compiling()  # pragma: no cover
+
 
 # Matrices whose product is added to the residual stream: GPT-2 scales their init by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.fc2.weight", "mlp.w_down")
@@ -69,6 +80,18 @@ class CausalLM(nn.Module):
             raise ValueError(f"idx must be (batch, seq_len), got shape {tuple(idx.shape)}")
         if idx.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len={self.config.max_seq_len}")
+        self._check_token_ids(idx)
+
+    def _check_token_ids(self, idx: torch.Tensor) -> None:
+        """Every id in [0, vocab_size), from one min/max reduction. Reading it on the host waits for the
+        device, which a CUDA graph capture forbids and torch.compile would trace as a graph break: both skip it."""
+        if idx.numel() == 0 or _is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return
+        low, high = torch.stack(torch.aminmax(idx)).tolist()
+        vocab_size = self.config.vocab_size
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} in idx is outside [0, vocab_size={vocab_size})")
 
     def _run_blocks(self, blocks: nn.ModuleList, state: tuple, position) -> tuple:
         """state = block(*state, position) for each block; with activation checkpointing each
@@ -148,10 +171,15 @@ class CausalLM(nn.Module):
         context is cropped to the last max_seq_len tokens. Runs in eval mode (no dropout) and
         restores the previous mode.
         """
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.numel() == 0:
+            shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise ValueError(
+                f"generate needs a prompt idx of shape (batch, seq_len) with at least one token, got {shape}"
+            )
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         was_training = self.training

@@ -48,7 +48,15 @@ import torch
 
 from .config import PRESETS, TransformerConfig
 from .cuda_graph import GraphedModel
-from .train import build_model, parse_value
+from .train import (
+    HelpFormatter,
+    build_model,
+    check_device_name,
+    interpreting,
+    non_negative_float,
+    parse_value,
+    positive_int,
+)
 
 PROVIDERS = (
     "tritonformer", "tritonformer+graph", "tritonformer+compile", "torch", "torch+graph", "torch.compile", "hf-llama",
@@ -83,6 +91,8 @@ class Point:
             raise ValueError(f"a config is PRESET:CONTEXT:BATCH, e.g. 410M:2048:8; got {text!r}") from None
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r} in {text!r}; known: {', '.join(PRESETS)}")
+        if point.context < 1 or point.batch < 1:
+            raise ValueError(f"CONTEXT and BATCH must be >= 1 in {text!r}")
         return point
 
     def __str__(self):
@@ -167,6 +177,8 @@ def skip_reason(provider: str, config: TransformerConfig, device: torch.device) 
     """Why a provider cannot run here (None: it can)."""
     if provider.startswith("hf-llama"):
         return hf_skip_reason(config, liger=provider.endswith("liger"))
+    if provider.startswith("tritonformer") and device.type != "cuda" and not interpreting():
+        return "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
     if "compile" in provider and not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
     if provider.endswith("+graph"):
@@ -421,15 +433,24 @@ def parse_providers(values: Optional[Iterable[str]]) -> List[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="tritonformer-bench",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def device_name(text: str) -> str:
+    """cpu, cuda or cuda:N (there is no auto: this command times GPUs)."""
+    try:
+        if text == "auto":
+            raise ValueError("unknown device 'auto'; choose cuda, cuda:N or cpu")
+        check_device_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tritonformer-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--config", "--configs", dest="config", nargs="+", action="extend", metavar="PRESET:CONTEXT:BATCH",
                    help=f"points to time, space- or comma-separated (default: {' '.join(HEADLINE)})")  # fmt: skip
-    p.add_argument("--sweep", choices=("headline", "seed"), default="headline", help="a named set of points")
+    p.add_argument("--sweep", choices=("headline", "seed"), default="headline",
+                   help="a named set of points, when --config is not given")  # fmt: skip
     p.add_argument("--providers", "--provider", dest="providers", nargs="+", action="extend", metavar="PROVIDER",
                    help=f"space- or comma-separated, run in this order, or 'all' "
                    f"(default: {','.join(DEFAULT_PROVIDERS)}; all: {','.join(PROVIDERS)})")  # fmt: skip
@@ -438,13 +459,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="OPTION=VALUE",
                    help="TransformerConfig options for every point, e.g. activation_checkpointing=true")  # fmt: skip
     p.add_argument("--optimizer", action="store_true", help="include a fused AdamW step in each timed step")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first compiles and autotunes)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps")
-    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--warmup", type=positive_int, default=2,
+                   help="untimed steps first (the first compiles and autotunes)")  # fmt: skip
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps")
+    p.add_argument("--time-budget", type=non_negative_float, default=None, metavar="SECONDS",
                    help="skip the rows expected to end after this many seconds: those starting later, and "
                    "those whose provider's previous row took longer than what is left")  # fmt: skip
-    p.add_argument("--out-dir", default="bench-out")
-    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this command (no peak memory)")
+    p.add_argument("--out-dir", default="bench-out", help="where bench.csv, bench.md and bench.png go")
+    p.add_argument("--device", type=device_name, default="cuda",
+                   help="cuda or cuda:N; cpu only smoke-tests this command (no peak memory; the tritonformer rows "
+                   "run only under TRITON_INTERPRET=1)")  # fmt: skip
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         args.providers = parse_providers(args.providers)
@@ -452,11 +481,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.points = [Point.parse(name) for name in names]
     except ValueError as error:
         p.error(str(error))
-    if args.warmup < 1 or args.steps < 1:
-        p.error(f"--warmup and --steps must be >= 1 (got {args.warmup}, {args.steps})")
     overrides = {}
     for item in args.overrides:
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--set takes OPTION=VALUE, got {item!r}")
         overrides[key] = parse_value(value)
     args.overrides = overrides
     return args
@@ -474,6 +503,10 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("tritonformer-bench times training steps on a CUDA GPU; none is available here", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        print(f"tritonformer-bench: error: {args.device}: torch sees {torch.cuda.device_count()} CUDA GPU(s)",
+              file=sys.stderr)  # fmt: skip
         return 2
     started = time.perf_counter()
     out = pathlib.Path(args.out_dir)

@@ -100,12 +100,12 @@ class TransformerConfig:
             )
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' rotates pairs: head_dim={self.head_dim} must be even")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+        if not (_is_finite_number(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
-        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
-            raise ValueError(f"rope_base must be > 1, got {self.rope_base!r}")
+        if not (_is_finite_number(self.norm_eps) and self.norm_eps > 0):
+            raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps!r}")
+        if not (_is_finite_number(self.rope_base) and self.rope_base > 1):
+            raise ValueError(f"rope_base must be a finite number > 1, got {self.rope_base!r}")
         if not isinstance(self.ignore_index, int) or 0 <= self.ignore_index < self.vocab_size:
             raise ValueError(f"ignore_index={self.ignore_index!r} must be an int outside [0, vocab_size)")
 
@@ -203,6 +203,11 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _is_finite_number(value: Any) -> bool:
+    """An int or float (not a bool) that is neither inf nor nan."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:

@@ -90,7 +90,10 @@ def _bin_data(train: np.ndarray, val: np.ndarray, description: str) -> TokenData
 
 
 def load_data(source: Optional[str] = None) -> TokenData:
-    """The default corpus (source None), a directory with train.bin/val.bin, a .bin or a text file."""
+    """The default corpus (source None), a directory with train.bin/val.bin, a .bin or a text file.
+
+    A missing, unreadable or malformed source raises a one-line FileNotFoundError or ValueError naming the file.
+    """
     if source is None:
         return default_corpus()
     path = pathlib.Path(source)
@@ -98,16 +101,35 @@ def load_data(source: Optional[str] = None) -> TokenData:
         train_bin, val_bin = path / "train.bin", path / "val.bin"
         if not (train_bin.is_file() and val_bin.is_file()):
             raise FileNotFoundError(f"{path} is a directory without train.bin and val.bin (nanoGPT's layout)")
-        train = np.memmap(train_bin, dtype=np.uint16, mode="r")
-        val = np.memmap(val_bin, dtype=np.uint16, mode="r")
+        train, val = _read_tokens(train_bin), _read_tokens(val_bin)
         return _bin_data(train, val, f"uint16 tokens from {train_bin} and {val_bin}")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no such data file: {path}")
+    if not path.is_file():
+        raise ValueError(f"data file {path} is not a regular file")
     if path.suffix == ".bin":
-        stream = np.memmap(path, dtype=np.uint16, mode="r")
-        train, val = _split(stream)
+        train, val = _split(_read_tokens(path))
         return _bin_data(train, val, f"uint16 tokens from {path} (last {VAL_FRACTION:.0%} held out)")
-    return _byte_data(path.read_bytes(), f"the bytes of {path}")
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read data file {path}: {error.strerror or error}") from None
+    if not raw:
+        raise ValueError(f"data file {path} is empty")
+    return _byte_data(raw, f"the bytes of {path}")
+
+
+def _read_tokens(path: pathlib.Path) -> np.ndarray:
+    """A nanoGPT .bin file (flat uint16 token ids), memory-mapped read-only."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise ValueError(f"data file {path} is empty")
+        if size % 2:
+            raise ValueError(f"data file {path} has {size} bytes: not a whole number of uint16 tokens (nanoGPT .bin)")
+        return np.memmap(path, dtype=np.uint16, mode="r")
+    except OSError as error:
+        raise ValueError(f"cannot read data file {path}: {error.strerror or error}") from None
 
 
 def get_batch(

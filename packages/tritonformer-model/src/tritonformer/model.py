@@ -39,6 +39,11 @@ import fused_norm_xent
 import fused_rope
 import fused_swiglu
 
+try:
+    from fused_attention import _validation as _attention_validation
+except ImportError:  # pragma: no cover - a fused_attention laid out otherwise
+    _attention_validation = None
+
 from . import positions, torch_model
 from ._base import CausalLM
 from ._compat import autocast_dtype
@@ -79,6 +84,21 @@ def check_kernel_apis(config: TransformerConfig) -> None:
             + ", ".join(missing)
             + ". There is no fallback to PyTorch (TorchTransformer is the plain-PyTorch model)."
         )
+
+
+def check_attention_heads(config: TransformerConfig) -> None:
+    """Raise a ValueError naming the head dim when the attention kernel does not take it, with
+    fused_attention's own check (the one its launchers run), at construction rather than at the first forward."""
+    check_heads = getattr(_attention_validation, "check_heads", None)
+    if check_heads is None:  # a fused_attention without this check: its launcher still checks at the first call
+        return
+    try:
+        check_heads(config.n_head, config.n_kv_head, config.head_dim, config.head_dim)
+    except ValueError as error:
+        raise ValueError(
+            f"head_dim={config.head_dim} (d_model={config.d_model} / n_head={config.n_head}) does not run on the "
+            f"attention kernel: {error}"
+        ) from None
 
 
 def make_norm(config: TransformerConfig) -> nn.Module:
@@ -171,6 +191,7 @@ class Transformer(CausalLM):
         super().__init__()
         config.validate()
         check_kernel_apis(config)
+        check_attention_heads(config)
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
