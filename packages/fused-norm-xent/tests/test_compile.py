@@ -23,8 +23,9 @@ from fused_norm_xent.ops.softmax import launch_config
 pytestmark = pytest.mark.aot
 
 DTYPES = ["fp32", "fp16", "bf16"]
-# One width per launch configuration: every power of two up to the widest single block, then chunked.
-NORM_WIDTHS = [2**k for k in range(MAX_SINGLE_BLOCK_COLS.bit_length())] + [MAX_SINGLE_BLOCK_COLS + 1]
+# One width per launch configuration: every power of two up to the widest single block, then two
+# chunked widths (the backward's gradient outputs differ between one program and several).
+NORM_WIDTHS = [2**k for k in range(MAX_SINGLE_BLOCK_COLS.bit_length())] + [MAX_SINGLE_BLOCK_COLS + 1, 12289]
 CE_WIDTHS = [2**k for k in range(14)] + [50304]
 SOFTMAX_WIDTHS = [2**k for k in range(15)] + [65536]
 
@@ -56,7 +57,7 @@ def _norm_cases():
         flags = {
             "IS_RMS_NORM": rms, "HAS_RESIDUAL": residual, "HAS_DROPOUT": dropout,
             "STORE_RESIDUAL": residual or dropout or i % 5 == 2, "HAS_WEIGHT": i % 4 != 1,
-            "HAS_BIAS": i % 4 in (0, 2), "strided": i % 7 == 3,
+            "HAS_BIAS": i % 4 in (0, 2), "strided": i % 7 == 3, "one_program": i % 2 == 0,
         }  # fmt: skip
         yield pytest.param(width, dtype, res_dtype or "fp32", flags, id=f"cols{width}-{dtype}-{'rms' if rms else 'ln'}")
 
@@ -65,7 +66,7 @@ def _norm_cases():
 @pytest.mark.parametrize("width, dtype, res_dtype, flags", list(_norm_cases()))
 def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
     flags = dict(flags)
-    strided = flags.pop("strided")
+    strided, one_program = flags.pop("strided"), flags.pop("one_program")
     rms, store, has_w, has_b = flags["IS_RMS_NORM"], flags["STORE_RESIDUAL"], flags["HAS_WEIGHT"], flags["HAS_BIAS"]
     residual = res_dtype if flags["HAS_RESIDUAL"] else None
     rng = {"dropout_threshold": 123456, "seed_lo": 77, "seed_hi": -5, "rng_offset": 9}
@@ -81,6 +82,8 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
     )  # fmt: skip
     cfg = norm_config(width, True)
     kernel = norm_kernels._norm_bwd_chunked_kernel if cfg.chunked else norm_kernels._norm_bwd_kernel
+    # Several programs write fp32 partial sums; a single one writes the gradients in their dtype.
+    partial_dtype = "bf16" if one_program else "fp32"
     bwd_flags = {
         "IS_RMS_NORM": rms, "HAS_DRES_OUT": store, "STORE_DRES": flags["HAS_RESIDUAL"] and flags["HAS_DROPOUT"],
         "HAS_DROPOUT": flags["HAS_DROPOUT"], "HAS_WEIGHT": has_w, "HAS_BIAS": has_b,
@@ -89,11 +92,11 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
         kernel, arch, cfg.num_warps, dict(bwd_flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
         s_ptr=res_dtype if store else dtype, dy_ptr=dtype, dres_out_ptr=res_dtype if store else None,
         weight_ptr=res_dtype if has_w else None, stats_ptr="fp32", dx_ptr=dtype,
-        dres_ptr=res_dtype if bwd_flags["STORE_DRES"] else None, partial_dw_ptr="fp32" if has_w else None,
-        partial_db_ptr="fp32" if has_b else None, stride_s_row=width * (2 if strided else 1),
+        dres_ptr=res_dtype if bwd_flags["STORE_DRES"] else None, dw_ptr=partial_dtype if has_w else None,
+        db_ptr=partial_dtype if has_b else None, stride_s_row=width * (2 if strided else 1),
         stride_s_col=2 if strided else 1, stride_dy_row=width, stride_dy_col=1, stride_dres_out_row=width,
-        stride_dres_out_col=1 if store else 0, n_rows=64, n_cols=width, weight_offset=1.0 if rms else 0.0,
-        dropout_scale=1.25, **rng,
+        stride_dres_out_col=1 if store else 0, n_rows=64, n_cols=width, db_offset=width * 3 if has_w else 0,
+        weight_offset=1.0 if rms else 0.0, dropout_scale=1.25, dropout_threshold=rng["dropout_threshold"],
     )  # fmt: skip
 
 
@@ -106,8 +109,8 @@ def test_norm_param_grad_kernel_compiles(has_weight, has_bias, dtype, arch):
     _spec(
         norm_kernels._norm_param_grad_kernel, arch, 4,
         {"HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, "BLOCK_P": block_p, "BLOCK_N": block_n},
-        partial_dw_ptr="fp32" if has_weight else None, partial_db_ptr="fp32" if has_bias else None,
-        dw_ptr=dtype if has_weight else None, db_ptr=dtype if has_bias else None, n_partials=528, n_cols=4096,
+        partial_ptr="fp32", dw_ptr=dtype if has_weight else None, db_ptr=dtype if has_bias else None, n_partials=528,
+        n_cols=4096, db_offset=528 * 4096 if has_weight else 0,
     )  # fmt: skip
 
 

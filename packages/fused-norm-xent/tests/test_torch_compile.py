@@ -76,7 +76,9 @@ def test_opcheck(device):
     ops = torch.ops.fused_norm_xent
     x, w = torch.randn(3, 16, device=device, requires_grad=True), torch.randn(16, device=device, requires_grad=True)
     torch.library.opcheck(ops.softmax_fwd, (x, 1, False))
-    torch.library.opcheck(ops.norm_fwd, (x, w, None, None, 1e-5, 0.0, False, 0.0, -1, 0, False))
+    torch.library.opcheck(ops.norm_fwd, (x, w, None, [16], 1e-5, 0.0, False))
+    residual = torch.randn(3, 16, device=device, requires_grad=True)
+    torch.library.opcheck(ops.add_dropout_norm_fwd, (x, residual, w, None, 1e-5, 0.0, True, 0.25, 7, 0, False))
     logits, target = torch.randn(4, 10, device=device, requires_grad=True), torch.randint(0, 10, (4,), device=device)
     torch.library.opcheck(
         ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, "mean", False, True, False, logits.dtype)

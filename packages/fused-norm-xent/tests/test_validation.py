@@ -43,7 +43,7 @@ def test_norm_rejects_mismatched_shapes(fn):
 def test_norm_rejects_bad_parameters():
     with pytest.raises(TypeError, match=r"^bias has dtype torch.int32"):
         layer_norm(_x(2, 3), 3, _x(3), torch.ones(3, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"^eps=-1.0 is out of range"):
+    with pytest.raises(ValueError, match=r"^eps=-1.0 must be a finite number in \[0.0, inf\]"):
         layer_norm(_x(2, 3), 3, eps=-1.0)
 
 
@@ -56,7 +56,7 @@ def test_add_dropout_norm_rejects_bad_input():
     x = _x(4, 8)
     with pytest.raises(ValueError, match=r"^residual has shape \(4, 9\) but must have shape \(4, 8\)"):
         add_dropout_norm(x, _x(4, 9), None, None, 0.1)
-    with pytest.raises(ValueError, match=r"^p=1.5 is out of range \[0.0, 1.0\]"):
+    with pytest.raises(ValueError, match=r"^p=1.5 must be a finite number in \[0.0, 1.0\]"):
         add_dropout_norm(x, None, None, None, 1.5)
     with pytest.raises(ValueError, match=r"^norm='batchnorm' is not one of 'layernorm', 'rmsnorm'"):
         add_dropout_norm(x, None, None, None, 0.1, norm="batchnorm")
@@ -94,9 +94,9 @@ def test_cross_entropy_rejects_bad_options():
     logits, target = _x(3, 5), torch.zeros(3, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"^reduction='avg' is not one of 'mean', 'sum', 'none'"):
         cross_entropy(logits, target, reduction="avg")
-    with pytest.raises(ValueError, match=r"^label_smoothing=1.5 is out of range"):
+    with pytest.raises(ValueError, match=r"^label_smoothing=1.5 must be a finite number in \[0.0, 1.0\]"):
         cross_entropy(logits, target, label_smoothing=1.5)
-    with pytest.raises(ValueError, match=r"^lse_square_scale=-0.1 is out of range"):
+    with pytest.raises(ValueError, match=r"^lse_square_scale=-0.1 must be a finite number in \[0.0, inf\)"):
         cross_entropy(logits, target, lse_square_scale=-0.1)
     with pytest.raises(ValueError, match=r"^weight: class weights are not supported"):
         cross_entropy(logits, target, torch.ones(5))

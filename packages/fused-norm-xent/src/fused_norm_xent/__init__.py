@@ -20,13 +20,14 @@ from .modules import (
 )
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.linear_cross_entropy import LinearCrossEntropyFunction, linear_cross_entropy
-from .ops.norm import NormFunction, add_dropout_norm, layer_norm, rms_norm
+from .ops.norm import AddDropoutNormFunction, NormFunction, add_dropout_norm, layer_norm, rms_norm
 from .ops.softmax import SoftmaxFunction, log_softmax, softmax
 
 __version__ = "0.4.0"
 
 __all__ = [
     "AddDropoutNorm",
+    "AddDropoutNormFunction",
     "CrossEntropyFunction",
     "CrossEntropyLoss",
     "LayerNorm",

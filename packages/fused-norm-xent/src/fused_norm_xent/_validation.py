@@ -1,35 +1,28 @@
-"""Input checks that run before any launch and name the offending argument."""
+"""Checks specific to this package; the shared ones come from the runtime."""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Sequence, Tuple, Union
 
 import torch
 
-from ._compat import INTERPRETING, KERNEL_DEVICE_TYPE
+from ._runtime.validation import (  # noqa: F401 - re-exported for the package's modules
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_bool,
+    check_choice,
+    check_device,
+    check_float,
+    check_int,
+    check_optional_tensor,
+    check_shape,
+    check_tensor,
+    dtype_names,
+)
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Class-index targets: torch takes int64; int32 saves memory and is read the same way.
 TARGET_DTYPES = (torch.int64, torch.int32)
-
-
-def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
-
-
-def check_tensor(name: str, value, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> torch.Tensor:
-    """`value` must be a tensor of one of `dtypes` (its device is checked by check_device)."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    dtypes = tuple(dtypes)
-    if value.dtype not in dtypes:
-        raise TypeError(f"{name} has dtype {value.dtype}; supported: {_dtype_names(dtypes)}")
-    return value
-
-
-def check_optional_tensor(name: str, value, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> Optional[torch.Tensor]:
-    return None if value is None else check_tensor(name, value, dtypes)
 
 
 def check_target(name: str, value) -> torch.Tensor:
@@ -37,33 +30,9 @@ def check_target(name: str, value) -> torch.Tensor:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         raise TypeError(
             f"{name} has dtype {value.dtype}: class probabilities are not supported, pass class indices "
-            f"({_dtype_names(TARGET_DTYPES)})"
+            f"({dtype_names(TARGET_DTYPES)})"
         )
     return check_tensor(name, value, TARGET_DTYPES)
-
-
-def check_shape(name: str, value: torch.Tensor, shape: Sequence[int], what: str) -> None:
-    """`value` must have exactly `shape`; `what` says where the expected shape comes from."""
-    if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(value.shape)} but must have shape {tuple(shape)} ({what})")
-
-
-def check_device(**tensors: Optional[torch.Tensor]) -> None:
-    """Each tensor must be on the device kernels run on, all on the same one (None is skipped).
-
-    Called after the dtype and shape checks, so those errors read the same on any machine.
-    """
-    first = None
-    for name, value in tensors.items():
-        if value is None:
-            continue
-        if value.device.type != KERNEL_DEVICE_TYPE:
-            where = "the CPU (TRITON_INTERPRET=1 is set)" if INTERPRETING else "a CUDA device"
-            raise ValueError(f"{name} is on {value.device}; the kernels run on {where}")
-        if first is None:
-            first = (name, value.device)
-        elif value.device != first[1]:
-            raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
 
 
 def check_dim(name: str, dim: int, ndim: int) -> int:
@@ -73,32 +42,6 @@ def check_dim(name: str, dim: int, ndim: int) -> int:
     if ndim == 0 or not -ndim <= dim < ndim:
         raise ValueError(f"{name}={dim} is out of range for a tensor with {ndim} dims")
     return dim % ndim
-
-
-def check_int(name: str, value, low: Optional[int] = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if low is not None and value < low:
-        raise ValueError(f"{name}={value} must be >= {low}")
-    return value
-
-
-def check_float(name: str, value, low: float, high: float, *, include_high: bool = True) -> float:
-    """A real number in [low, high] (or [low, high) when include_high is False)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
-    in_range = low <= value <= high if include_high else low <= value < high
-    if not in_range:
-        closing = "]" if include_high else ")"
-        raise ValueError(f"{name}={value} is out of range [{low}, {high}{closing}")
-    return value
-
-
-def check_choice(name: str, value, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(repr(c) for c in choices)}")
-    return value
 
 
 def normalized_shape_tuple(normalized_shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
@@ -111,9 +54,32 @@ def normalized_shape_tuple(normalized_shape: Union[int, Sequence[int]]) -> Tuple
     return shape
 
 
-def check_normalized(x: torch.Tensor, normalized_shape: Tuple[int, ...]) -> int:
-    """x must end with normalized_shape; returns the number of elements normalized together."""
+def check_normalized(x_shape: Sequence[int], normalized_shape: Tuple[int, ...]) -> int:
+    """x's shape must end with normalized_shape; returns the number of elements normalized together."""
     k = len(normalized_shape)
-    if x.dim() < k or tuple(x.shape[-k:]) != normalized_shape:
-        raise ValueError(f"x has shape {tuple(x.shape)}, which does not end with normalized_shape {normalized_shape}")
+    if len(x_shape) < k or tuple(x_shape[-k:]) != normalized_shape:
+        raise ValueError(f"x has shape {tuple(x_shape)}, which does not end with normalized_shape {normalized_shape}")
     return math.prod(normalized_shape)
+
+
+class _Placed:
+    """A stand-in holding only a device, for check_device where a plan has devices, not tensors."""
+
+    __slots__ = ("device",)
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+
+def check_devices(**devices) -> None:
+    """check_device for devices (None skipped) given by the name of the tensor on each."""
+    check_device(**{name: None if device is None else _Placed(device) for name, device in devices.items()})
+
+
+def cached_plan(plan_fn, key: tuple):
+    """plan_fn(*key) through its functools.lru_cache; uncached where an argument cannot be hashed,
+    so that the plan's checks name it."""
+    try:
+        return plan_fn(*key)
+    except TypeError:
+        return plan_fn.__wrapped__(*key)

@@ -23,12 +23,15 @@ Backward, persistent: each program walks a strided set of row tiles, writes dx (
 gradient) per row, and accumulates the weight and bias gradients of its rows in registers
 (single-block rows) or in its own fp32 row of the partial buffer (chunked rows). A second small
 kernel sums the (programs, cols) partial buffers into dw and db: no per-row fp32 buffer, no atomics,
-a deterministic order.
+a deterministic order. With a single program (few rows) its row is the gradient itself: it writes
+dw and db directly, in their dtypes, and the second kernel is not launched.
 
 Dropout: Philox-4x32 with 7 rounds, keyed by the 64-bit seed, counter (col, row low 32 bits, row
 high 32 bits, rng_offset). An element is kept when the top 31 bits of its draw are >= threshold
 (= round(p * 2^31)), and scaled by 1 / (1 - p). The same (seed, offset) gives the same mask in the
-forward, the backward and on any Triton version. Offsets are int64 throughout.
+forward, the backward and on any Triton version. The forward stores the seed's two words and the
+offset after the statistics, where the backward reads them: nothing about the mask goes through
+the host between the two. Offsets are int64 throughout.
 """
 
 import triton
@@ -39,6 +42,7 @@ _PHILOX_ROUNDS = tl.constexpr(7)
 # random words, and row counts, which only mask whole rows (no load's vector width depends on
 # them), so that each new row count does not compile the kernel again.
 _UNSPECIALIZED = ["n_rows", "dropout_threshold", "seed_lo", "seed_hi", "rng_offset"]
+_BWD_UNSPECIALIZED = ["n_rows", "dropout_threshold"]
 
 
 @triton.jit
@@ -137,11 +141,37 @@ def _load_stats(stats_ptr, offs_m, mask_m, n_rows, IS_RMS_NORM: tl.constexpr):
     return mean, tl.load(stats_ptr + n_rows + offs_m, mask=mask_m, other=0.0)
 
 
+@triton.jit
+def _rng_words_ptr(stats_ptr, n_rows, IS_RMS_NORM: tl.constexpr):
+    """The three int32 words (seed_lo, seed_hi, rng_offset) stored after the statistics."""
+    if IS_RMS_NORM:
+        words = stats_ptr + n_rows.to(tl.int64)
+    else:
+        words = stats_ptr + 2 * n_rows.to(tl.int64)
+    return words.to(tl.pointer_type(tl.int32), bitcast=True)
+
+
+@triton.jit
+def _store_rng_words(stats_ptr, n_rows, seed_lo, seed_hi, rng_offset, IS_RMS_NORM: tl.constexpr):
+    """Program 0 keeps the dropout's key and offset beside the statistics, for the backward."""
+    if tl.program_id(0) == 0:
+        words = _rng_words_ptr(stats_ptr, n_rows, IS_RMS_NORM)
+        tl.store(words, seed_lo)
+        tl.store(words + 1, seed_hi)
+        tl.store(words + 2, rng_offset)
+
+
+@triton.jit
+def _load_rng_words(stats_ptr, n_rows, IS_RMS_NORM: tl.constexpr):
+    words = _rng_words_ptr(stats_ptr, n_rows, IS_RMS_NORM)
+    return tl.load(words), tl.load(words + 1), tl.load(words + 2)
+
+
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_fwd_kernel(
-    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, stats_ptr,
+    x_ptr, weight_ptr, bias_ptr, y_ptr, stats_ptr, residual_ptr, residual_out_ptr, seed_lo, seed_hi, rng_offset,
     stride_x_row, stride_x_col, stride_res_row, stride_res_col,
-    n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -170,6 +200,8 @@ def _norm_fwd_kernel(
         var = _row_mean(tl.sum(centered * centered, axis=1), n_cols)
     rstd = _rstd(var, eps)
     _store_stats(stats_ptr, offs_m, mask_m, n_rows, mean, rstd, IS_RMS_NORM)
+    if HAS_DROPOUT:
+        _store_rng_words(stats_ptr, n_rows, seed_lo, seed_hi, rng_offset, IS_RMS_NORM)
     y = _affine(
         _xhat(s, mean, rstd, IS_RMS_NORM), weight_ptr, bias_ptr, offs_n, mask_n, weight_offset, HAS_WEIGHT, HAS_BIAS
     )
@@ -178,9 +210,9 @@ def _norm_fwd_kernel(
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_fwd_chunked_kernel(
-    x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, residual_out_ptr, stats_ptr,
+    x_ptr, weight_ptr, bias_ptr, y_ptr, stats_ptr, residual_ptr, residual_out_ptr, seed_lo, seed_hi, rng_offset,
     stride_x_row, stride_x_col, stride_res_row, stride_res_col,
-    n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -222,6 +254,8 @@ def _norm_fwd_chunked_kernel(
         var = _row_mean(tl.sum(lane_m2 + lane_count * spread * spread, axis=1), n_cols)
     rstd = _rstd(var, eps)
     _store_stats(stats_ptr, offs_m, mask_m, n_rows, mean, rstd, IS_RMS_NORM)
+    if HAS_DROPOUT:
+        _store_rng_words(stats_ptr, n_rows, seed_lo, seed_hi, rng_offset, IS_RMS_NORM)
     # Pass 2: normalize. Without a stored residual the norm input is x itself.
     if STORE_RESIDUAL:
         s_ptr = residual_out_ptr
@@ -287,16 +321,19 @@ def _input_grad(
     tl.store(dx_ptr + offs_m[:, None] * n_cols + offs_n[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=_UNSPECIALIZED)
+@triton.jit(do_not_specialize=_BWD_UNSPECIALIZED)
 def _norm_bwd_kernel(
-    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, stats_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
+    s_ptr, dy_ptr, weight_ptr, stats_ptr, dx_ptr, dw_ptr, db_ptr, dres_out_ptr, dres_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
-    n_rows, n_cols, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    n_rows, n_cols, db_offset, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
+    seed_lo, seed_hi, rng_offset = 0, 0, 0
+    if HAS_DROPOUT:
+        seed_lo, seed_hi, rng_offset = _load_rng_words(stats_ptr, n_rows, IS_RMS_NORM)
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < n_cols
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -326,30 +363,35 @@ def _norm_bwd_kernel(
             # the same sum of a where() was right).
             db += tl.sum(tl.where(mask, dy, 0.0), axis=0)
     if HAS_WEIGHT:
-        tl.store(partial_dw_ptr + pid.to(tl.int64) * n_cols + offs_n, dw, mask=mask_n)
+        tl.store(dw_ptr + pid.to(tl.int64) * n_cols + offs_n, dw.to(dw_ptr.dtype.element_ty), mask=mask_n)
     if HAS_BIAS:
-        tl.store(partial_db_ptr + pid.to(tl.int64) * n_cols + offs_n, db, mask=mask_n)
+        db_row = db_ptr + db_offset + pid.to(tl.int64) * n_cols
+        tl.store(db_row + offs_n, db.to(db_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
 def _accumulate_partial(partial_ptr, cols, mask_n, value, first):
     """partial[cols] += value, or = value on the program's first tile (the buffer is not zeroed)."""
     if first:
-        tl.store(partial_ptr + cols, value, mask=mask_n)
+        tl.store(partial_ptr + cols, value.to(partial_ptr.dtype.element_ty), mask=mask_n)
     else:
-        tl.store(partial_ptr + cols, tl.load(partial_ptr + cols, mask=mask_n, other=0.0) + value, mask=mask_n)
+        total = tl.load(partial_ptr + cols, mask=mask_n, other=0.0).to(tl.float32) + value
+        tl.store(partial_ptr + cols, total.to(partial_ptr.dtype.element_ty), mask=mask_n)
 
 
-@triton.jit(do_not_specialize=_UNSPECIALIZED)
+@triton.jit(do_not_specialize=_BWD_UNSPECIALIZED)
 def _norm_bwd_chunked_kernel(
-    s_ptr, dy_ptr, dres_out_ptr, weight_ptr, stats_ptr, dx_ptr, dres_ptr, partial_dw_ptr, partial_db_ptr,
+    s_ptr, dy_ptr, weight_ptr, stats_ptr, dx_ptr, dw_ptr, db_ptr, dres_out_ptr, dres_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
-    n_rows, n_cols, weight_offset, dropout_scale, dropout_threshold, seed_lo, seed_hi, rng_offset,
+    n_rows, n_cols, db_offset, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_DRES_OUT: tl.constexpr, STORE_DRES: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
+    seed_lo, seed_hi, rng_offset = 0, 0, 0
+    if HAS_DROPOUT:
+        seed_lo, seed_hi, rng_offset = _load_rng_words(stats_ptr, n_rows, IS_RMS_NORM)
     offs_n = tl.arange(0, BLOCK_N)
     # This program's own row of the partial buffers (every program has at least one tile).
     partial_offset = pid.to(tl.int64) * n_cols
@@ -388,9 +430,9 @@ def _norm_bwd_chunked_kernel(
                 IS_RMS_NORM, HAS_DRES_OUT, STORE_DRES, HAS_DROPOUT,
             )  # fmt: skip
             if HAS_WEIGHT:
-                _accumulate_partial(partial_dw_ptr + partial_offset, cols, mask_n, tl.sum(dy * xhat, axis=0), first)
+                _accumulate_partial(dw_ptr + partial_offset, cols, mask_n, tl.sum(dy * xhat, axis=0), first)
             if HAS_BIAS:
-                _accumulate_partial(partial_db_ptr + partial_offset, cols, mask_n, tl.sum(dy, axis=0), first)
+                _accumulate_partial(db_ptr + db_offset + partial_offset, cols, mask_n, tl.sum(dy, axis=0), first)
 
 
 @triton.jit
@@ -406,14 +448,15 @@ def _column_sum(partial_ptr, out_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_
 
 @triton.jit(do_not_specialize=["n_partials"])
 def _norm_param_grad_kernel(
-    partial_dw_ptr, partial_db_ptr, dw_ptr, db_ptr,
-    n_partials, n_cols,
+    partial_ptr, dw_ptr, db_ptr,
+    n_partials, n_cols, db_offset,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """dw, db = column sums of the (n_partials, n_cols) fp32 partial buffers, in their own dtypes."""
+    """dw, db = column sums of the (n_partials, n_cols) fp32 partial sums of each, in their own
+    dtypes; the bias's start db_offset elements into the partial buffer."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < n_cols
     if HAS_WEIGHT:
-        _column_sum(partial_dw_ptr, dw_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P, BLOCK_N)
+        _column_sum(partial_ptr, dw_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P, BLOCK_N)
     if HAS_BIAS:
-        _column_sum(partial_db_ptr, db_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P, BLOCK_N)
+        _column_sum(partial_ptr + db_offset, db_ptr, offs_n, mask_n, n_partials, n_cols, BLOCK_P, BLOCK_N)

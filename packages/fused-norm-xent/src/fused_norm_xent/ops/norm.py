@@ -1,23 +1,32 @@
-"""LayerNorm / RMSNorm / residual + dropout + norm: launchers, autograd and functional API."""
+"""LayerNorm / RMSNorm / residual + dropout + norm: plans, launchers, autograd and functional API.
+
+Two differentiable ops share the kernels: `norm` (y = norm(x), the plain layer_norm / rms_norm)
+and `add_dropout_norm` (s = dropout(x) + residual, y = norm(s), s stored). Per call, a launcher
+looks up one plan (a cached function of everything the launch depends on: shapes, strides,
+dtypes, devices and options; building it checks the arguments), allocates what it returns and
+calls the plan's Launch objects. The dropout's seed and offset travel from the forward kernel to
+the backward kernel in the statistics buffer, so nothing goes through the host between them.
+"""
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .._autograd import differentiable_op
-from .._compat import sm_count
+from .._runtime.compat import is_compiling, multiprocessor_count
+from .._runtime.launch import Launch
+from .._runtime.registration import differentiable_op
 from .._validation import (
+    cached_plan,
     check_choice,
-    check_device,
+    check_devices,
     check_float,
     check_int,
     check_normalized,
-    check_optional_tensor,
     check_shape,
     check_tensor,
     normalized_shape_tuple,
@@ -49,6 +58,9 @@ BWD_WARPS_PER_SM = 32
 BWD_WIDE_ROW = 1024
 # The parameter-gradient reduction: (partials, cols) per step of a program.
 PARAM_GRAD_BLOCK = (64, 32)
+# int32 words after the statistics when there is dropout: the seed's two words and the offset.
+RNG_WORDS = 3
+NORMS = ("layernorm", "rmsnorm")
 
 
 class NormConfig(NamedTuple):
@@ -72,11 +84,10 @@ def norm_config(n_cols: int, backward: bool) -> NormConfig:
     return NormConfig(False, block_m, block_n, max(1, min(block_m * block_n // (32 * per_thread), 16)))
 
 
-@functools.lru_cache(maxsize=1024)
-def _bwd_programs(n_rows: int, n_cols: int, device_index: int) -> int:
+def _bwd_programs(n_rows: int, n_cols: int, device: torch.device) -> int:
     cfg = norm_config(n_cols, True)
     per_sm = 1 if cfg.chunked else max(1, BWD_WARPS_PER_SM // cfg.num_warps)
-    return max(1, min(-(-n_rows // cfg.block_m), sm_count(device_index) * per_sm))
+    return max(1, min(-(-n_rows // cfg.block_m), multiprocessor_count(device) * per_sm))
 
 
 def _as_int32(value: int) -> int:
@@ -84,19 +95,16 @@ def _as_int32(value: int) -> int:
     return value - (value >> 31 << 32)
 
 
-# The kernels' dropout arguments when there is no dropout (never read: HAS_DROPOUT is off).
-NO_DROPOUT = (1.0, 0, 0, 0, 0)
-
-
-def dropout_rng_args(p: float, seed: int, seed_offset: int) -> Tuple[float, int, int, int, int]:
-    """(scale, threshold, seed_lo, seed_hi, offset) of the kernels' Philox dropout: an element is
-    kept where the top 31 bits of its draw are >= threshold, then scaled by 1 / (1 - p)."""
-    if p == 0.0:
-        return NO_DROPOUT
+def dropout_threshold_and_scale(p: float) -> Tuple[int, float]:
+    """The kernels' Philox dropout keeps an element where the top 31 bits of its draw are >=
+    threshold, and scales it by 1 / (1 - p)."""
     threshold = min(int(round(p * 2**31)), 2**31 - 1)
-    scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
-    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    return scale, threshold, _as_int32(lo), _as_int32(hi), _as_int32(seed_offset)
+    return threshold, (1.0 / (1.0 - p) if p < 1.0 else 0.0)
+
+
+def rng_words(seed: int, seed_offset: int) -> Tuple[int, int, int]:
+    """(seed_lo, seed_hi, offset): the 64-bit seed's words and the counter offset, as int32."""
+    return _as_int32(seed & 0xFFFFFFFF), _as_int32((seed >> 32) & 0xFFFFFFFF), _as_int32(seed_offset)
 
 
 def _draw_seed() -> int:
@@ -104,45 +112,198 @@ def _draw_seed() -> int:
     return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
 
 
-def _residual_out_dtype(x: Tensor, residual: Optional[Tensor], residual_in_fp32: bool) -> torch.dtype:
+def _rows_strides(shape: Sequence[int], strides: Sequence[int], n_cols: int) -> Optional[Tuple[int, int]]:
+    """(row stride, col stride) of a tensor seen as (numel / n_cols, n_cols) rows without a copy,
+    or None when no such view exists."""
+    n_rows = math.prod(shape) // n_cols if n_cols else 0
+    try:
+        view = torch.empty_strided(tuple(shape), tuple(strides), device="meta").view(n_rows, n_cols)
+    except RuntimeError:
+        return None
+    return view.stride()
+
+
+def _is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    return torch.empty_strided(tuple(shape), tuple(strides), device="meta").is_contiguous()
+
+
+def _param_key(t: Optional[Tensor]):
+    """What a weight or bias contributes to a forward plan's key."""
+    return None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous())
+
+
+def _contiguity(t: Optional[Tensor]) -> Optional[bool]:
+    """What a weight or bias contributes to a backward plan's key (its shape and dtype were checked)."""
+    return None if t is None else t.is_contiguous()
+
+
+def _require_tensors(x, weight, bias, residual=None) -> None:
+    """Tensors (or None) before autograd reads them; their dtypes and shapes are the plan's checks."""
+    if not isinstance(x, Tensor):
+        check_tensor("x", x)
+    if weight is not None and not isinstance(weight, Tensor):
+        check_tensor("weight", weight)
+    if bias is not None and not isinstance(bias, Tensor):
+        check_tensor("bias", bias)
+    if residual is not None and not isinstance(residual, Tensor):
+        check_tensor("residual", residual)
+
+
+def _hashable_shape(normalized_shape):
+    return tuple(normalized_shape) if isinstance(normalized_shape, list) else normalized_shape
+
+
+# Forward --------------------------------------------------------------------------------------
+
+
+class ForwardPlan(NamedTuple):
+    """One forward call's launch and allocations, for one key of shapes, strides, dtypes and options."""
+
+    launch: Optional[Launch]  # None when there are no rows
+    shape: torch.Size  # of x, y and the stored residual
+    dtype: torch.dtype  # of x and y
+    y_like_x: bool  # x is contiguous: y = empty_like(x)
+    x_rows: Optional[Tuple[int, int]]  # (rows, cols) to copy x into when its strides do not map to rows
+    residual_rows: Optional[Tuple[int, int]]  # the same for the residual
+    flat_params: bool  # a weight or bias is not contiguous: pass a contiguous copy
+    stats_numel: int
+    residual_out_dtype: Optional[torch.dtype]  # the stored norm input's dtype (add_dropout_norm)
+    dropout: bool
+
+
+def _stand_in(shape, dtype) -> Tensor:
+    """A meta tensor of the given shape and dtype, for the shared checks at plan time."""
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+def _device_of(key, index: int):
+    return None if key is None else key[index]
+
+
+def _check_param(name: str, key, shape: Tuple[int, ...]) -> None:
+    if key is not None:
+        param = check_tensor(name, _stand_in(key[0], key[1]))
+        check_shape(name, param, shape, "normalized_shape")
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(
+    shape, strides, dtype, device, weight, bias, residual, normalized_shape, eps, weight_offset, is_rms_norm,
+    dropout_p, residual_in_fp32,
+) -> ForwardPlan:  # fmt: skip
+    """The plan of a forward call; raises on invalid arguments (never cached then).
+
+    weight, bias: _param_key of each; residual: (shape, strides, dtype, device) or None;
+    normalized_shape None: x's last dim (add_dropout_norm).
+    """
+    check_tensor("x", _stand_in((), dtype))
+    fused = normalized_shape is None
+    normalized = tuple(shape[-1:]) if fused else normalized_shape_tuple(normalized_shape)
+    if fused and not shape:
+        raise ValueError("x must have at least 1 dim, (..., hidden); got shape ()")
+    n_cols = check_normalized(shape, normalized)
+    _check_param("weight", weight, normalized)
+    _check_param("bias", bias, normalized)
     if residual is not None:
-        return residual.dtype
-    return torch.float32 if residual_in_fp32 else x.dtype
+        check_shape("residual", check_tensor("residual", _stand_in(residual[0], residual[2])), shape, "x's shape")
+    eps = torch.finfo(dtype).eps if eps is None else check_float("eps", eps, 0.0)
+    weight_offset = check_float("offset", weight_offset)
+    dropout_p = check_float("p", dropout_p, 0.0, 1.0)
+    check_devices(x=device, weight=_device_of(weight, 2), bias=_device_of(bias, 2), residual=_device_of(residual, 3))
+
+    n_rows = math.prod(shape) // n_cols
+    x_strides = _rows_strides(shape, strides, n_cols)
+    residual_strides = (0, 0) if residual is None else _rows_strides(shape, residual[1], n_cols)
+    residual_out_dtype = None
+    if fused:
+        residual_out_dtype = residual[2] if residual is not None else (torch.float32 if residual_in_fp32 else dtype)
+    dropout = dropout_p > 0.0
+    threshold, scale = dropout_threshold_and_scale(dropout_p) if dropout else (0, 1.0)
+    launch = None
+    if n_rows:
+        cfg = norm_config(n_cols, False)
+        no_dropout = {} if dropout else {"seed_lo": 0, "seed_hi": 0, "rng_offset": 0}
+        plain = {} if fused else {"residual_ptr": None, "residual_out_ptr": None}
+        launch = Launch(
+            _norm_fwd_chunked_kernel if cfg.chunked else _norm_fwd_kernel, (-(-n_rows // cfg.block_m),),
+            **plain, **no_dropout,
+            stride_x_row=(x_strides or (n_cols, 1))[0], stride_x_col=(x_strides or (n_cols, 1))[1],
+            stride_res_row=(residual_strides or (n_cols, 1))[0], stride_res_col=(residual_strides or (n_cols, 1))[1],
+            n_rows=n_rows, n_cols=n_cols, eps=float(eps), weight_offset=weight_offset, dropout_scale=scale,
+            dropout_threshold=threshold, IS_RMS_NORM=is_rms_norm, HAS_RESIDUAL=residual is not None,
+            HAS_DROPOUT=dropout, STORE_RESIDUAL=fused, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        )  # fmt: skip
+        _exact_rounding(launch)
+    return ForwardPlan(
+        launch=launch,
+        shape=torch.Size(shape),
+        dtype=dtype,
+        y_like_x=_is_contiguous(shape, strides),
+        x_rows=None if x_strides is not None else (n_rows, n_cols),
+        residual_rows=None if residual_strides is not None else (n_rows, n_cols),
+        flat_params=any(p is not None and not p[3] for p in (weight, bias)),
+        stats_numel=(1 if is_rms_norm else 2) * n_rows + (RNG_WORDS if dropout else 0),
+        residual_out_dtype=residual_out_dtype,
+        dropout=dropout,
+    )
 
 
-def _stores_residual(x: Tensor, residual: Optional[Tensor], dropout_p: float, residual_in_fp32: bool) -> bool:
-    """Whether the norm input differs from x and must be written out (else it is x itself)."""
-    return residual is not None or dropout_p > 0.0 or _residual_out_dtype(x, residual, residual_in_fp32) != x.dtype
+def _exact_rounding(launch: Launch) -> None:
+    """Compile without FMA contraction: a quantity and the mean it is compared with round alike, so
+    a width-1 or constant row normalizes to exactly 0 (the launch is not yet shared)."""
+    launch.options["enable_fp_fusion"] = False
 
 
-def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
-    return (0, 0) if t is None else t.stride()
+def _rows(t: Tensor, rows: Optional[Tuple[int, int]]) -> Tensor:
+    return t if rows is None else t.reshape(rows)
 
 
-def _empty(device) -> Tensor:
-    return torch.empty(0, device=device)
+def _flat(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
 
 
-def _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm):
-    """y, residual_out (empty when the norm input is x itself) and the fp32 statistics
-    ((2, rows): mean and rstd for LayerNorm; (1, rows): rstd for RMSNorm)."""
-    n_rows, n_cols = x.shape
-    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    if _stores_residual(x, residual, dropout_p, residual_in_fp32):
-        residual_out = torch.empty(
-            (n_rows, n_cols), dtype=_residual_out_dtype(x, residual, residual_in_fp32), device=x.device
-        )
-    else:
-        residual_out = _empty(x.device)
-    stats = torch.empty((1 if is_rms_norm else 2, n_rows), dtype=torch.float32, device=x.device)
-    return y, residual_out, stats
+def _empty_like_x(plan: ForwardPlan, x: Tensor, device) -> Tensor:
+    return torch.empty_like(x) if plan.y_like_x else torch.empty(plan.shape, dtype=plan.dtype, device=device)
 
 
 def norm_forward(
     x: Tensor,
     weight: Optional[Tensor],
     bias: Optional[Tensor],
+    normalized_shape: List[int],
+    eps: Optional[float],
+    weight_offset: float,
+    is_rms_norm: bool,
+) -> Tuple[Tensor, Tensor]:
+    """(y, stats) of the norm of x over its trailing normalized_shape dims; stats holds fp32
+    (mean, rstd) per row (rstd only for RMSNorm). eps None: torch.finfo(x.dtype).eps."""
+    device = x.device
+    plan = cached_plan(_forward_plan, (
+        x.shape, x.stride(), x.dtype, device, _param_key(weight), _param_key(bias), None,
+        _hashable_shape(normalized_shape), eps, weight_offset, is_rms_norm, 0.0, False,
+    ))  # fmt: skip
+    y = _empty_like_x(plan, x, device)
+    stats = torch.empty(plan.stats_numel, dtype=torch.float32, device=device)
+    if plan.launch is not None:
+        if plan.flat_params:
+            weight, bias = _flat(weight), _flat(bias)
+        plan.launch(_rows(x, plan.x_rows), weight, bias, y, stats)
+    return y, stats
+
+
+def _norm_forward_fake(x, weight, bias, normalized_shape, eps, weight_offset, is_rms_norm):
+    n_rows = x.numel() // math.prod(normalized_shape)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(
+        ((1 if is_rms_norm else 2) * n_rows,), dtype=torch.float32
+    )
+
+
+def add_dropout_norm_forward(
+    x: Tensor,
     residual: Optional[Tensor],
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
     eps: float,
     weight_offset: float,
     is_rms_norm: bool,
@@ -150,153 +311,276 @@ def norm_forward(
     seed: int,
     seed_offset: int,
     residual_in_fp32: bool,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(y, residual_out, stats, seed) of the (rows, cols) views x and residual.
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """(y, s, stats): s = dropout(x) + residual in the residual stream's dtype, y = norm(s) in x's.
 
-    residual_out is empty when the norm input is x itself; stats holds (mean, rstd) per row
-    (rstd only for RMSNorm); seed (a CPU int64 scalar) is the dropout seed used, drawn from
-    torch's generator when seed < 0 and there is dropout.
+    With dropout, stats ends with the seed's words and the offset; seed < 0 draws the seed from
+    torch's generator.
     """
-    y, residual_out, stats = _alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm)
-    if seed < 0 and dropout_p > 0.0:
-        seed = _draw_seed()
-    n_rows, n_cols = x.shape
-    if n_rows:
-        store_residual = residual_out.numel() > 0
-        cfg = norm_config(n_cols, False)
-        kernel = _norm_fwd_chunked_kernel if cfg.chunked else _norm_fwd_kernel
-        kernel[((n_rows + cfg.block_m - 1) // cfg.block_m,)](
-            x, residual, weight, bias, y, residual_out if store_residual else None, stats,
-            *x.stride(), *_strides(residual),
-            n_rows, n_cols, eps, weight_offset, *dropout_rng_args(dropout_p, seed, seed_offset),
-            IS_RMS_NORM=is_rms_norm, HAS_RESIDUAL=residual is not None, HAS_DROPOUT=dropout_p > 0.0,
-            STORE_RESIDUAL=store_residual, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, enable_fp_fusion=False,
-        )  # fmt: skip
-    return y, residual_out, stats, torch.tensor(seed, dtype=torch.int64)
+    device = x.device
+    residual_key = None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device)
+    plan = cached_plan(_forward_plan, (
+        x.shape, x.stride(), x.dtype, device, _param_key(weight), _param_key(bias), residual_key, None, eps,
+        weight_offset, is_rms_norm, dropout_p, residual_in_fp32,
+    ))  # fmt: skip
+    y = _empty_like_x(plan, x, device)
+    residual_out = torch.empty(plan.shape, dtype=plan.residual_out_dtype, device=device)
+    stats = torch.empty(plan.stats_numel, dtype=torch.float32, device=device)
+    if plan.launch is not None:
+        if plan.flat_params:
+            weight, bias = _flat(weight), _flat(bias)
+        x = _rows(x, plan.x_rows)
+        if residual is not None:
+            residual = _rows(residual, plan.residual_rows)
+        if plan.dropout:
+            words = rng_words(_draw_seed() if seed < 0 else seed, seed_offset)
+            plan.launch(x, weight, bias, y, stats, residual, residual_out, *words)
+        else:
+            plan.launch(x, weight, bias, y, stats, residual, residual_out)
+    return y, residual_out, stats
 
 
-def _norm_forward_fake(
-    x, weight, bias, residual, eps, weight_offset, is_rms_norm, dropout_p, seed, seed_offset, residual_in_fp32
+def _add_dropout_norm_forward_fake(
+    x, residual, weight, bias, eps, weight_offset, is_rms_norm, dropout_p, seed, seed_offset, residual_in_fp32
 ):
-    return (*_alloc_forward(x, residual, dropout_p, residual_in_fp32, is_rms_norm), torch.empty((), dtype=torch.int64))
-
-
-def _alloc_backward(s, weight, bias, x_dtype, residual_dtype, store_dresidual):
-    n_rows, n_cols = s.shape
-    dx = torch.empty((n_rows, n_cols), dtype=x_dtype, device=s.device)
-    dresidual = (
-        torch.empty((n_rows, n_cols), dtype=residual_dtype, device=s.device) if store_dresidual else _empty(s.device)
+    n_rows = x.numel() // x.shape[-1]
+    dtype = residual.dtype if residual is not None else (torch.float32 if residual_in_fp32 else x.dtype)
+    stats = ((1 if is_rms_norm else 2) * n_rows + (RNG_WORDS if dropout_p > 0.0 else 0),)
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        x.new_empty(x.shape, dtype=dtype),
+        x.new_empty(stats, dtype=torch.float32),
     )
-    dw = _empty(s.device) if weight is None else torch.empty_like(weight)
-    db = _empty(s.device) if bias is None else torch.empty_like(bias)
-    return dx, dresidual, dw, db
+
+
+# Backward -------------------------------------------------------------------------------------
+
+
+class BackwardPlan(NamedTuple):
+    """One backward call's launches and allocations."""
+
+    launch: Optional[Launch]  # None when there are no rows
+    param_launch: Optional[Launch]  # sums the partial rows into dw, db; None with one program
+    shape: torch.Size
+    dx_like_s: bool  # the saved norm input is contiguous: dx = empty_like(s)
+    s_rows: Optional[Tuple[int, int]]  # (rows, cols) to copy a tensor into when its strides do not map to rows
+    dy_rows: Optional[Tuple[int, int]]
+    dres_out_rows: Optional[Tuple[int, int]]
+    flat_params: bool
+    partial_numel: int  # fp32 partial sums of dw then db; 0: one program writes dw, db itself
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_plan(
+    shape, s_strides, device, dy_strides, dres_out_strides, weight, bias, normalized_shape, weight_offset,
+    is_rms_norm, dropout_p, store_dres,
+) -> BackwardPlan:  # fmt: skip
+    """weight, bias: None or whether the tensor is contiguous; *_strides: the tensors' strides;
+    normalized_shape None: the last dim (add_dropout_norm, whose launch takes the residual's
+    gradient tensors)."""
+    fused = normalized_shape is None
+    n_cols = shape[-1] if fused else math.prod(normalized_shape_tuple(normalized_shape))
+    n_rows = math.prod(shape) // n_cols
+    s_map = _rows_strides(shape, s_strides, n_cols) or (n_cols, 1)
+    dy_map = _rows_strides(shape, dy_strides, n_cols)
+    dres_out_map = (0, 0) if dres_out_strides is None else _rows_strides(shape, dres_out_strides, n_cols)
+    launch = param_launch = None
+    partial_numel = 0
+    if n_rows:
+        cfg = norm_config(n_cols, True)
+        programs = _bwd_programs(n_rows, n_cols, device)
+        n_params = (weight is not None) + (bias is not None)
+        partial_numel = n_params * programs * n_cols if programs > 1 else 0
+        db_offset = programs * n_cols if partial_numel and weight is not None else 0
+        dy_map_or_rows = dy_map or (n_cols, 1)
+        dres_out_map_or_rows = dres_out_map or (n_cols, 1)
+        plain = {} if fused else {"dres_out_ptr": None, "dres_ptr": None}
+        launch = Launch(
+            _norm_bwd_chunked_kernel if cfg.chunked else _norm_bwd_kernel, (programs,), **plain,
+            stride_s_row=s_map[0], stride_s_col=s_map[1], stride_dy_row=dy_map_or_rows[0],
+            stride_dy_col=dy_map_or_rows[1], stride_dres_out_row=dres_out_map_or_rows[0],
+            stride_dres_out_col=dres_out_map_or_rows[1], n_rows=n_rows, n_cols=n_cols, db_offset=db_offset,
+            weight_offset=weight_offset, dropout_scale=dropout_threshold_and_scale(dropout_p)[1],
+            dropout_threshold=dropout_threshold_and_scale(dropout_p)[0], IS_RMS_NORM=is_rms_norm,
+            HAS_DRES_OUT=dres_out_strides is not None, STORE_DRES=store_dres, HAS_DROPOUT=dropout_p > 0.0,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
+        )  # fmt: skip
+        _exact_rounding(launch)
+        if partial_numel:
+            block_p, block_n = PARAM_GRAD_BLOCK
+            param_launch = Launch(
+                _norm_param_grad_kernel, (-(-n_cols // block_n),), n_partials=programs, n_cols=n_cols,
+                db_offset=db_offset, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_P=block_p,
+                BLOCK_N=block_n, num_warps=4,
+            )  # fmt: skip
+    return BackwardPlan(
+        launch=launch,
+        param_launch=param_launch,
+        shape=torch.Size(shape),
+        dx_like_s=_is_contiguous(shape, s_strides),
+        s_rows=None if _rows_strides(shape, s_strides, n_cols) is not None else (n_rows, n_cols),
+        dy_rows=None if dy_map is not None else (n_rows, n_cols),
+        dres_out_rows=None if dres_out_map is not None else (n_rows, n_cols),
+        flat_params=weight is False or bias is False,
+        partial_numel=partial_numel,
+    )
+
+
+def _launch_backward(
+    plan: BackwardPlan, before: Tuple, after: Tuple, weight: Optional[Tensor], bias: Optional[Tensor], device
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Launch the backward kernel with its tensors before dw, db and after them, then the
+    parameter-gradient reduction; returns (dw, db)."""
+    dw = None if weight is None else torch.empty_like(weight, memory_format=torch.contiguous_format)
+    db = None if bias is None else torch.empty_like(bias, memory_format=torch.contiguous_format)
+    if plan.launch is None:
+        for grad in (dw, db):
+            if grad is not None:
+                grad.zero_()
+    elif not plan.partial_numel:  # one program: its partial sums are the gradients
+        plan.launch(*before, dw, db, *after)
+    else:
+        partial = torch.empty(plan.partial_numel, dtype=torch.float32, device=device)
+        plan.launch(*before, None if dw is None else partial, None if db is None else partial, *after)
+        plan.param_launch(partial, dw, db)
+    return dw, db
 
 
 def norm_backward(
+    dy: Tensor,
+    x: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    stats: Tensor,
+    normalized_shape: List[int],
+    weight_offset: float,
+    is_rms_norm: bool,
+) -> List[Tensor]:
+    """[dx, dw (with a weight), db (with a bias)] of norm_forward."""
+    device = x.device
+    plan = cached_plan(_backward_plan, (
+        x.shape, x.stride(), device, dy.stride(), None, _contiguity(weight), _contiguity(bias),
+        _hashable_shape(normalized_shape), weight_offset, is_rms_norm, 0.0, False,
+    ))  # fmt: skip
+    dx = torch.empty_like(x) if plan.dx_like_s else torch.empty(plan.shape, dtype=x.dtype, device=device)
+    w = _flat(weight) if plan.flat_params else weight
+    before = (_rows(x, plan.s_rows), _rows(dy, plan.dy_rows), w, stats, dx)
+    dw, db = _launch_backward(plan, before, (), weight, bias, device)
+    return _present(dx, dw, db)
+
+
+def _present(*tensors: Optional[Tensor]) -> List[Tensor]:
+    return [t for t in tensors if t is not None]
+
+
+def _norm_backward_fake(dy, x, weight, bias, stats, normalized_shape, weight_offset, is_rms_norm):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _present(dx, *(None if p is None else torch.empty_like(p) for p in (weight, bias)))
+
+
+def _norm_setup_context(ctx, inputs, output):
+    x, weight, bias, normalized_shape, _, weight_offset, is_rms_norm = inputs
+    ctx.save_for_backward(x, weight, bias, output[1])
+    ctx.options = (normalized_shape, weight_offset, is_rms_norm)
+
+
+def _split_param_grads(grads: List[Tensor], first: int, weight, bias) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(dw, db) from grads[first:], which holds dw when there is a weight, then db with a bias."""
+    dw = grads[first] if weight is not None else None
+    db = grads[first + (weight is not None)] if bias is not None else None
+    return dw, db
+
+
+def _norm_backward_rule(ctx, grads, backward, eager):
+    x, weight, bias, stats = ctx.saved_tensors
+    normalized_shape, weight_offset, is_rms_norm = ctx.options
+    out = backward(grads[0], x, weight, bias, stats, normalized_shape, weight_offset, is_rms_norm)
+    return (out[0], *_split_param_grads(out, 1, weight, bias), None, None, None, None)
+
+
+NormFunction, _norm_apply = differentiable_op(
+    "fused_norm_xent::norm",
+    forward=norm_forward,
+    fake_forward=_norm_forward_fake,
+    backward=norm_backward,
+    fake_backward=_norm_backward_fake,
+    setup_context=_norm_setup_context,
+    backward_rule=_norm_backward_rule,
+    n_differentiable_outputs=1,
+    differentiable_args=(0, 1, 2),
+)
+
+
+def add_dropout_norm_backward(
     dy: Tensor,
     dresidual_out: Optional[Tensor],
     s: Tensor,
     weight: Optional[Tensor],
     bias: Optional[Tensor],
     stats: Tensor,
+    x_dtype: torch.dtype,
+    has_residual: bool,
     weight_offset: float,
     is_rms_norm: bool,
     dropout_p: float,
-    seed: Tensor,
-    seed_offset: int,
-    x_dtype: torch.dtype,
-    residual_dtype: torch.dtype,
-    store_dresidual: bool,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dresidual, dw, db) from dy, the residual-out gradient and the saved norm input s.
-
-    dresidual is empty unless store_dresidual (otherwise the residual's gradient is dx itself);
-    dw / db are empty when there is no weight / bias.
-    """
-    dx, dresidual, dw, db = _alloc_backward(s, weight, bias, x_dtype, residual_dtype, store_dresidual)
-    n_rows, n_cols = s.shape
-    if n_rows == 0:
-        if weight is not None:
-            dw.zero_()
-        if bias is not None:
-            db.zero_()
-        return dx, dresidual, dw, db
-    cfg = norm_config(n_cols, True)
-    programs = _bwd_programs(n_rows, n_cols, s.device.index or 0)
-    # One fp32 row per program, written by it (every program has at least one row tile).
-    partial_dw = None if weight is None else torch.empty((programs, n_cols), dtype=torch.float32, device=s.device)
-    partial_db = None if bias is None else torch.empty((programs, n_cols), dtype=torch.float32, device=s.device)
-    rng = dropout_rng_args(dropout_p, int(seed), seed_offset) if dropout_p > 0.0 else NO_DROPOUT
-    kernel = _norm_bwd_chunked_kernel if cfg.chunked else _norm_bwd_kernel
-    kernel[(programs,)](
-        s, dy, dresidual_out, weight, stats, dx, dresidual if store_dresidual else None, partial_dw, partial_db,
-        *s.stride(), *dy.stride(), *_strides(dresidual_out),
-        n_rows, n_cols, weight_offset, *rng,
-        IS_RMS_NORM=is_rms_norm, HAS_DRES_OUT=dresidual_out is not None, STORE_DRES=store_dresidual,
-        HAS_DROPOUT=dropout_p > 0.0, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, enable_fp_fusion=False,
-    )  # fmt: skip
-    if weight is not None or bias is not None:
-        block_p, block_n = PARAM_GRAD_BLOCK
-        _norm_param_grad_kernel[((n_cols + block_n - 1) // block_n,)](
-            partial_dw, partial_db, dw if weight is not None else None, db if bias is not None else None,
-            programs, n_cols,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
-        )  # fmt: skip
-    return dx, dresidual, dw, db
+) -> List[Tensor]:
+    """[dx, dresidual (when it differs from dx), dw, db (with a weight, a bias)] of
+    add_dropout_norm_forward, from dy, the gradient of s (or None) and the saved s."""
+    device = s.device
+    store_dres = has_residual and (dropout_p > 0.0 or s.dtype != x_dtype)
+    plan = cached_plan(_backward_plan, (
+        s.shape, s.stride(), device, dy.stride(), None if dresidual_out is None else dresidual_out.stride(),
+        _contiguity(weight), _contiguity(bias), None, weight_offset, is_rms_norm, dropout_p, store_dres,
+    ))  # fmt: skip
+    dx = torch.empty(plan.shape, dtype=x_dtype, device=device)
+    dresidual = torch.empty_like(s, memory_format=torch.contiguous_format) if store_dres else None
+    if dresidual_out is not None:
+        dresidual_out = _rows(dresidual_out, plan.dres_out_rows)
+    w = _flat(weight) if plan.flat_params else weight
+    before = (_rows(s, plan.s_rows), _rows(dy, plan.dy_rows), w, stats, dx)
+    dw, db = _launch_backward(plan, before, (dresidual_out, dresidual), weight, bias, device)
+    return _present(dx, dresidual, dw, db)
 
 
-def _norm_backward_fake(
-    dy, dresidual_out, s, weight, bias, stats, weight_offset, is_rms_norm, dropout_p, seed, seed_offset,
-    x_dtype, residual_dtype, store_dresidual,
-):  # fmt: skip
-    return _alloc_backward(s, weight, bias, x_dtype, residual_dtype, store_dresidual)
+def _add_dropout_norm_backward_fake(
+    dy, dresidual_out, s, weight, bias, stats, x_dtype, has_residual, weight_offset, is_rms_norm, dropout_p
+):
+    store_dres = has_residual and (dropout_p > 0.0 or s.dtype != x_dtype)
+    dx = s.new_empty(s.shape, dtype=x_dtype)
+    dres = s.new_empty(s.shape) if store_dres else None
+    return _present(dx, dres, *(None if p is None else torch.empty_like(p) for p in (weight, bias)))
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, residual, _, ctx.weight_offset, ctx.is_rms_norm, ctx.dropout_p, _, ctx.seed_offset, _ = inputs
-    _, residual_out, stats, seed = output
-    # The norm input: the stored residual, or x itself.
-    ctx.save_for_backward(residual_out if residual_out.numel() else x, weight, bias, stats, seed)
-    ctx.x_dtype = x.dtype
-    ctx.has_residual = residual is not None
-    ctx.residual_dtype = residual.dtype if residual is not None else residual_out.dtype
-    ctx.has_residual_out = residual_out.numel() > 0
+def _add_dropout_norm_setup_context(ctx, inputs, output):
+    x, residual, weight, bias, _, weight_offset, is_rms_norm, dropout_p, _, _, _ = inputs
+    ctx.save_for_backward(output[1], weight, bias, output[2])
+    ctx.options = (x.dtype, residual is not None, weight_offset, is_rms_norm, dropout_p)
 
 
-def _backward_rule(ctx, grads, backward, eager):
+def _add_dropout_norm_backward_rule(ctx, grads, backward, eager):
     dy, dresidual_out = grads[0], grads[1]
-    s, weight, bias, stats, seed = ctx.saved_tensors
+    s, weight, bias, stats = ctx.saved_tensors
+    x_dtype, has_residual, weight_offset, is_rms_norm, dropout_p = ctx.options
     if dy is None:  # only the new residual was used: a zero gradient that occupies no memory
-        dy = s.new_zeros((), dtype=ctx.x_dtype).expand(s.shape)
-    if not ctx.has_residual_out:
-        dresidual_out = None
-    # The residual gets its own gradient tensor when it differs from dx (dropout or dtype).
-    store_dresidual = ctx.has_residual and (ctx.dropout_p > 0.0 or ctx.residual_dtype != ctx.x_dtype)
-    dx, dresidual, dw, db = backward(
-        dy, dresidual_out, s, weight, bias, stats, ctx.weight_offset, ctx.is_rms_norm, ctx.dropout_p, seed,
-        ctx.seed_offset, ctx.x_dtype, ctx.residual_dtype, store_dresidual,
-    )  # fmt: skip
-    if ctx.has_residual and not store_dresidual:
-        dresidual = dx
-    return (
-        dx,
-        dw if weight is not None else None,
-        db if bias is not None else None,
-        dresidual if ctx.has_residual else None,
-        *([None] * 7),
+        dy = s.new_zeros((), dtype=x_dtype).expand(s.shape)
+    out = backward(
+        dy, dresidual_out, s, weight, bias, stats, x_dtype, has_residual, weight_offset, is_rms_norm, dropout_p
     )
+    dx = out[0]
+    store_dres = has_residual and (dropout_p > 0.0 or s.dtype != x_dtype)
+    dresidual = (out[1] if store_dres else dx) if has_residual else None
+    return (dx, dresidual, *_split_param_grads(out, 1 + store_dres, weight, bias), *([None] * 7))
 
 
-NormFunction, _norm_apply = differentiable_op(
-    "norm",
-    forward=norm_forward,
-    fake_forward=_norm_forward_fake,
-    backward=norm_backward,
-    fake_backward=_norm_backward_fake,
-    setup_context=_setup_context,
-    backward_rule=_backward_rule,
+AddDropoutNormFunction, _add_dropout_norm_apply = differentiable_op(
+    "fused_norm_xent::add_dropout_norm",
+    forward=add_dropout_norm_forward,
+    fake_forward=_add_dropout_norm_forward_fake,
+    backward=add_dropout_norm_backward,
+    fake_backward=_add_dropout_norm_backward_fake,
+    setup_context=_add_dropout_norm_setup_context,
+    backward_rule=_add_dropout_norm_backward_rule,
     n_differentiable_outputs=2,
     differentiable_args=(0, 1, 2, 3),
     # It may draw its dropout seed: two calls with equal arguments are not the same computation.
@@ -304,65 +588,14 @@ NormFunction, _norm_apply = differentiable_op(
 )
 
 
-def _rows(t: Optional[Tensor], n_cols: int) -> Optional[Tensor]:
-    """(rows, n_cols) view of t (a copy only when none exists); None stays None."""
-    if t is None or t.dim() == 2:
-        return t
-    return t.reshape(t.numel() // n_cols, n_cols)
+# Functional API -------------------------------------------------------------------------------
 
 
-def _flat(t: Optional[Tensor], n_cols: int) -> Optional[Tensor]:
-    return t if t is None or t.dim() == 1 else t.reshape(n_cols)
-
-
-def _check_param(name: str, value: Optional[Tensor], normalized_shape: Tuple[int, ...]) -> Optional[Tensor]:
-    check_optional_tensor(name, value)
-    if value is not None:
-        check_shape(name, value, normalized_shape, "normalized_shape")
-    return value
-
-
-def _run(
-    x: Tensor,
-    normalized_shape,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    residual: Optional[Tensor],
-    eps: float,
-    weight_offset: float,
-    is_rms_norm: bool,
-    dropout_p: float,
-    seed: Optional[int],
-    seed_offset: int,
-    residual_in_fp32: bool,
-) -> Tuple[Tensor, Tensor]:
-    """Checks, then the fused op; returns (y, new residual) in x's shape."""
-    check_tensor("x", x)
-    shape = normalized_shape_tuple(normalized_shape)
-    n_cols = check_normalized(x, shape)
-    _check_param("weight", weight, shape)
-    _check_param("bias", bias, shape)
-    check_optional_tensor("residual", residual)
-    if residual is not None:
-        check_shape("residual", residual, x.shape, "x's shape")
-    check_float("eps", eps, 0.0, math.inf)
-    check_float("p", dropout_p, 0.0, 1.0)
-    seed = -1 if seed is None else check_int("seed", seed, 0)
-    if check_int("seed_offset", seed_offset, 0) >= 2**32:
-        raise ValueError(f"seed_offset={seed_offset} must be < 2**32")
-    if seed >= 2**63:
-        raise ValueError(f"seed={seed} must be < 2**63")
-    check_device(x=x, weight=weight, bias=bias, residual=residual)
-    y, residual_out, _, _ = _norm_apply(
-        _rows(x, n_cols), _flat(weight, n_cols), _flat(bias, n_cols), _rows(residual, n_cols),
-        float(eps), float(weight_offset), is_rms_norm, float(dropout_p), seed, seed_offset, residual_in_fp32,
-    )  # fmt: skip
-    if x.dim() != 2:
-        y = y.view(x.shape)
-        residual_out = residual_out.view(x.shape) if residual_out.numel() or x.numel() == 0 else x
-    elif not residual_out.numel() and x.numel():
-        residual_out = x
-    return y, residual_out
+def _op_shape(normalized_shape):
+    """normalized_shape as the custom op takes it while torch.compile traces (a list of ints)."""
+    if is_compiling():
+        return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    return normalized_shape
 
 
 def layer_norm(
@@ -378,7 +611,8 @@ def layer_norm(
     TRITON_INTERPRET=1). weight, bias: normalized_shape, any float dtype, optional.
     Returns x's shape and dtype; mean and variance are fp32.
     """
-    return _run(x, normalized_shape, weight, bias, None, eps, 0.0, False, 0.0, None, 0, False)[0]
+    _require_tensors(x, weight, bias)
+    return _norm_apply(x, weight, bias, _op_shape(normalized_shape), eps, 0.0, False)[0]
 
 
 def rms_norm(
@@ -395,10 +629,8 @@ def rms_norm(
     eps: None uses torch.finfo(x.dtype).eps, as torch does. offset: y = x * rstd * (offset + weight)
     (offset=1.0 is the Gemma-style `1 + w` form). Returns x's shape and dtype.
     """
-    check_tensor("x", x)
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    check_float("offset", offset, -math.inf, math.inf)
-    return _run(x, normalized_shape, weight, None, None, eps, offset, True, 0.0, None, 0, False)[0]
+    _require_tensors(x, weight, None)
+    return _norm_apply(x, weight, None, _op_shape(normalized_shape), eps, offset, True)[0]
 
 
 def add_dropout_norm(
@@ -429,9 +661,15 @@ def add_dropout_norm(
     so torch.manual_seed repeats it) at counter offset `seed_offset`; the backward regenerates it,
     nothing is stored. Same seed and offset, same mask.
     """
-    check_choice("norm", norm, ("layernorm", "rmsnorm"))
-    y, residual_out = _run(
-        x, x.shape[-1:] if isinstance(x, Tensor) else 1, weight, bias, residual, eps, offset, norm == "rmsnorm",
-        p, seed, seed_offset, residual_in_fp32,
-    )  # fmt: skip
+    is_rms_norm = check_choice("norm", norm, NORMS) == "rmsnorm"
+    seed = -1 if seed is None else check_int("seed", seed, 0, 2**63 - 1)
+    check_int("seed_offset", seed_offset, 0, 2**32 - 1)
+    _require_tensors(x, weight, bias, residual)
+    if residual is None and p == 0.0 and not (residual_in_fp32 and x.dtype != torch.float32):
+        # The norm input is x itself: nothing to add, drop or store.
+        y = _norm_apply(x, weight, bias, _op_shape(x.shape[-1:]), eps, offset, is_rms_norm)[0]
+        return (y, x) if prenorm else (y, y)
+    y, residual_out, _ = _add_dropout_norm_apply(
+        x, residual, weight, bias, eps, offset, is_rms_norm, p, seed, seed_offset, residual_in_fp32
+    )
     return (y, residual_out) if prenorm else (y, y)

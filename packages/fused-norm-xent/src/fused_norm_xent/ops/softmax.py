@@ -1,16 +1,23 @@
-"""Softmax / log-softmax launchers, autograd and functional API."""
+"""Softmax / log-softmax: plans, launchers, autograd and functional API.
+
+Per call, a launcher looks up one plan (cached per shape, strides, dim, options and device;
+building it checks the arguments), allocates its output and calls the plan's Launch. The output
+is contiguous along dim (the kernels' rows); x is read through its own strides when its other dims
+merge into one row index, else from a contiguous copy.
+"""
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .._autograd import differentiable_op
-from .._validation import check_device, check_dim, check_tensor
+from .._runtime.launch import Launch
+from .._runtime.registration import differentiable_op
+from .._validation import cached_plan, check_devices, check_dim, check_tensor
 from ..kernels.softmax import (
     _softmax_bwd_chunked_kernel,
     _softmax_bwd_kernel,
@@ -44,83 +51,134 @@ def launch_config(n_cols: int) -> LaunchConfig:
     return LaunchConfig(chunked=False, block_m=block_m, block_n=block_n, num_warps=num_warps)
 
 
-def _launch_fwd(x: Tensor, y: Tensor, log: bool) -> None:
-    """Softmax of each row of the (rows, cols) view x (any strides) into contiguous y."""
-    n_rows, n_cols = x.shape
-    if y.numel() == 0:
-        return
-    cfg = launch_config(n_cols)
+def _rows_view(shape, strides, dim: int, n_rows: int, n_cols: int) -> Optional[Tuple[int, int]]:
+    """(row stride, col stride) of a tensor with `dim` moved last, seen as (n_rows, n_cols)
+    without a copy; None when no such view exists."""
+    moved = torch.empty_strided(tuple(shape), tuple(strides), device="meta").movedim(dim, -1)
+    try:
+        return moved.view(n_rows, n_cols).stride()
+    except RuntimeError:
+        return None
+
+
+def _dim_last_strides(shape, dim: int) -> Tuple[int, ...]:
+    """Strides of a tensor of `shape` laid out contiguously with `dim` last in memory."""
+    moved = list(shape)
+    moved.append(moved.pop(dim))
+    return torch.empty(moved, device="meta").movedim(-1, dim).stride()
+
+
+def _launch(kernel, chunked_kernel, cfg: LaunchConfig, n_rows: int, n_cols: int, log: bool, **strides) -> Launch:
     if cfg.chunked:
-        _softmax_fwd_chunked_kernel[(n_rows,)](
-            x, y, x.stride(0), x.stride(1), y.stride(0), n_cols,
-            LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        )  # fmt: skip
-    else:
-        _softmax_fwd_kernel[((n_rows + cfg.block_m - 1) // cfg.block_m,)](
-            x, y, x.stride(0), x.stride(1), y.stride(0), n_rows, n_cols,
-            LOG=log, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        )  # fmt: skip
+        return Launch(chunked_kernel, (n_rows,), n_cols=n_cols, LOG=log, BLOCK_N=cfg.block_n,
+                      num_warps=cfg.num_warps, **strides)  # fmt: skip
+    return Launch(kernel, (-(-n_rows // cfg.block_m),), n_rows=n_rows, n_cols=n_cols, LOG=log, BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **strides)  # fmt: skip
 
 
-def _launch_bwd(y: Tensor, dy: Tensor, dx: Tensor, log: bool) -> None:
-    """Gradient of _launch_fwd: y contiguous (rows, cols), dy any strides, into contiguous dx."""
-    n_rows, n_cols = y.shape
-    if dx.numel() == 0:
-        return
-    cfg = launch_config(n_cols)
-    if cfg.chunked:
-        _softmax_bwd_chunked_kernel[(n_rows,)](
-            y, dy, dx, y.stride(0), dy.stride(0), dy.stride(1), dx.stride(0), n_cols,
-            LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        )  # fmt: skip
-    else:
-        _softmax_bwd_kernel[((n_rows + cfg.block_m - 1) // cfg.block_m,)](
-            y, dy, dx, y.stride(0), dy.stride(0), dy.stride(1), dx.stride(0), n_rows, n_cols,
-            LOG=log, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        )  # fmt: skip
+class SoftmaxPlan(NamedTuple):
+    """One call's launch and allocation, for one key of shape, strides, dim, options and device."""
+
+    launch: Optional[Launch]  # None for an empty tensor
+    shape: torch.Size
+    out_strides: Tuple[int, ...]  # contiguous with dim last in memory
+    out_like_in: bool  # the input already has out_strides: empty_like keeps them
+    rows: Optional[Tuple[int, int]]  # (rows, cols) of the copy to make when the input's strides do not map to rows
+    dim: int  # in range
 
 
-def _as_rows(x: Tensor, dim: int) -> Tensor:
-    """(rows, n) view with `dim` last; a copy only when no such view exists."""
-    if dim != x.dim() - 1:
-        x = x.movedim(dim, -1)
-    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if x.dim() != 2 else x
+def _rows(t: Tensor, plan: SoftmaxPlan) -> Tensor:
+    """The (rows, cols) copy of t with dim last, where its strides do not map to rows."""
+    if plan.rows is None:
+        return t
+    return t.movedim(plan.dim, -1).reshape(plan.rows)
 
 
-def _empty_rows_like(x: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
-    """A contiguous (rows, n) buffer and its view in x's shape (dim last in memory)."""
-    moved_shape = list(x.shape)
-    moved_shape.append(moved_shape.pop(dim))
-    rows = torch.empty(moved_shape, dtype=x.dtype, device=x.device)
-    shaped = rows if dim == x.dim() - 1 else rows.movedim(-1, dim)
-    flat = rows.view(math.prod(moved_shape[:-1]), moved_shape[-1]) if rows.dim() != 2 else rows
-    return flat, shaped
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(shape, strides, dtype, device, dim, log) -> SoftmaxPlan:
+    """The plan of a forward call; raises on invalid arguments (never cached then)."""
+    check_tensor("x", torch.empty(0, dtype=dtype, device="meta"))
+    dim = check_dim("dim", dim, len(shape))
+    check_devices(x=device)
+    n_cols = shape[dim]
+    n_rows = math.prod(shape) // n_cols if n_cols else 0
+    out_strides = _dim_last_strides(shape, dim)
+    launch = None
+    if n_rows and n_cols:
+        view = _rows_view(shape, strides, dim, n_rows, n_cols) or (n_cols, 1)
+        launch = _launch(_softmax_fwd_kernel, _softmax_fwd_chunked_kernel, launch_config(n_cols), n_rows, n_cols,
+                         log, stride_x_row=view[0], stride_x_col=view[1], stride_y_row=n_cols)  # fmt: skip
+    return SoftmaxPlan(
+        launch=launch,
+        shape=torch.Size(shape),
+        out_strides=out_strides,
+        out_like_in=tuple(strides) == out_strides,
+        rows=(n_rows, n_cols) if launch and _rows_view(shape, strides, dim, n_rows, n_cols) is None else None,
+        dim=dim,
+    )
+
+
+def _empty_out(plan: SoftmaxPlan, like: Tensor, device) -> Tensor:
+    if plan.out_like_in:
+        return torch.empty_like(like)
+    return torch.empty_strided(plan.shape, plan.out_strides, dtype=like.dtype, device=device)
 
 
 def softmax_forward(x: Tensor, dim: int, log: bool) -> Tuple[Tensor]:
     """(y,): softmax or log-softmax of x along dim, x's shape and dtype, contiguous along dim."""
-    y_rows, y = _empty_rows_like(x, dim)
-    _launch_fwd(_as_rows(x, dim), y_rows, log)
+    device = x.device
+    plan = cached_plan(_forward_plan, (x.shape, x.stride(), x.dtype, device, dim, log))
+    y = _empty_out(plan, x, device)
+    if plan.launch is not None:
+        plan.launch(_rows(x, plan), y)
     return (y,)
 
 
 def _softmax_forward_fake(x: Tensor, dim: int, log: bool) -> Tuple[Tensor]:
-    return (_empty_rows_like(x, dim)[1],)
+    dim = dim % max(x.dim(), 1)
+    return (torch.empty_strided(x.shape, _dim_last_strides(x.shape, dim), dtype=x.dtype, device=x.device),)
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_plan(shape, dy_strides, device, dim, log) -> SoftmaxPlan:
+    """The backward's plan; y (saved) and dx have the forward output's layout."""
+    n_cols = shape[dim]
+    n_rows = math.prod(shape) // n_cols if n_cols else 0
+    out_strides = _dim_last_strides(shape, dim)
+    launch = None
+    dy_view = None
+    if n_rows and n_cols:
+        dy_view = _rows_view(shape, dy_strides, dim, n_rows, n_cols)
+        stride_dy = dy_view or (n_cols, 1)
+        launch = _launch(_softmax_bwd_kernel, _softmax_bwd_chunked_kernel, launch_config(n_cols), n_rows, n_cols,
+                         log, stride_y_row=n_cols, stride_dy_row=stride_dy[0], stride_dy_col=stride_dy[1],
+                         stride_dx_row=n_cols)  # fmt: skip
+    return SoftmaxPlan(
+        launch=launch,
+        shape=torch.Size(shape),
+        out_strides=out_strides,
+        out_like_in=True,
+        rows=(n_rows, n_cols) if launch and dy_view is None else None,
+        dim=dim,
+    )
 
 
 def softmax_backward(y: Tensor, dy: Tensor, dim: int, log: bool) -> Tuple[Tensor]:
-    """(dx,) from the forward's output y and the upstream gradient dy (any strides)."""
-    dx_rows, dx = _empty_rows_like(y, dim)
-    _launch_bwd(_as_rows(y, dim), _as_rows(dy, dim), dx_rows, log)
+    """(dx,) from the forward's output y (dim normalized) and the upstream gradient dy (any strides)."""
+    plan = _backward_plan(y.shape, dy.stride(), y.device, dim, log)
+    dx = torch.empty_like(y)
+    if plan.launch is not None:
+        plan.launch(y, _rows(dy, plan), dx)
     return (dx,)
 
 
 def _softmax_backward_fake(y: Tensor, dy: Tensor, dim: int, log: bool) -> Tuple[Tensor]:
-    return (_empty_rows_like(y, dim)[1],)
+    return (torch.empty_like(y),)
 
 
 def _setup_context(ctx, inputs, output):
-    _, ctx.dim, ctx.log = inputs
+    x, dim, ctx.log = inputs
+    ctx.dim = dim % x.dim()
     ctx.save_for_backward(output[0])
 
 
@@ -130,7 +188,7 @@ def _backward_rule(ctx, grads, backward, eager):
 
 
 SoftmaxFunction, _softmax_apply = differentiable_op(
-    "softmax",
+    "fused_norm_xent::softmax",
     forward=softmax_forward,
     fake_forward=_softmax_forward_fake,
     backward=softmax_backward,
@@ -142,13 +200,6 @@ SoftmaxFunction, _softmax_apply = differentiable_op(
 )
 
 
-def _checked_dim(x: Tensor, dim: int) -> int:
-    check_tensor("x", x)
-    dim = check_dim("dim", dim, x.dim())
-    check_device(x=x)
-    return dim
-
-
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Softmax of `x` along `dim`, differentiable.
 
@@ -156,9 +207,13 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     Returns a tensor of x's shape and dtype; statistics are computed in fp32. Rows that are all
     -inf give NaN, as torch.softmax does.
     """
-    return _softmax_apply(x, _checked_dim(x, dim), False)[0]
+    if not isinstance(x, Tensor):
+        check_tensor("x", x)
+    return _softmax_apply(x, dim, False)[0]
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Log-softmax of `x` along `dim`, differentiable; same contract as `softmax`."""
-    return _softmax_apply(x, _checked_dim(x, dim), True)[0]
+    if not isinstance(x, Tensor):
+        check_tensor("x", x)
+    return _softmax_apply(x, dim, True)[0]
