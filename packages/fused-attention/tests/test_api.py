@@ -12,6 +12,7 @@ from fused_attention import (
     flash_attention_varlen,
 )
 from fused_attention._compat import HAS_CUSTOM_OP
+from fused_attention.ops.attention import _MAX_POSITION_STRIDE, _addressable
 from fused_attention.ops.launch import AttentionSpec
 
 pytestmark = pytest.mark.kernels
@@ -115,6 +116,21 @@ def test_empty_inputs(attn, device):
     assert torch.all(q.grad == 0) and k.grad.shape == k.shape
     q, k, v = attn.random_qkv(0, 4, 4, 2, 2, 64, BF16, device)
     assert flash_attention(q, k, v).shape == q.shape
+
+
+def test_far_apart_positions_are_copied(attn, device):
+    """The kernels add a tile's row offsets in int32: an input whose positions lie more than 2^24
+    elements apart (where 127 rows pass 2^31) is copied to a packed layout first; others are not."""
+    _, k, v = attn.random_qkv(1, 2, 2, 1, 1, 16, BF16, device)
+    stride = _MAX_POSITION_STRIDE + 16
+    buffer = torch.randn(stride + 16, device=device).to(BF16)  # two rows, one per end
+    far = buffer.as_strided((1, 2, 1, 16), (2 * stride, stride, 16, 1))
+    near = buffer.as_strided((1, 2, 1, 16), (2 * stride, stride - 16, 16, 1))
+    assert _addressable(near, 1) is near
+    copied = _addressable(far, 1)
+    assert copied.is_contiguous() and torch.equal(copied, far)
+    expected = flash_attention(far.contiguous(), k, v, causal=True)
+    torch.testing.assert_close(flash_attention(far, k, v, causal=True), expected, rtol=0, atol=0)
 
 
 def test_flash_attention_module(attn, device):

@@ -269,6 +269,64 @@ def test_int64_varlen_row_offsets(attn):
     attn.check_varlen(q, k, v, cu, cu, causal=True)
 
 
+# Tensors of more than 2^31 elements, allocated as they are (B, S, H, H_kv, D, layout, GiB of GPU
+# memory the test needs): the batch offsets pass 2^31 elements; the head offsets do (one batch);
+# q and dO are (S, B, H, D) tensors seen as (B, S, H, D), positions 17.2M elements apart, so that
+# 125 rows of a tile span more than 2^31 (the launchers copy such inputs, see ops/attention.py).
+# Each is checked on a first and a last slice (batches, or the 8 query heads of a kv head).
+LARGE_CASES = {
+    "batch-offsets": (2049, 512, 16, 2, 128, "bshd", 24),
+    "head-offsets": (1, 4096, 8200, 1025, 64, "bhsd", 32),
+    "head-offsets-atomic-dq": (1, 4096, 8200, 1025, 64, "bhsd", 40),
+    "position-stride": (2100, 128, 64, 1, 128, "sbhd", 34),
+}
+
+
+def _large_slices(batch, n_heads, n_kv_heads, layout):
+    """(q-side index, kv-side index) pairs of the slices compared with the reference."""
+    if layout == "bhsd":
+        group = n_heads // n_kv_heads
+        every = slice(None)
+        return [((every, slice(g * group, (g + 1) * group)), (every, slice(g, g + 1))) for g in (0, n_kv_heads - 1)]
+    return [((slice(b, b + 1),), (slice(b, b + 1),)) for b in (0, batch - 1)]
+
+
+@pytest.mark.gpu(reason="tensors of more than 2^31 elements need a GPU's memory")
+@pytest.mark.parametrize("case", list(LARGE_CASES))
+def test_more_than_2_31_elements(case, attn, monkeypatch):
+    """q, O, dO and dQ hold more than 2^31 elements each: forward and backward (both outputs) are
+    right on the first and the last slice, where the offsets pass 2^31 (int64 in the kernels)."""
+    batch, seqlen, n_heads, n_kv_heads, head_dim, layout, need_gib = LARGE_CASES[case]
+    free_gib = (torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / 2**30
+    if free_gib < need_gib:
+        pytest.skip(f"needs {need_gib} GiB of free GPU memory, {free_gib:.1f} GiB free")
+    if case.endswith("atomic-dq"):
+        monkeypatch.setattr(configs, "DQ_ATOMIC_MIN_SEQLEN_CAUSAL", 0)
+
+    def randn(seqlen, heads):
+        if layout == "sbhd":  # positions outermost, seen as (B, S, H, D)
+            return torch.randn(seqlen, batch, heads, head_dim, device="cuda", dtype=BF16).transpose(0, 1)
+        shape = (batch, heads, seqlen, head_dim) if layout == "bhsd" else (batch, seqlen, heads, head_dim)
+        return torch.randn(shape, device="cuda", dtype=BF16)
+
+    q, k, v = randn(seqlen, n_heads), randn(seqlen, n_kv_heads), randn(seqlen, n_kv_heads)
+    dout = randn(seqlen, n_heads)
+    assert q.numel() > 2**31 and dout.numel() > 2**31
+    api_layout = "bhsd" if layout == "bhsd" else "bshd"
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    out, lse = flash_attention(*leaves, causal=True, return_lse=True, layout=api_layout)
+    dlse = torch.randn_like(lse)
+    dq, dk, dv = torch.autograd.grad((out, lse), leaves, (dout, dlse))
+    del leaves
+    for on_q, on_kv in _large_slices(batch, n_heads, n_kv_heads, api_layout):
+        inputs = (q[on_q].detach(), k[on_kv].detach(), v[on_kv].detach(), dout[on_q], dlse[on_q])
+        ref = attn.reference(*inputs, layout=api_layout, causal=True)
+        twin = attn.lowp_twin(*inputs, layout=api_layout, causal=True)
+        ours = {"out": out[on_q], "lse": lse[on_q], "dq": dq[on_q], "dk": dk[on_kv], "dv": dv[on_kv]}
+        attn.compare(ours, ref, twin)
+        del ref, twin
+
+
 @pytest.mark.gpu(reason="the backward's determinism is a property of the compiled kernels")
 def test_backward_is_deterministic(attn):
     """deterministic=True gives bit-identical gradients run after run (the default dQ is an fp32

@@ -12,6 +12,7 @@ from fused_attention import (
     MultiheadSelfAttention,
     alibi_slopes,
     flash_attention,
+    flash_attention_qkvpacked,
     flash_attention_varlen,
 )
 from fused_attention._compat import KERNEL_DEVICE_TYPE
@@ -87,6 +88,20 @@ def test_rejects_bad_options():
         flash_attention(q, k, v, deterministic=1)
 
 
+@pytest.mark.parametrize("scale", [1e-45, 1e-39, 2.4e38, 1e300])
+def test_rejects_softmax_scale_outside_fp32(scale):
+    """The kernels scale in fp32: a scale that is 0, subnormal or infinite there is refused."""
+    with pytest.raises(ValueError, match=r"^softmax_scale must lie in the fp32 range \[8.15e-39, 2.36e\+38\], got"):
+        flash_attention(*qkv(), softmax_scale=scale)
+
+
+def test_rejects_zero_kv_heads():
+    with pytest.raises(ValueError, match=r"^k and v have 0 heads: at least one key/value head is needed"):
+        flash_attention(*qkv(heads=0, kv_heads=0))
+    with pytest.raises(ValueError, match=r"^k and v have 0 heads"):
+        flash_attention(*qkv(kv_heads=0))
+
+
 @pytest.mark.kernels
 def test_cached_checks_still_reject(device):
     """The checks' outcome is cached per argument combination; an equal-comparing argument of the
@@ -134,22 +149,64 @@ def test_varlen_rejects_mismatched_cu_seqlens():
         flash_attention_varlen(q, k, v, cu_q, cu_k[:1], 5, 4)
     with pytest.raises(ValueError, match=r"^cu_seqlens_q holds 2 sequences but cu_seqlens_k holds 1"):
         flash_attention_varlen(q, k, v, cu_q, cu_k[::2], 5, 8)
-    with pytest.raises(ValueError, match=r"^cu_seqlens_q must rise from 0 to the packed length 8, got 0 ... 7"):
-        flash_attention_varlen(q, k, v, torch.tensor([0, 3, 7], dtype=torch.int32), cu_k, 5, 4)
-    with pytest.raises(ValueError, match=r"^cu_seqlens_k must rise .* \(decreasing somewhere\)"):
-        flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 9, 8], dtype=torch.int32), 5, 9)
-    with pytest.raises(ValueError, match=r"^cu_seqlens_q has a sequence of length 5 > max_seqlen 4"):
-        flash_attention_varlen(q, k, v, cu_q, cu_k, 4, 4)
     with pytest.raises(ValueError, match=r"^q must be 3-D \(total, H, D\)"):
         flash_attention_varlen(q[None], k, v, cu_q, cu_k, 5, 4)
     with pytest.raises(TypeError, match=r"^max_seqlen_k must be an int"):
         flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4.0)
+    with pytest.raises(TypeError, match=r"^return_lse must be a bool, got int"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4, return_lse=1)
+    with pytest.raises(TypeError, match=r"^check_seqlens must be a bool, got str"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4, check_seqlens="no")
+    with pytest.raises(TypeError, match=r"^return_lse must be a bool, got str"):
+        flash_attention(*qkv(), return_lse="no")
 
 
-def test_varlen_device_check_comes_last():
+@pytest.mark.kernels
+def test_varlen_checks_offset_values(device):
+    """check_seqlens reads the offsets back (on the kernels' device: the device check comes first)."""
+    q, k, v, cu_q, cu_k = _varlen(device=device)
+
+    def offsets(*values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q must rise from 0 to the packed length 8, got 0 ... 7"):
+        flash_attention_varlen(q, k, v, offsets(0, 3, 7), cu_k, 5, 4)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k must rise .* \(decreasing somewhere\)"):
+        flash_attention_varlen(q, k, v, cu_q, offsets(0, 9, 8), 5, 9)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q has a sequence of length 5 > max_seqlen 4"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 4, 4)
+
+
+@pytest.mark.parametrize("check_seqlens", [False, True])
+def test_varlen_device_check_comes_last(check_seqlens):
+    """The offsets are read back (check_seqlens) only once every tensor is known to be on the kernels' device."""
     q, k, v, cu_q, cu_k = _varlen(device="meta")
     with pytest.raises(ValueError, match=r"^q is on meta"):
-        flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4, check_seqlens=False)
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 5, 4, check_seqlens=check_seqlens)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("check_seqlens", [False, True])
+@pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_k"])
+def test_varlen_offsets_on_another_device(name, check_seqlens, device):
+    """Offsets on a device other than q's (meta: no data to read back) are named, not read."""
+    q, k, v, cu_q, cu_k = _varlen(device=device)
+    offsets = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+    offsets[name] = offsets[name].to("meta")
+    with pytest.raises(ValueError, match=rf"^{name} is on meta; the kernels run on"):
+        flash_attention_varlen(q, k, v, *offsets.values(), 5, 4, check_seqlens=check_seqlens)
+
+
+def test_packed_arguments():
+    """flash_attention_qkvpacked names qkv in its type, dtype and device errors."""
+    with pytest.raises(TypeError, match=r"^qkv must be a torch.Tensor, got list"):
+        flash_attention_qkvpacked([1.0])
+    with pytest.raises(TypeError, match=r"^qkv has dtype torch.int32; supported: float16, bfloat16"):
+        flash_attention_qkvpacked(torch.zeros(1, 8, 6, 64, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match=r"^qkv is on meta"):
+        flash_attention_qkvpacked(torch.zeros(1, 8, 6, 64, dtype=BF16, device="meta"))
+    with pytest.raises(ValueError, match=r"^qkv packs 2 heads: at least 3 are needed"):
+        flash_attention_qkvpacked(torch.zeros(1, 8, 2, 64, dtype=BF16, device="meta"), n_kv_heads=1)
 
 
 def test_module_and_helper_arguments():
@@ -163,6 +220,24 @@ def test_module_and_helper_arguments():
         FlashAttention(deterministic="yes")
     with pytest.raises(TypeError, match=r"^deterministic must be a bool"):
         MultiheadSelfAttention(128, 8, deterministic=None)
+    with pytest.raises(ValueError, match=r"^n_head must be >= 1, got 0"):
+        MultiheadSelfAttention(128, 0)
+    with pytest.raises(TypeError, match=r"^n_head must be an int, got float"):
+        MultiheadSelfAttention(128, 2.0)
+    with pytest.raises(ValueError, match=r"^d_model must be >= 1, got 0"):
+        MultiheadSelfAttention(0, 1)
+    with pytest.raises(ValueError, match=r"^n_kv_head must be >= 1, got 0"):
+        MultiheadSelfAttention(128, 8, 0)
+    with pytest.raises(ValueError, match=r"^head dim 8 is not supported"):
+        MultiheadSelfAttention(64, 8)
+    with pytest.raises(ValueError, match=r"^softmax_scale must be positive and finite, got nan"):
+        MultiheadSelfAttention(128, 8, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match=r"^softmax_scale must be positive and finite, got inf"):
+        FlashAttention(softmax_scale=float("inf"))
+    module = MultiheadSelfAttention(128, 2, device="meta", dtype=BF16)
+    for x in (torch.empty(8, 128, device="meta", dtype=BF16), torch.empty(2, 8, 64, device="meta", dtype=BF16)):
+        with pytest.raises(ValueError, match=r"^x must be a \(B, S, d_model=128\) tensor, got \("):
+            module(x)
     with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0"):
         alibi_slopes(0)
     with pytest.raises(TypeError, match=r"^n_heads must be an int"):

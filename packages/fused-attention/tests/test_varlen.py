@@ -56,3 +56,15 @@ def test_max_seqlen_larger_than_needed(attn, device):
     tight = flash_attention_varlen(q, q, q, cu, cu, 15, 15, causal=True)
     loose = flash_attention_varlen(q, q, q, cu, cu, 40, 33, causal=True)
     torch.testing.assert_close(loose, tight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("check_seqlens", [True, False])
+def test_strided_offsets(attn, device, check_seqlens):
+    """cu_seqlens need not be contiguous: a strided view gives the result of the offsets it holds."""
+    q = torch.randn(25, 2, 32, device=device).to(BF16)
+    cu = attn.cu_seqlens([10, 15], device)
+    strided = torch.zeros(6, dtype=torch.int32, device=device)[::2]
+    strided.copy_(cu)
+    expected = flash_attention_varlen(q, q, q, cu, cu, 15, 15, causal=True)
+    out = flash_attention_varlen(q, q, q, strided, strided, 15, 15, causal=True, check_seqlens=check_seqlens)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

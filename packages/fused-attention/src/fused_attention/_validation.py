@@ -59,12 +59,18 @@ def check_qkv_dtypes(q, k, v) -> None:
             raise TypeError(f"{name} has dtype {value.dtype} but q has {q.dtype}: q, k and v must share one dtype")
 
 
-def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int) -> None:
+def check_head_dim(head_dim: int) -> None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim {head_dim} is not supported; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+
+
+def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int) -> None:
+    check_head_dim(head_dim)
     if v_head_dim != head_dim:
         raise ValueError(f"v has head dim {v_head_dim} but q and k have {head_dim}")
-    if n_kv_heads == 0 or n_heads % n_kv_heads:
+    if n_kv_heads == 0:
+        raise ValueError("k and v have 0 heads: at least one key/value head is needed")
+    if n_heads % n_kv_heads:
         raise ValueError(
             f"q has {n_heads} heads and k/v have {n_kv_heads}: the query heads must be a multiple of the "
             "key/value heads (GQA/MQA)"
@@ -77,6 +83,14 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
 def check_layout(layout) -> bool:
     """True for the SDPA layout (B, H, S, D), False for FlashAttention's (B, S, H, D)."""
     if layout not in LAYOUTS:
@@ -84,13 +98,21 @@ def check_layout(layout) -> bool:
     return layout == "bhsd"
 
 
+# The kernels scale scores by softmax_scale * log2(e) in fp32: it must be a normal fp32 number.
+_FP32_TINY, _FP32_MAX, _LOG2E = 2.0**-126, float(torch.finfo(torch.float32).max), 1.4426950408889634
+SOFTMAX_SCALE_RANGE = (_FP32_TINY / _LOG2E, _FP32_MAX / _LOG2E)
+
+
 def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    low, high = SOFTMAX_SCALE_RANGE
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale}")
+    if not low <= softmax_scale <= high:
+        raise ValueError(f"softmax_scale must lie in the fp32 range [{low:.3g}, {high:.3g}], got {softmax_scale}")
     return float(softmax_scale)
 
 
@@ -139,19 +161,23 @@ def check_seqlen_arg(name: str, value) -> int:
     return value
 
 
-def check_cu_seqlens(name: str, cu_seqlens, total: int, max_seqlen: int, check_values: bool) -> int:
-    """Returns the batch size. check_values reads the offsets back (one device sync)."""
+def check_cu_seqlens(name: str, cu_seqlens) -> int:
+    """Returns the batch size; the offsets themselves are checked by check_cu_seqlens_values."""
     check_tensor(name, cu_seqlens, (torch.int32,))
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
         raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
-    if check_values:
-        offsets = cu_seqlens.tolist()
-        lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
-        if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
-            raise ValueError(
-                f"{name} must rise from 0 to the packed length {total}, got {offsets[0]} ... {offsets[-1]}"
-                + (" (decreasing somewhere)" if min(lengths) < 0 else "")
-            )
-        if max(lengths) > max_seqlen:
-            raise ValueError(f"{name} has a sequence of length {max(lengths)} > max_seqlen {max_seqlen}")
     return cu_seqlens.shape[0] - 1
+
+
+def check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, max_seqlen: int) -> None:
+    """The offsets rise from 0 to `total` by steps of at most max_seqlen: reads them back (one
+    device sync), so it runs after check_device."""
+    offsets = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+    if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
+        raise ValueError(
+            f"{name} must rise from 0 to the packed length {total}, got {offsets[0]} ... {offsets[-1]}"
+            + (" (decreasing somewhere)" if min(lengths) < 0 else "")
+        )
+    if max(lengths) > max_seqlen:
+        raise ValueError(f"{name} has a sequence of length {max(lengths)} > max_seqlen {max_seqlen}")

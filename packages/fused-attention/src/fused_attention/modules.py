@@ -7,7 +7,14 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from ._validation import check_bool, check_layout, check_window
+from ._validation import (
+    check_bool,
+    check_head_dim,
+    check_layout,
+    check_positive_int,
+    check_softmax_scale,
+    check_window,
+)
 from .alibi import alibi_slopes
 from .ops.attention import flash_attention
 
@@ -23,6 +30,7 @@ class FlashAttention(nn.Module):
         super().__init__()
         check_layout(layout)
         check_window(window_size, causal, 2**31, 2**31)
+        check_softmax_scale(softmax_scale, 64)  # the head dim only sets the default
         self.causal = causal
         self.softmax_scale = softmax_scale
         self.window_size = tuple(window_size)
@@ -72,12 +80,16 @@ class MultiheadSelfAttention(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_head", n_head)
+        n_kv_head = n_head if n_kv_head is None else check_positive_int("n_kv_head", n_kv_head)
         if d_model % n_head:
             raise ValueError(f"d_model={d_model} must be a multiple of n_head={n_head}")
-        if n_kv_head < 1 or n_head % n_kv_head:
+        if n_head % n_kv_head:
             raise ValueError(f"n_head={n_head} must be a multiple of n_kv_head={n_kv_head}")
+        check_head_dim(d_model // n_head)
         check_window(window_size, causal, 2**31, 2**31)
+        check_softmax_scale(softmax_scale, d_model // n_head)
         self.d_model, self.n_head, self.n_kv_head = d_model, n_head, n_kv_head
         self.head_dim = d_model // n_head
         self.causal, self.window_size, self.softmax_scale = causal, tuple(window_size), softmax_scale
@@ -93,6 +105,9 @@ class MultiheadSelfAttention(nn.Module):
             self.alibi_slopes = None
 
     def forward(self, x: torch.Tensor, qk_transform: Optional[Callable] = None) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[2] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be a (B, S, d_model={self.d_model}) tensor, got {shape}")
         batch, seqlen, _ = x.shape
         q = self.q_proj(x).view(batch, seqlen, self.n_head, self.head_dim)  # (B, S, H, D)
         k = self.k_proj(x).view(batch, seqlen, self.n_kv_head, self.head_dim)  # (B, S, H_kv, D)

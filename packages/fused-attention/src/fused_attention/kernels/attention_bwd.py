@@ -49,12 +49,12 @@ from .common import (
 )
 
 # Arguments the JIT does not specialize (see the module docstring).
-_SIZES = ["kv_group", "max_seqlen_q", "max_seqlen_k", "window_left", "window_right"]
+_SIZES = ["kv_group", "max_seqlen_q", "max_seqlen_k", "total_q", "total_k", "window_left", "window_right"]
 _SMALL_STRIDES = ["stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
 
 
 @triton.jit
-def _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
+def _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, total_q, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr):
     """The query block of a program of a (query block, batch, head) grid: batch and head (int64),
     the first row of its sequence in the tensor (q_start), the sequence's length, and the
     block's first position in the sequence (m0; past the length for empty varlen blocks)."""
@@ -62,14 +62,14 @@ def _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M: tl.constexpr,
     pid = tl.program_id(0)
     batch_head = pid // num_m_blocks
     batch = batch_head // n_heads
-    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, total_q, IS_VARLEN)
     m0 = (pid % num_m_blocks) * BLOCK_M
     return batch.to(tl.int64), (batch_head % n_heads).to(tl.int64), q_start, seqlen_q, m0
 
 
 @triton.jit(
     do_not_specialize=["stride_dlse_b", "stride_dlse_h", "stride_dlse_s", "stride_delta_b", "stride_delta_h",
-                       "n_heads", "max_seqlen_q"]
+                       "n_heads", "max_seqlen_q", "total_q"]
 )  # fmt: skip
 def _attn_bwd_preprocess_kernel(
     # pointers
@@ -80,13 +80,15 @@ def _attn_bwd_preprocess_kernel(
     stride_dlse_b, stride_dlse_h, stride_dlse_s,
     stride_delta_b, stride_delta_h,
     stride_dqab, stride_dqah, stride_dqad,
-    # sizes
-    n_heads, max_seqlen_q,
+    # sizes (total_q: the packed tensors' rows, varlen)
+    n_heads, max_seqlen_q, total_q,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):  # fmt: skip
-    batch64, head64, q_start, seqlen_q, m0 = _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M, IS_VARLEN)
+    batch64, head64, q_start, seqlen_q, m0 = _query_block(
+        cu_seqlens_q_ptr, n_heads, max_seqlen_q, total_q, BLOCK_M, IS_VARLEN
+    )
     if IS_VARLEN:
         if m0 >= seqlen_q:
             return
@@ -218,8 +220,8 @@ def _attn_bwd_dkdv_kernel(
     stride_dqab, stride_dqah, stride_dqad,
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
-    # sizes and options
-    n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+    # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
+    n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
@@ -235,8 +237,8 @@ def _attn_bwd_dkdv_kernel(
     batch_head = pid // num_n_blocks
     batch = batch_head // n_kv_heads
     kv_head = batch_head % n_kv_heads
-    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, IS_VARLEN)
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, total_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, total_k, IS_VARLEN)
     n0 = pid_n * BLOCK_N
     if IS_VARLEN:
         if n0 >= seqlen_k:
@@ -327,21 +329,23 @@ def _attn_bwd_dkdv_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["n_heads", "max_seqlen_q"])
+@triton.jit(do_not_specialize=["n_heads", "max_seqlen_q", "total_q"])
 def _attn_bwd_dq_convert_kernel(
     # pointers
     dq_accum_ptr, dq_ptr, cu_seqlens_q_ptr,
     # strides
     stride_dqab, stride_dqah, stride_dqad,
     stride_dqb, stride_dqs, stride_dqh,
-    # sizes and options
-    n_heads, max_seqlen_q, softmax_scale,
+    # sizes and options (total_q: the packed tensors' rows, varlen)
+    n_heads, max_seqlen_q, total_q, softmax_scale,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
     """dQ = softmax_scale * the fp32 accumulator, in dQ's dtype; one program per (query block, batch, head)."""
-    batch64, head64, q_start, seqlen_q, m0 = _query_block(cu_seqlens_q_ptr, n_heads, max_seqlen_q, BLOCK_M, IS_VARLEN)
+    batch64, head64, q_start, seqlen_q, m0 = _query_block(
+        cu_seqlens_q_ptr, n_heads, max_seqlen_q, total_q, BLOCK_M, IS_VARLEN
+    )
     if IS_VARLEN:
         if m0 >= seqlen_q:
             return
@@ -433,8 +437,8 @@ def _attn_bwd_dq_kernel(
     stride_dqb, stride_dqs, stride_dqh,
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
-    # sizes and options
-    n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+    # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
+    n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
@@ -448,8 +452,8 @@ def _attn_bwd_dq_kernel(
     batch = batch_head // n_heads
     head = batch_head % n_heads
     kv_head = head // kv_group
-    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, IS_VARLEN)
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, total_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, total_k, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if IS_VARLEN:
         if m0 >= seqlen_q:

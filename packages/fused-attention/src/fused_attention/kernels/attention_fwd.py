@@ -121,8 +121,8 @@ def _fwd_blocks(
 
 
 @triton.jit(
-    do_not_specialize=["n_heads", "kv_group", "max_seqlen_q", "max_seqlen_k", "window_left", "window_right",
-                       "stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
+    do_not_specialize=["n_heads", "kv_group", "max_seqlen_q", "max_seqlen_k", "total_q", "total_k", "window_left",
+                       "window_right", "stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
 )  # fmt: skip
 def _attn_fwd_kernel(
     # pointers
@@ -134,8 +134,8 @@ def _attn_fwd_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
-    # sizes and options
-    n_heads, kv_group, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right,
+    # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
+    n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
@@ -150,8 +150,8 @@ def _attn_fwd_kernel(
     batch = batch_head // n_heads
     head = batch_head % n_heads
     kv_head = head // kv_group
-    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, IS_VARLEN)
+    q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, total_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_bounds(cu_seqlens_k_ptr, batch, max_seqlen_k, total_k, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if IS_VARLEN:
         if m0 >= seqlen_q:

@@ -3,7 +3,10 @@
 Conventions (all kernels):
 - Sequences are addressed as (batch, position, head, dim) through strides; the head dim has unit
   stride. Varlen batches pass cu_seqlens and a batch stride of 0: a sequence starts at row
-  cu_seqlens[b] of the packed (total, heads, dim) tensor.
+  cu_seqlens[b] of the packed (total, heads, dim) tensor, and every access stays within rows
+  [0, total) whatever the offsets hold (`_seq_bounds`). Offsets of a tile's rows within a block
+  are int32 (the launchers copy an input whose position stride could overflow them); the
+  batch, head and block-start offsets are int64.
 - Query i of a sequence is aligned with key i + diag, diag = seqlen_k - seqlen_q (bottom-right,
   as FlashAttention-2). Key j is visible to query i when
   -window_left <= j - (i + diag) <= window_right; a bound is absent unless HAS_LEFT / HAS_RIGHT
@@ -69,11 +72,17 @@ def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _seq_bounds(cu_seqlens_ptr, batch, seqlen, IS_VARLEN: tl.constexpr):
-    """(first packed row, length) of sequence `batch`: from cu_seqlens when varlen, else (0, seqlen)."""
+def _seq_bounds(cu_seqlens_ptr, batch, seqlen, total, IS_VARLEN: tl.constexpr):
+    """(first packed row, length) of sequence `batch`: from cu_seqlens when varlen, else (0, seqlen).
+
+    Varlen: the offsets are clamped to the `total` rows of the packed tensor and an end before its
+    start to the start, so that no offsets (unchecked ones included) make a program address rows
+    outside the tensor: such a sequence is truncated or empty.
+    """
     if IS_VARLEN:
-        start = tl.load(cu_seqlens_ptr + batch)
-        length = tl.load(cu_seqlens_ptr + batch + 1) - start
+        start = tl.minimum(tl.maximum(tl.load(cu_seqlens_ptr + batch), 0), total)
+        end = tl.minimum(tl.maximum(tl.load(cu_seqlens_ptr + batch + 1), start), total)
+        length = end - start
     else:
         start = batch * 0
         length = seqlen

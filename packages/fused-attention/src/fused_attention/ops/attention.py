@@ -23,6 +23,7 @@ from .._validation import (
     check_alibi_slopes,
     check_bool,
     check_cu_seqlens,
+    check_cu_seqlens_values,
     check_device,
     check_heads,
     check_layout,
@@ -58,10 +59,9 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 
 def _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec):
-    if dout is None:
-        dout = torch.zeros_like(out)
-    elif dout.stride(-1) != 1:
-        dout = dout.contiguous()
+    dout = torch.zeros_like(out) if dout is None else _addressable(dout, _seq_dim(spec))
+    if dlse is not None and dlse.stride(-1) > _MAX_POSITION_STRIDE:  # positions are its last dim
+        dlse = dlse.contiguous()
     return attention_bwd(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
 
 
@@ -147,9 +147,20 @@ def _autocast_inputs(*tensors):
     return tensors
 
 
-def _unit_stride_head_dim(t: torch.Tensor) -> torch.Tensor:
-    """The kernels need a unit-stride head dim; only a tensor without one is copied."""
-    return t if t.stride(-1) == 1 else t.contiguous()
+# The kernels add the offsets of a tile's rows (up to 127 rows past a block's start, plus the head
+# dim's lanes) in int32: an input with a larger position stride is copied, as is one whose head dim
+# lacks unit stride. (Outputs and gradients are allocated packed: their strides are small.)
+_MAX_POSITION_STRIDE = (2**31 - 1 - 256) // 127
+
+
+def _addressable(t: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """t, or a contiguous copy where the kernels cannot address t through its strides."""
+    return t if t.stride(-1) == 1 and t.stride(seq_dim) <= _MAX_POSITION_STRIDE else t.contiguous()
+
+
+def _seq_dim(spec: AttentionSpec) -> int:
+    """The position dim of q/k/v/O in the call's layout."""
+    return 0 if spec.varlen else 2 if spec.bhsd else 1
 
 
 def flash_attention(
@@ -167,8 +178,9 @@ def flash_attention(
     """Scaled dot-product attention, FlashAttention-2 style, differentiable in q, k, v.
 
     q: (B, S_q, H, D) for layout="bshd" (FlashAttention's layout) or (B, H, S_q, D) for
-        layout="bhsd" (PyTorch SDPA's); fp16 or bf16, any strides (the head dim is copied to unit
-        stride only if it is not), on a CUDA device (the CPU under TRITON_INTERPRET=1).
+        layout="bhsd" (PyTorch SDPA's); fp16 or bf16, any strides (copied only where the head dim
+        lacks unit stride or positions lie more than 2^24 elements apart), on a CUDA device (the
+        CPU under TRITON_INTERPRET=1).
     k, v: (B, S_k, H_kv, D) / (B, H_kv, S_k, D), q's dtype; H must be a multiple of H_kv (GQA,
         MQA). D in 16, 32, 64, 80, 96, 128, 160, 192, 256.
     causal: query i sees keys j <= i + S_k - S_q (aligned to the bottom-right corner).
@@ -186,10 +198,16 @@ def flash_attention(
     Returns out, or (out, lse). A query that sees no key gets out = 0 and lse = -inf. Under
     torch.autocast, fp32 inputs are cast to the autocast dtype first.
     """
+    if return_lse.__class__ is not bool:
+        check_bool("return_lse", return_lse)
     q, k, v = _autocast_inputs(q, k, v)
     spec = _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
+    seq_dim = 2 if spec.bhsd else 1
+    if (
+        q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
+        or max(q.stride(seq_dim), k.stride(seq_dim), v.stride(seq_dim)) > _MAX_POSITION_STRIDE
+    ):  # fmt: skip
+        q, k, v = (_addressable(t, seq_dim) for t in (q, k, v))
     out, lse = _apply(q, k, v, alibi_slopes, None, None, spec)
     return (out, lse) if return_lse else out
 
@@ -273,14 +291,21 @@ def flash_attention_varlen(
 
     q: (total_q, H, D); k, v: (total_k, H_kv, D); dtypes, head dims and devices as flash_attention.
     cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) offsets: sequence b is rows
-        cu_seqlens[b] : cu_seqlens[b + 1] (lengths may be 0 or 1).
-    max_seqlen_q, max_seqlen_k: ints >= every sequence's length (they size the launch grid).
+        cu_seqlens[b] : cu_seqlens[b + 1] (lengths may be 0 or 1); on q's device.
+    max_seqlen_q, max_seqlen_k: ints >= every sequence's length (they size the launch grid; a
+        value above the packed length counts as the packed length).
     causal, softmax_scale, window_size: as flash_attention, per sequence (causal aligned to each
         sequence's bottom-right corner).
     alibi_slopes: fp32 (H,) or (B, H).
     return_lse: also return the fp32 LSE, (H, total_q).
     check_seqlens: read the offsets back to check them against the packed lengths and the
         max_seqlen arguments (one device sync per call; skipped while torch.compile traces).
+        Unchecked offsets that are wrong (past the packed length, negative, decreasing, or a
+        sequence longer than max_seqlen) never make the kernels read or write outside the
+        tensors: each sequence is clipped to the packed rows, one that ends before it starts
+        is empty, and rows past max_seqlen are not computed. The values of every output and
+        gradient row that such a sequence covers, or that no sequence covers, are unspecified;
+        the other sequences' rows are exact.
     deterministic: as flash_attention.
 
     Returns out (total_q, H, D), or (out, lse).
@@ -299,20 +324,28 @@ def flash_attention_varlen(
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     max_seqlen_q = check_seqlen_arg("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = check_seqlen_arg("max_seqlen_k", max_seqlen_k)
-    check_values = check_seqlens and not is_compiling()
-    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, check_values)
-    batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, check_values)
+    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if batch_k != batch:
         raise ValueError(f"cu_seqlens_q holds {batch} sequences but cu_seqlens_k holds {batch_k}")
     scale = check_softmax_scale(softmax_scale, head_dim)
-    window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
-    check_bool("deterministic", deterministic)
+    for name, flag in (("return_lse", return_lse), ("check_seqlens", check_seqlens), ("deterministic", deterministic)):
+        check_bool(name, flag)
     check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
+    if check_seqlens and not is_compiling():
+        check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q)
+        check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)
+    # No sequence is longer than its packed tensor (the kernels clip them to it): a larger bound
+    # would only add empty programs to the grid.
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, total_q), min(max_seqlen_k, total_k)
+    window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)
+    # The kernels read the offsets as a contiguous array.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     spec = AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
         alibi_slopes is not None, True, False, deterministic,
     )  # fmt: skip
-    q, k, v = (_unit_stride_head_dim(t) for t in (q, k, v))
+    q, k, v = (_addressable(t, 0) for t in (q, k, v))
     out, lse = _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
     return (out, lse) if return_lse else out

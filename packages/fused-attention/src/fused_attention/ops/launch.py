@@ -131,6 +131,14 @@ def _dq_accum_strides(dq_accum: torch.Tensor, spec: AttentionSpec) -> Tuple[int,
     return dq_accum.stride(0), dq_accum.stride(1), dq_accum.stride(2)
 
 
+def _packed_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor) -> Tuple[int, int]:
+    """(total_q, total_k): the rows of a packed varlen batch, which bound every sequence the kernels
+    address whatever cu_seqlens holds (int32 offsets cannot pass 2^31 - 1); 0 for dense batches."""
+    if not spec.varlen:
+        return 0, 0
+    return min(q.shape[0], 2**31 - 1), min(k.shape[0], 2**31 - 1)
+
+
 def _lse_strides(lse: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int]:
     if spec.varlen:
         return 0, lse.stride(0)
@@ -366,8 +374,8 @@ def attention_fwd(
     ints = (
         *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(o, spec),
         *_lse_strides(lse, spec), *_slope_strides(alibi_slopes),
-        spec.n_heads, spec.n_heads // spec.n_kv_heads, spec.max_seqlen_q, spec.max_seqlen_k, spec.softmax_scale,
-        spec.window_left, spec.window_right,
+        spec.n_heads, spec.n_heads // spec.n_kv_heads, spec.max_seqlen_q, spec.max_seqlen_k, *_packed_rows(spec, q, k),
+        spec.softmax_scale, spec.window_left, spec.window_right,
     )  # fmt: skip
     _remember(key, _main_launch("fwd", spec, config, spec.max_seqlen_q, spec.batch * spec.n_heads, head, (k, v), ints))
     return o, lse
@@ -469,7 +477,10 @@ def _backward_plan(
     has_queries, has_keys = dq.numel() > 0, dk.numel() > 0
     alibi_slopes = None if slopes is lse else slopes
     group = spec.n_heads // spec.n_kv_heads
-    options = (spec.max_seqlen_q, spec.max_seqlen_k, spec.softmax_scale, spec.window_left, spec.window_right)
+    total_q, total_k = _packed_rows(spec, q, k)
+    options = (
+        spec.max_seqlen_q, spec.max_seqlen_k, total_q, total_k, spec.softmax_scale, spec.window_left, spec.window_right
+    )  # fmt: skip
     lse_and_slope_strides = (*_lse_strides(lse, spec), *_slope_strides(alibi_slopes))
     zero = (0, 0, 0)
     block_m = preprocess_block_m(spec.block_d)
@@ -488,7 +499,7 @@ def _backward_plan(
             _attn_bwd_preprocess_kernel, rows_grid,
             (
                 *seq_strides(o, spec), *seq_strides(do, spec), *dlse_strides, *_lse_strides(lse, spec),
-                *(_dq_accum_strides(dq_accum, spec) if atomic else zero), spec.n_heads, spec.max_seqlen_q,
+                *(_dq_accum_strides(dq_accum, spec) if atomic else zero), spec.n_heads, spec.max_seqlen_q, total_q,
                 *rows_constexprs, dlse_or_lse is not lse, atomic,
             ),
             PREPROCESS_WARPS,
@@ -507,7 +518,7 @@ def _backward_plan(
         post = _Launch(
             _attn_bwd_dq_convert_kernel, rows_grid,
             (
-                *_dq_accum_strides(dq_accum, spec), *seq_strides(dq, spec), spec.n_heads, spec.max_seqlen_q,
+                *_dq_accum_strides(dq_accum, spec), *seq_strides(dq, spec), spec.n_heads, spec.max_seqlen_q, total_q,
                 spec.softmax_scale, *rows_constexprs, UPCAST_DOTS,
             ),
             PREPROCESS_WARPS,

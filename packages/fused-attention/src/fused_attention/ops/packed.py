@@ -13,8 +13,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._compat import custom_bwd, custom_fwd, is_compiling
-from .attention import _autocast_inputs, _dense_spec, _unit_stride_head_dim, flash_attention
+from .._compat import KERNEL_DEVICE_TYPE, custom_bwd, custom_fwd, is_compiling
+from .._validation import ATTENTION_DTYPES, check_device, check_head_dim, check_tensor
+from .attention import _addressable, _autocast_inputs, _dense_spec, flash_attention
 from .launch import AttentionSpec, attention_bwd, attention_fwd
 
 
@@ -40,8 +41,7 @@ class FlashAttentionQKVPackedFunction(torch.autograd.Function):
     def backward(ctx, dout):
         qkv, out, lse = ctx.saved_tensors
         alibi_slopes, spec = ctx.extras
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
+        dout = _addressable(dout, 1)
         dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
         q, k, v = _unpack(qkv, spec.n_heads, spec.n_kv_heads)
         grads = _unpack(dqkv, spec.n_heads, spec.n_kv_heads)
@@ -51,10 +51,13 @@ class FlashAttentionQKVPackedFunction(torch.autograd.Function):
 
 def _packed_heads(qkv, n_kv_heads: Optional[int]) -> Tuple[int, int]:
     """(H, H_kv) of a packed qkv tensor, checked."""
-    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4:
-        shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
-        raise ValueError(f"qkv must be a 4-D (B, S, H + 2 * H_kv, D) tensor, got {shape}")
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    if qkv.dim() != 4:
+        raise ValueError(f"qkv must be a 4-D (B, S, H + 2 * H_kv, D) tensor, got shape {tuple(qkv.shape)}")
     packed = qkv.shape[2]
+    if packed < 3:
+        raise ValueError(f"qkv packs {packed} heads: at least 3 are needed (a query, a key and a value head)")
     if n_kv_heads is None:
         if packed % 3:
             raise ValueError(
@@ -66,6 +69,7 @@ def _packed_heads(qkv, n_kv_heads: Optional[int]) -> Tuple[int, int]:
     n_heads = packed - 2 * n_kv_heads
     if n_heads < 1:
         raise ValueError(f"qkv packs {packed} heads, too few for 2 x n_kv_heads = {2 * n_kv_heads} plus the queries")
+    check_head_dim(qkv.shape[3])
     return n_heads, n_kv_heads
 
 
@@ -92,7 +96,10 @@ def flash_attention_qkvpacked(
     """
     n_heads, n_kv_heads = _packed_heads(qkv, n_kv_heads)
     (qkv,) = _autocast_inputs(qkv)  # once for q, k and v
-    qkv = _unit_stride_head_dim(qkv)
+    if qkv.dtype not in ATTENTION_DTYPES or qkv.device.type != KERNEL_DEVICE_TYPE:  # errors that name qkv
+        check_tensor("qkv", qkv, ATTENTION_DTYPES)
+        check_device(qkv=qkv)
+    qkv = _addressable(qkv, 1)
     q, k, v = _unpack(qkv, n_heads, n_kv_heads)
     if is_compiling() or not (torch.is_grad_enabled() and qkv.requires_grad):
         return flash_attention(q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic)
