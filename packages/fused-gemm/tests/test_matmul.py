@@ -125,11 +125,11 @@ def test_inference_stores_no_derivative(device, monkeypatch):
     calls = []
 
     def recording(*args):
-        calls.append(args[4])  # save_aux
+        calls.append(args[4])  # save_z
         return forward_op(*args)
 
-    forward_op = ops.gemm_fwd_op
-    monkeypatch.setattr(ops, "gemm_fwd_op", recording)
+    forward_op = ops.gemm_forward_op
+    monkeypatch.setattr(ops, "gemm_forward_op", recording)
     x, w, b = _operands(33, 40, 24, torch.bfloat16, device)
     with torch.no_grad():
         y_inference = matmul(x, w, b, "gelu")

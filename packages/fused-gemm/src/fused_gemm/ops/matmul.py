@@ -23,7 +23,7 @@ from .._compat import tf32_allowed_by_torch
 from .._runtime.compat import KERNEL_DEVICE_TYPE, autocast_dtype, custom_bwd, custom_fwd
 from .._runtime.validation import check_device, check_same_dtype, check_tensor
 from .._validation import check_activation, check_allow_tf32
-from .custom_ops import gemm_bwd_op, gemm_fwd_op
+from .custom_ops import gemm_backward_op, gemm_forward_op
 from .gemm import SAVES_Z
 
 
@@ -39,8 +39,8 @@ class GemmFunction(torch.autograd.Function):
     def forward(ctx, a, b, bias, activation: Optional[str], allow_tf32: bool, dtype: torch.dtype):
         # Gradients come back in each operand's own dtype (the module docstring).
         ctx.grad_dtypes = (a.dtype, b.dtype, dtype if bias is None else bias.dtype)
-        a, b = a.to(dtype), b.to(dtype)
-        c, z = gemm_fwd_op(a, b, bias, activation, True, allow_tf32)
+        a, b = _cast(a, dtype), _cast(b, dtype)
+        c, z = gemm_forward_op(a, b, bias, activation, True, allow_tf32)
         saved = z if activation in SAVES_Z else (c if activation == "relu" else None)
         # a only for db; b always (a weight, alive anyway; its layout shapes db).
         ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b, saved)
@@ -53,10 +53,15 @@ class GemmFunction(torch.autograd.Function):
     def backward(ctx, dc):
         a, b, saved = ctx.saved_tensors
         need_da, need_db, need_dbias = ctx.needs_input_grad[:3]
-        da, db, dbias = gemm_bwd_op(
+        da, db, dbias = gemm_backward_op(
             dc, a, b, saved, ctx.activation, need_da, need_db, need_dbias, ctx.allow_tf32, *ctx.grad_dtypes
         )
         return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None, None)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in `dtype` (itself when it has it: cheaper than Tensor.to's argument parsing)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _check_options(activation, allow_tf32) -> None:
@@ -118,7 +123,7 @@ def _apply(a, b, bias, activation, allow_tf32, dtype):
     requiring grad), else the launcher alone; a and b in any dtype, multiplied in `dtype`."""
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
         return GemmFunction.apply(a, b, bias, activation, allow_tf32, dtype)
-    return gemm_fwd_op(a.to(dtype), b.to(dtype), bias, activation, False, allow_tf32)[0]
+    return gemm_forward_op(_cast(a, dtype), _cast(b, dtype), bias, activation, False, allow_tf32)[0]
 
 
 def matmul(

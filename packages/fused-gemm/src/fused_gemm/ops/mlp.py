@@ -26,10 +26,10 @@ from .._runtime.compat import custom_bwd, custom_fwd
 from .._runtime.registration import custom_op
 from .._runtime.validation import check_tensor
 from ..kernels.common import ACTIVATION_CODES
-from .custom_ops import gemm_fwd_op
-from .gemm import SAVES_Z, _empty, gemm_bwd, gemm_bwd_fake
+from .custom_ops import gemm_forward_op
+from .gemm import SAVES_Z, _empty, _or_empty, gemm_backward, gemm_bwd_fake
 from .launch import launch_activation_grad, launch_matmul_activation_grad
-from .matmul import _check_bias, _check_options, _compute_dtype, _tf32, check_linear_operands
+from .matmul import _cast, _check_bias, _check_options, _compute_dtype, _tf32, check_linear_operands
 
 
 def mlp_bwd(
@@ -56,18 +56,24 @@ def mlp_bwd(
     (1, d_in, d_hidden), h (1, M, d_hidden), w2 (1, d_hidden, d_out) as the forward multiplied them;
     saved: what act' needs (z for the GELUs, h for ReLU, unused without activation). Gradients
     not asked for are empty placeholders; the others in the given dtypes (module docstring)."""
-    _, dw2, db2 = gemm_bwd(dy, h, w2, None, None, False, need_dw2, need_db2, allow_tf32, dy.dtype, w2_dtype, b2_dtype)
-    dx = dw1 = db1 = _empty(dy)
+    _, dw2, db2 = gemm_backward(
+        dy, h, w2, None, None, False, need_dw2, need_db2, allow_tf32, dy.dtype, w2_dtype, b2_dtype
+    )
+    dx = dw1 = db1 = None
     if need_dx or need_dw1 or need_db1:
         code = ACTIVATION_CODES[activation]
         if code:
             dz1, db1 = launch_matmul_activation_grad(dy, w2.transpose(1, 2), saved, code, need_db1)
         else:  # dZ1 = dH: the plain product, then its column sums alone
-            dz1, _, _ = gemm_bwd(dy, None, w2, None, None, True, False, False, allow_tf32, dy.dtype, dy.dtype, dy.dtype)
+            dz1, _, _ = gemm_backward(
+                dy, None, w2, None, None, True, False, False, allow_tf32, dy.dtype, dy.dtype, dy.dtype
+            )
             db1 = launch_activation_grad(dz1, None, 0, False, True, torch.float32)[1] if need_db1 else None
-        db1 = db1.to(b1_dtype) if need_db1 else _empty(dy)
-        dx, dw1, _ = gemm_bwd(dz1, x, w1, None, None, need_dx, need_dw1, False, allow_tf32, x_dtype, w1_dtype, b1_dtype)
-    return dx, dw1, db1, dw2, db2
+        db1 = None if db1 is None else _cast(db1, b1_dtype)
+        dx, dw1, _ = gemm_backward(
+            dz1, x, w1, None, None, need_dx, need_dw1, False, allow_tf32, x_dtype, w1_dtype, b1_dtype
+        )
+    return _or_empty(dy, dx, dw1, db1, dw2, db2)
 
 
 def mlp_bwd_fake(dy, x, w1, saved, h, w2, activation, need_dx, need_dw1, need_db1, need_dw2, need_db2, allow_tf32,
@@ -87,9 +93,9 @@ mlp_bwd_op = custom_op("fused_gemm::mlp_bwd", mlp_bwd_fake)(mlp_bwd)
 def _forward(x, w1, b1, w2, b2, activation, save_z: bool, allow_tf32: bool):
     """(y, h, z): h = act(x @ w1 + b1) and y = h @ w2 + b2 for x (1, M, d_in), w1 (1, d_in, d_hidden)
     and w2 (1, d_hidden, d_out) in the compute dtype; z = x @ w1 + b1 when save_z and a GELU, else
-    a placeholder."""
-    h, z = gemm_fwd_op(x, w1, b1, activation, save_z, allow_tf32)
-    y, _ = gemm_fwd_op(h, w2, b2, None, False, allow_tf32)
+    None (an empty placeholder while torch.compile traces)."""
+    h, z = gemm_forward_op(x, w1, b1, activation, save_z, allow_tf32)
+    y, _ = gemm_forward_op(h, w2, b2, None, False, allow_tf32)
     return y, h, z
 
 
@@ -102,7 +108,7 @@ class MLPFunction(torch.autograd.Function):
         ctx.grad_dtypes = tuple(
             dtype if t is None else t.dtype for t in (x, w1, b1, w2, b2)
         )  # gradients in each operand's own dtype (ops.matmul)
-        x, w1, w2 = x.to(dtype), w1.to(dtype).unsqueeze(0), w2.to(dtype).unsqueeze(0)
+        x, w1, w2 = _cast(x, dtype), _cast(w1, dtype).unsqueeze(0), _cast(w2, dtype).unsqueeze(0)
         y, h, z = _forward(x, w1, b1, w2, b2, activation, True, allow_tf32)
         saved = z if activation in SAVES_Z else h
         ctx.save_for_backward(x, w1, saved if activation else None, h, w2)
@@ -158,6 +164,6 @@ def mlp(
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
         y = MLPFunction.apply(*operands, activation, tf32, dtype)
     else:
-        w1_3d, w2_3d = w1.to(dtype).unsqueeze(0), w2.to(dtype).unsqueeze(0)
-        y, _, _ = _forward(a.to(dtype), w1_3d, b1, w2_3d, b2, activation, False, tf32)
+        w1_3d, w2_3d = _cast(w1, dtype).unsqueeze(0), _cast(w2, dtype).unsqueeze(0)
+        y, _, _ = _forward(_cast(a, dtype), w1_3d, b1, w2_3d, b2, activation, False, tf32)
     return y.view(*x_shape[:-1], w2.shape[1])
