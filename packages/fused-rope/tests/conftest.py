@@ -84,6 +84,18 @@ def check_rope_qk(q, k, cos, sin, position_ids=None, inplace=False):
     return q_out, k_out, dq, dk
 
 
+def require_free_gpu_memory(n_bytes: int, what: str) -> None:
+    """Skip the calling test, saying what it needs and what the GPU has, unless n_bytes are free
+    (the bytes this process's caching allocator holds unused count as free)."""
+    free, total = torch.cuda.mem_get_info()
+    free += torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    if free < n_bytes:
+        pytest.skip(
+            f"{what} needs {n_bytes / 2**30:.1f} GiB of GPU memory; {torch.cuda.get_device_name()} has "
+            f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f}"
+        )
+
+
 @pytest.fixture
 def rope_checks():
     """The helpers above, for the test modules (conftest modules are not importable by name)."""
@@ -92,5 +104,6 @@ def rope_checks():
         check_rope = staticmethod(check_rope)
         check_rope_qk = staticmethod(check_rope_qk)
         make_freqs = staticmethod(make_freqs)
+        require_free_gpu_memory = staticmethod(require_free_gpu_memory)
 
     return Checks

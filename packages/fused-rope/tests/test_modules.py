@@ -1,4 +1,6 @@
-"""RotaryEmbedding: TE's angle layout and options, caching, and the two recipes a GPT block uses."""
+"""RotaryEmbedding: TE's signature, angle layout and options, caching, and the two recipes a GPT block uses."""
+
+import inspect
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ def _expected_theta(seq_len, rot_dim, base, offset=0, scale=1.0):
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("dim, rotary_percent, rot_dim", [(64, 1.0, 64), (64, 0.5, 32), (80, 0.3, 24)])
 def test_freqs_layout_and_values(dim, rotary_percent, rot_dim, interleaved):
-    rope = RotaryEmbedding(dim, base=500.0, rotary_percent=rotary_percent, interleaved=interleaved)
+    rope = RotaryEmbedding(dim, rotary_base=500.0, rotary_percent=rotary_percent, interleaved=interleaved)
     freqs = rope(37, offset=5)
     assert freqs.shape == (37, 1, 1, rot_dim) and freqs.dtype == torch.float32
     theta = _expected_theta(37, rot_dim, 500.0, offset=5)
@@ -26,13 +28,41 @@ def test_freqs_layout_and_values(dim, rotary_percent, rot_dim, interleaved):
     assert_close_to_reference(freqs.view(37, rot_dim), pairs, atol=4 * 41 * 2**-24)
 
 
+def test_te_signature_by_position_and_keyword():
+    """TransformerEngine's RotaryPositionEmbedding(dim, rotary_percent, seq_len_interpolation_factor,
+    pretrained_max_position_embeddings, rotary_base, interleaved), its defaults; device keyword-only."""
+    te_parameters = [
+        ("dim", inspect.Parameter.empty), ("rotary_percent", 1.0), ("seq_len_interpolation_factor", None),
+        ("pretrained_max_position_embeddings", None), ("rotary_base", 10000.0), ("interleaved", False),
+    ]  # fmt: skip
+    parameters = list(inspect.signature(RotaryEmbedding).parameters.values())
+    assert [(p.name, p.default) for p in parameters[:6]] == te_parameters
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters[:6])
+    assert [(p.name, p.kind) for p in parameters[6:]] == [("device", inspect.Parameter.KEYWORD_ONLY)]
+    assert list(inspect.signature(RotaryEmbedding.forward).parameters) == ["self", "max_seq_len", "offset"]
+
+    half = RotaryEmbedding(128, 0.5)  # TE: rotary_percent 0.5, base 10000
+    assert half.rot_dim == 64 and half.rotary_base == 10000.0
+    assert_close_to_reference(half(5).view(5, 64)[:, :32], _expected_theta(5, 64, 10000.0))
+    positional = RotaryEmbedding(64, 0.5, 2.0, 8, 500.0, True)
+    by_name = RotaryEmbedding(
+        dim=64, rotary_percent=0.5, seq_len_interpolation_factor=2.0, pretrained_max_position_embeddings=8,
+        rotary_base=500.0, interleaved=True,
+    )  # fmt: skip
+    assert positional.interleaved and positional.rot_dim == 32
+    for seq_len in (10, 20):  # fixed, then dynamic scaling
+        torch.testing.assert_close(positional(seq_len), by_name(max_seq_len=seq_len), rtol=0, atol=0)
+
+
 def test_position_interpolation():
-    fixed = RotaryEmbedding(32, seq_len_interpolation_factor=4.0)
-    assert_close_to_reference(fixed(10).view(10, 32)[:, :16], _expected_theta(10, 32, 10000.0, scale=0.25))
-    dynamic = RotaryEmbedding(32, seq_len_interpolation_factor=2.0, pretrained_max_position_embeddings=8)
-    # Up to 8 * 2 positions: fixed scaling by 1/2; past it: scaled by pretrained / seq_len.
-    assert_close_to_reference(dynamic(16).view(16, 32)[:, :16], _expected_theta(16, 32, 10000.0, scale=0.5))
-    assert_close_to_reference(dynamic(20).view(20, 32)[:, :16], _expected_theta(20, 32, 10000.0, scale=8 / 20))
+    """TE's rule: with both settings, positions / factor up to pretrained * factor, else * pretrained / length."""
+    rope = RotaryEmbedding(32, seq_len_interpolation_factor=4.0, pretrained_max_position_embeddings=8)
+    for seq_len, scale in [(10, 0.25), (32, 0.25), (40, 8 / 40)]:
+        assert_close_to_reference(rope(seq_len).view(seq_len, 32)[:, :16], _expected_theta(seq_len, 32, 10000.0,
+                                                                                          scale=scale))  # fmt: skip
+    # pretrained alone scales nothing (as in TE)
+    plain = RotaryEmbedding(32, pretrained_max_position_embeddings=8)
+    assert_close_to_reference(plain(20).view(20, 32)[:, :16], _expected_theta(20, 32, 10000.0))
 
 
 def test_tables_are_cached_per_length_offset_and_dtype():
@@ -46,10 +76,64 @@ def test_tables_are_cached_per_length_offset_and_dtype():
     torch.testing.assert_close(sin, rope(8).view(1, 8, 16).sin(), rtol=0, atol=0)
 
 
+def _expected_freqs(rope, seq_len):
+    """float64 angles of rope's current inv_freq and settings, rotate-half layout (S, rot_dim)."""
+    positions = torch.arange(seq_len, dtype=torch.float64)
+    if rope.seq_len_interpolation_factor is not None:
+        positions = positions / rope.seq_len_interpolation_factor  # lengths within pretrained * factor
+    theta = positions[:, None] * rope.inv_freq.cpu().double()
+    return torch.cat((theta, theta), -1)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda rope: rope.double(), id="double"),
+        pytest.param(lambda rope: rope.to(torch.float64), id="to-dtype"),
+        pytest.param(lambda rope: rope.inv_freq.mul_(0.5), id="inv_freq-edited-in-place"),
+        pytest.param(lambda rope: rope.inv_freq.copy_(torch.linspace(0.1, 1.0, 4)), id="inv_freq-copied-into"),
+        pytest.param(lambda rope: setattr(rope, "inv_freq", rope.inv_freq * 3), id="inv_freq-replaced"),
+        pytest.param(lambda rope: setattr(rope, "seq_len_interpolation_factor", 2.0), id="interpolation-changed"),
+    ],
+)
+def test_cached_tables_follow_inv_freq_and_settings(change):
+    """A change of what the angles depend on recomputes them (and the cos/sin tables) for a cached length."""
+    rope = RotaryEmbedding(8, seq_len_interpolation_factor=4.0, pretrained_max_position_embeddings=64)
+    cos_before, _ = rope.cos_sin(6)
+    change(rope)
+    freqs, (cos, sin) = rope(6), rope.cos_sin(6)
+    expected = _expected_freqs(rope, 6)
+    assert freqs.dtype == torch.promote_types(torch.float32, rope.inv_freq.dtype)
+    assert_close_to_reference(freqs.view(6, 8), expected, atol=8 * 2**-24)
+    torch.testing.assert_close(cos, freqs.view(1, 6, 8).cos().float(), rtol=0, atol=0)
+    torch.testing.assert_close(sin, freqs.view(1, 6, 8).sin().float(), rtol=0, atol=0)
+    assert cos is not cos_before
+
+
+def test_cached_tables_follow_the_device():
+    """.to(device) recomputes on the new device (meta: no data, the device is what is checked)."""
+    rope = RotaryEmbedding(8)
+    assert rope(4).device.type == "cpu" and rope.cos_sin(4)[0].device.type == "cpu"
+    rope.to("meta")
+    assert rope(4).device.type == "meta" and rope.cos_sin(4)[0].device.type == "meta"
+
+
+def test_results_edited_in_place_are_recomputed():
+    """The caches hand out their tensors: one edited by the caller is not handed out again."""
+    rope = RotaryEmbedding(8)
+    freqs = rope(4)
+    expected = freqs.clone()
+    freqs.mul_(2)
+    assert torch.equal(rope(4), expected)
+    cos, _ = rope.cos_sin(4)
+    cos.zero_()
+    assert torch.equal(rope.cos_sin(4)[0], expected.view(1, 4, 8).cos())
+
+
 def test_state_dict_is_empty_and_repr():
     rope = RotaryEmbedding(64, rotary_percent=0.5)
     assert rope.state_dict() == {}  # inv_freq is derived, not saved
-    assert repr(rope) == "RotaryEmbedding(dim=64, rot_dim=32, base=10000.0, interleaved=False)"
+    assert repr(rope) == "RotaryEmbedding(dim=64, rot_dim=32, rotary_base=10000.0, interleaved=False)"
 
 
 @pytest.mark.kernels

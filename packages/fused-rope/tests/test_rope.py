@@ -5,12 +5,16 @@ angles) on tiny shapes, then odd sizes and layouts. The full grid at real sizes 
 test_rope_gpu.py.
 """
 
+import itertools
+
 import pytest
 import torch
 from tritonformer_testkit import assert_close_to_reference, dtype_params
 
 from fused_rope import apply_rotary_pos_emb
+from fused_rope.ops import config
 from fused_rope.ops import rope as rope_ops
+from fused_rope.ops import rope_qk as rope_qk_ops
 from fused_rope.reference import apply_rotary_pos_emb_reference
 
 pytestmark = pytest.mark.kernels
@@ -109,6 +113,35 @@ def test_many_heads_span_several_row_blocks(device, rope_checks):
     rope_checks.check_rope(t.transpose(0, 1), rope_checks.make_freqs(2, 64, device), "bshd", True)
 
 
+def _power_of_2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+def test_tile_heights_and_warps_are_powers_of_two():
+    """BLOCK_R (a tl.arange length) and num_warps are powers of 2 for any row width, also rows
+    that are not a power of 2 bytes (partial rotary: 96 rotary + 32 pass-through bf16 columns
+    are 320 bytes), in both kernels' plans. (The interpreter ignores num_warps: only a GPU
+    would fail on it.)"""
+    for n_rows, half, n_pass, element_size, copy_pass, lanes in itertools.product(
+        [1, 3, 17, 64, 1024], [1, 4, 24, 40, 48, 64, 256], [0, 8, 16, 32, 48, 200], [2, 4], [False, True], [0, 1, 2]
+    ):
+        cfg = config.launch_config(n_rows, half, n_pass, element_size, copy_pass, lanes)
+        assert _power_of_2(cfg.block_r) and _power_of_2(cfg.num_warps), (n_rows, half, n_pass, element_size, cfg)
+    for heads, d2, head_dim, element_size, in_place in itertools.product(
+        [1, 8, 64, 200], [8, 48, 96, 128], [128, 160], [2, 4], [False, True]
+    ):
+        plan = rope_qk_ops.launch_plan(heads, heads // 4, d2, head_dim, element_size, in_place, False)
+        assert _power_of_2(plan.meta["BLOCK_R"]) and _power_of_2(plan.num_warps), (heads, d2, head_dim, plan)
+
+
+@pytest.mark.parametrize("interleaved", PAIRS)
+def test_partial_rotary_with_many_rows(interleaved, device, rope_checks):
+    """Rows of 48 pairs and 32 pass-through columns (fp32: 512 + 128 bytes), more of them
+    (batch x heads) than fit one tile."""
+    t = torch.randn(2, 4, 8, 128, device=device)
+    rope_checks.check_rope(t, rope_checks.make_freqs(2, 96, device), "sbhd", interleaved)
+
+
 @pytest.mark.parametrize("interleaved", PAIRS)
 def test_non_contiguous_inputs(interleaved, device, rope_checks):
     # q of a fused qkv projection: (B, S, H, D) slice with gaps between tokens.
@@ -122,11 +155,28 @@ def test_non_contiguous_inputs(interleaved, device, rope_checks):
     rope_checks.check_rope(strided_last, rope_checks.make_freqs(4, 16, device), "thd", interleaved, cu_seqlens)
 
 
-def test_output_keeps_a_dense_input_layout(device):
-    """A (s, b, h, d) view of (b, s, h, d) memory gives a result with the same strides."""
-    t = torch.randn(2, 5, 3, 16, device=device).transpose(0, 1)
-    out = apply_rotary_pos_emb(t, torch.randn(5, 1, 1, 16, device=device), "sbhd")
-    assert out.stride() == t.stride()
+@pytest.mark.parametrize(
+    "make_t, tensor_format",
+    [
+        (lambda d: torch.randn(2, 5, 3, 16, device=d).transpose(0, 1), "sbhd"),  # dense, transposed
+        (lambda d: torch.randn(5, 2, 3, 16, device=d).transpose(0, 1), "bshd"),
+        (lambda d: torch.randn(2, 5, 9, 16, device=d)[:, :, :3], "bshd"),  # q of a fused qkv: gaps
+        (lambda d: torch.randn(3, 6, 16, device=d).transpose(0, 1), "thd"),
+    ],
+)  # fmt: skip
+def test_output_and_gradient_are_contiguous_as_in_te(make_t, tensor_format, device):
+    """TE's fused path allocates its output (and the gradient) contiguous whatever t's strides,
+    so code may .view() the result."""
+    t = make_t(device).requires_grad_(True)
+    cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32, device=device) if tensor_format == "thd" else None
+    freqs = torch.randn(6, 1, 1, 16, device=device)
+    out = apply_rotary_pos_emb(t, freqs, tensor_format, cu_seqlens=cu_seqlens)
+    assert out.is_contiguous() and out.view(-1).shape == (t.numel(),)
+    dt = rope_ops.rope_bwd(torch.randn_like(out).transpose(0, 1).contiguous().transpose(0, 1), freqs, None,
+                           cu_seqlens, tensor_format, False)  # fmt: skip
+    assert dt.is_contiguous()
+    expected = apply_rotary_pos_emb_reference(t.detach(), freqs, tensor_format, cu_seqlens=cu_seqlens)
+    torch.testing.assert_close(out, expected)
 
 
 @pytest.mark.parametrize("freqs_dtype", dtype_params())
@@ -162,15 +212,52 @@ def test_empty_inputs(device):
                                 start_positions=no_starts).shape == (3, 0, 2, 8)  # fmt: skip
 
 
-@pytest.mark.gpu(reason="a 2^31+ element tensor needs 8.6 GiB of GPU memory (input, output and gradients)")
-def test_int64_offsets_past_2_31_elements():
-    seq_len, batch, heads, head_dim = 2**31 // (16 * 64 * 128) + 2, 16, 64, 128
-    t = torch.randn(seq_len, batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    freqs = torch.rand(seq_len, 1, 1, head_dim, device="cuda") * 100
-    y = apply_rotary_pos_emb(t, freqs, "sbhd")
-    tail = slice(seq_len - 2, seq_len)
-    expected = apply_rotary_pos_emb_reference(t[tail].double(), freqs[tail].double())
-    assert_close_to_reference(y[tail], expected, apply_rotary_pos_emb_reference(t[tail], freqs[tail]), name="y")
+# (s, b, h, d): 2^31 elements and 2 more positions, so the last 2 positions lie past 2^31.
+LARGE_SBHD = (2**31 // (16 * 64 * 128) + 2, 16, 64, 128)
+
+
+@pytest.mark.gpu(reason="tensors past 2^31 elements: 16 GiB of GPU memory (input, output and their gradients)")
+@pytest.mark.parametrize(
+    "tensor_format, interleaved, d2", [("sbhd", False, 128), ("bshd", True, 96), ("thd", False, 64)]
+)
+def test_int64_offsets_past_2_31_elements(tensor_format, interleaved, d2, rope_checks):
+    """Forward and backward on a bf16 tensor of 2^31 + 2^18 elements: the elements past 2^31 (the
+    last 2 positions of every batch entry; for thd the last 32 tokens) against the reference.
+    bshd is a view of sbhd memory (batch stride < position stride); rotary dims below 128 copy
+    the pass-through columns."""
+    seq_len, batch, heads, head_dim = LARGE_SBHD
+    numel = seq_len * batch * heads * head_dim
+    rope_checks.require_free_gpu_memory(4 * 2 * numel + 2**30, f"4 bf16 tensors of {numel} elements")
+    memory = torch.randn(LARGE_SBHD, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    freqs = torch.rand(seq_len, 1, 1, d2, device="cuda") * 100
+    cu_seqlens = None
+    if tensor_format == "sbhd":
+        t, tail = memory, (slice(seq_len - 2, None),)
+    elif tensor_format == "bshd":
+        t, tail = memory.transpose(0, 1), (slice(None), slice(seq_len - 2, None))
+    else:  # batch sequences of seq_len tokens; the last 32 tokens end the last one
+        t, tail = memory.view(seq_len * batch, heads, head_dim), (slice(-32, None),)
+        cu_seqlens = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * seq_len
+    y = apply_rotary_pos_emb(t, freqs, tensor_format, interleaved, cu_seqlens)
+    dy = torch.randn_like(y)
+    (dt,) = torch.autograd.grad(y, t, dy)
+    tail_freqs = freqs[-32:] if tensor_format == "thd" else freqs[-2:]
+
+    def reference(x, dy_x, freqs_x):
+        """The reference on the tail (for thd: the tail tokens as one sbhd sequence of batch 1)."""
+        x = x.detach().requires_grad_(True)
+        fmt = "sbhd" if tensor_format == "thd" else tensor_format
+        shape = x.shape
+        if tensor_format == "thd":
+            x, dy_x = x.unsqueeze(1), dy_x.unsqueeze(1)
+        out = apply_rotary_pos_emb_reference(x, freqs_x, fmt, interleaved)
+        (dx,) = torch.autograd.grad(out, x, dy_x)
+        return out.reshape(shape), dx.reshape(shape)
+
+    y_ref, dt_ref = reference(t[tail].double(), dy[tail].double(), tail_freqs.double())
+    y_twin, dt_twin = reference(t[tail], dy[tail], tail_freqs)
+    assert_close_to_reference(y[tail], y_ref, y_twin, name="y past 2^31")
+    assert_close_to_reference(dt[tail], dt_ref, dt_twin, name="dt past 2^31")
 
 
 @pytest.mark.gpu(reason="autocast runs on CUDA")

@@ -58,6 +58,12 @@ def test_odd_head_dims_and_rotary_dims(head_dim, d2, device, rope_checks):
     rope_checks.check_rope_qk(q, k, *make_tables(1, 3, d2, device))
 
 
+def test_partial_rotary_with_many_heads(device, rope_checks):
+    """64 heads of 48 pairs and 32 pass-through columns (fp32: 640 bytes a row): more than one tile."""
+    q, k = bhsd(1, 64, 2, 128, torch.float32, device), bhsd(1, 8, 2, 128, torch.float32, device)
+    rope_checks.check_rope_qk(q, k, *make_tables(1, 2, 96, device))
+
+
 @pytest.mark.parametrize(
     "q_heads, k_heads, head_dim, together",
     [(40, 8, 512, False), (8, 40, 512, False), (40, 8, 128, True), (8, 8, 128, False), (1, 1, 128, False),
@@ -81,6 +87,18 @@ def test_q_and_k_slices_of_one_qkv_buffer(inplace, device, rope_checks):
     qkv = torch.randn(2, 4, 4 + 2 + 2, 16, device=device)
     q, k = qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2)
     rope_checks.check_rope_qk(q, k, *make_tables(2, 4, 16, device), inplace=inplace)
+
+
+def test_in_place_accepts_q_and_k_interleaved_in_one_buffer(device):
+    """Even heads as q, odd heads as k: their address ranges interleave, no element is shared."""
+    qkv = torch.randn(2, 4, 8, 16, device=device)
+    q, k = qkv[:, :, 0::2].transpose(1, 2), qkv[:, :, 1::2].transpose(1, 2)
+    cos, sin = make_tables(1, 4, 16, device)
+    q_ref, k_ref = rotary_qk_reference(q.double(), k.double(), cos.double(), sin.double())
+    q_twin, k_twin = rotary_qk_reference(q, k, cos, sin)
+    apply_rotary_qk(q, k, cos, sin, inplace=True)
+    assert_close_to_reference(qkv[:, :, 0::2].transpose(1, 2), q_ref, q_twin, name="q")
+    assert_close_to_reference(qkv[:, :, 1::2].transpose(1, 2), k_ref, k_twin, name="k")
 
 
 def test_in_place_on_views_of_one_buffer_updates_it_and_its_gradient(device):
@@ -127,19 +145,44 @@ def test_empty_inputs(device):
         assert q_out.shape == k_out.shape == shape
 
 
-@pytest.mark.gpu(reason="a 2^31+ element q needs 8.6 GiB of GPU memory (q, k and their results)")
-def test_int64_offsets_past_2_31_elements():
+@pytest.mark.gpu(reason="a q past 2^31 elements: 16 GiB of GPU memory (q, its result and their gradients)")
+@pytest.mark.parametrize("inplace", INPLACE)
+def test_int64_offsets_past_2_31_elements(inplace, rope_checks):
+    """q (B, H, S, D) bf16, a view of (B, S, H, D) memory of 2^31 + 2^18 elements, and a
+    one-head k: the last batch entry's last 2 positions (past 2^31) against the reference, the
+    forward and the backward into new tensors, or the forward in place."""
     batch, heads, head_dim = 16, 64, 128
     seq_len = 2**31 // (batch * heads * head_dim) + 2
+    numel = batch * seq_len * heads * head_dim
+    rope_checks.require_free_gpu_memory(4 * 2 * numel + 2**30, f"4 bf16 tensors of {numel} elements")
     q = torch.randn(batch, seq_len, heads, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(batch, seq_len, 1, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     cos, sin = make_tables(1, seq_len, head_dim, "cuda")
-    q_out, k_out = apply_rotary_qk(q, k, cos, sin)
-    tail = slice(seq_len - 2, seq_len)
-    q_ref, _ = rotary_qk_reference(q[-1:, :, tail].double(), k[-1:, :, tail].double(), cos[:, tail].double(),
-                                   sin[:, tail].double())  # fmt: skip
-    q_twin, _ = rotary_qk_reference(q[-1:, :, tail], k[-1:, :, tail], cos[:, tail], sin[:, tail])
-    assert_close_to_reference(q_out[-1:, :, tail], q_ref, q_twin, name="q_out tail")
+    tail = (slice(-1, None), slice(None), slice(-2, None))
+    q_tail, k_tail = q[tail].clone(), k[tail].clone()
+    if inplace:
+        with torch.no_grad():
+            q_out, k_out = apply_rotary_qk(q, k, cos, sin, inplace=True)
+    else:
+        q.requires_grad_(True)
+        q_out, k_out = apply_rotary_qk(q, k, cos, sin)
+        dq_out = torch.randn_like(q_out)
+        (dq,) = torch.autograd.grad(q_out, q, dq_out)
+
+    def reference(q_x, k_x, cos_x, sin_x, dq_x):
+        q_x = q_x.detach().requires_grad_(True)
+        q_ref, k_ref = rotary_qk_reference(q_x, k_x, cos_x, sin_x)
+        return q_ref, k_ref, None if dq_x is None else torch.autograd.grad(q_ref, q_x, dq_x)[0]
+
+    tables = cos[:, -2:], sin[:, -2:]
+    dq_tail = None if inplace else dq_out[tail]
+    refs = reference(q_tail.double(), k_tail.double(), *(x.double() for x in tables),
+                     None if inplace else dq_tail.double())  # fmt: skip
+    twins = reference(q_tail, k_tail, *tables, dq_tail)
+    assert_close_to_reference(q_out[tail], refs[0], twins[0], name="q_out past 2^31")
+    assert_close_to_reference(k_out[tail], refs[1], twins[1], name="k_out")
+    if not inplace:
+        assert_close_to_reference(dq[tail], refs[2], twins[2], name="dq past 2^31")
 
 
 def test_in_place_without_autograd(device):

@@ -115,7 +115,8 @@ def test_traced_in_place_with_autograd_needs_no_mark_dirty(device):
 
 
 def test_rotary_embedding_inside_a_compiled_block(device):
-    """The module's cached tables are built and reused inside a fullgraph-compiled block."""
+    """The module's tables are built inside a fullgraph-compiled block (in the graph: nothing
+    cached there, so an in-place edit of inv_freq between calls is seen)."""
     torch._dynamo.reset()
     rope = RotaryEmbedding(16, rotary_percent=0.5).to(device)
 
@@ -126,7 +127,9 @@ def test_rotary_embedding_inside_a_compiled_block(device):
 
     inputs = [torch.randn(2, 5, 3, 16, device=device), torch.randn(2, 5, 1, 16, device=device)]
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    for _ in range(2):  # the first call fills the caches, the second reads them
+    for step in range(3):
+        if step == 2:
+            rope.inv_freq.mul_(0.5)
         for got, want in zip(_grads(compiled, inputs), _grads(block, inputs)):
             _assert_same(got, want)
 
@@ -138,6 +141,9 @@ def test_rotary_embedding_inside_a_compiled_block(device):
                                 "sbhd", False)),
         ("rope_bwd", lambda d: (torch.randn(2, 3, 2, 8, device=d), torch.randn(4, 1, 1, 8, device=d), None, None,
                                 "bshd", True)),
+        # a transposed input: the real and the fake results are both contiguous
+        ("rope_fwd", lambda d: (torch.randn(3, 2, 2, 8, device=d).transpose(0, 1), torch.randn(4, 1, 1, 8, device=d),
+                                None, None, "bshd", False)),
         ("rope_qk_fwd", lambda d: (torch.randn(2, 2, 3, 8, device=d), torch.randn(2, 1, 3, 8, device=d),
                                    torch.randn(1, 3, 8, device=d), torch.randn(1, 3, 8, device=d), None)),
         ("rope_qk_fwd_", lambda d: (torch.randn(2, 2, 3, 8, device=d), torch.randn(2, 1, 3, 8, device=d),

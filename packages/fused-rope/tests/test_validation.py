@@ -186,20 +186,103 @@ def test_position_ids_are_checked_before_launch(bad, inplace, device, no_launch)
         apply_rotary_qk(q, q.clone(), cos, cos, position_ids, inplace=inplace)
 
 
+def _heads(device, start, stop, step=1):
+    """(B, H, S, D) view of heads start:stop:step of one (B, S, 8, D) buffer, as attention code
+    slices a fused qkv projection (a new buffer per call)."""
+    return torch.zeros(2, 5, 8, 16, device=device)[:, :, start:stop:step].transpose(1, 2)
+
+
+def _overlapping_heads(device):
+    """(2, 4, 5, 16) with heads 32 elements apart but tokens 64 apart: head h + 2 of token s is
+    head h of token s + 1."""
+    return torch.zeros(800, device=device).as_strided((2, 4, 5, 16), (384, 32, 64, 1))
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "make_qk, message",
     [
-        (dict(dim=0), r"^dim must be a positive int, got 0"),
-        (dict(dim=64, rotary_percent=0.0), r"^rotary_percent must be in \(0, 1\], got 0.0"),
-        (dict(dim=64, rotary_percent=1.5), r"^rotary_percent must be in \(0, 1\]"),
-        (dict(dim=10, rotary_percent=0.5), r"^the rotary dim int\(dim \* rotary_percent\) = 5 must be even"),
-        (dict(dim=63), r"^the rotary dim int\(dim \* rotary_percent\) = 63 must be even"),
-        (dict(dim=64, base=0.0), r"^base must be positive, got 0.0"),
+        (lambda d: (_heads(d, 0, 4),) * 2, r"^q and k are the same tensor: an in-place update would rotate it twice"),
+        (lambda d: (lambda q: (q, q[:]))(_heads(d, 0, 4)),
+         r"^q and k share memory \(overlapping views of one buffer\): an in-place update would write the shared "
+         r"elements twice; pass separate tensors, or use inplace=False$"),
+        (lambda d: (lambda x: (x[:, :4], x[:, 3:5]))(_heads(d, 0, 8)), r"^q and k share memory \(overlapping views"),
+        (lambda d: (lambda x: (x[:, 2:6], x[:, 0:3]))(_heads(d, 0, 8)), r"^q and k share memory"),
+        (lambda d: (lambda x: (x[:, 0::2], x[:, 2:3]))(_heads(d, 0, 8)), r"^q and k share memory"),
+        (lambda d: (_heads(d, 0, 4)[:1].expand(2, -1, -1, -1), _heads(d, 4, 6)),
+         r"^q has elements that share memory \(an expanded or self-overlapping view\): an in-place update would "
+         r"write them more than once; clone it first, or use inplace=False$"),
+        (lambda d: (_heads(d, 0, 4), _heads(d, 4, 5).expand(-1, 2, -1, -1)), r"^k has elements that share memory"),
+        (lambda d: (_overlapping_heads(d), _heads(d, 0, 2)), r"^q has elements that share memory"),
     ],
-)
-def test_rotary_embedding_rejects(kwargs, message):
+)  # fmt: skip
+def test_in_place_rejects_memory_shared_between_or_within_q_and_k(make_qk, message, device, no_launch):
+    q, k = make_qk(device)
+    cos = torch.zeros(5, 16, device=device)
     with pytest.raises(ValueError, match=message):
-        RotaryEmbedding(**kwargs)
+        apply_rotary_qk(q, k, cos, cos, inplace=True)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, message",
+    [
+        ((0,), {}, ValueError, r"^dim must be a positive int, got 0"),
+        ((-8,), {}, ValueError, r"^dim must be a positive int, got -8"),
+        ((64.0,), {}, TypeError, r"^dim must be an int, got float"),
+        ((True,), {}, TypeError, r"^dim must be an int, got bool"),
+        ((63,), {}, ValueError, r"^dim must be even with rotary_percent=1.0 \(the rotary dim rotates pairs\), got 63"),
+        ((64,), dict(rotary_percent=0.0), ValueError, r"^rotary_percent must be in \(0, 1\], got 0.0$"),
+        ((64,), dict(rotary_percent=-0.5), ValueError, r"^rotary_percent must be in \(0, 1\], got -0.5$"),
+        ((64,), dict(rotary_percent=float("nan")), ValueError, r"^rotary_percent must be in \(0, 1\], got nan$"),
+        ((64,), dict(rotary_percent="half"), TypeError, r"^rotary_percent must be a real number, got str"),
+        # The second positional argument is TE's rotary_percent, not the base: an old-style base is refused.
+        ((128, 10000.0), {}, ValueError,
+         r"^rotary_percent must be in \(0, 1\], got 10000.0 \(the second argument is rotary_percent, as in "
+         r"TransformerEngine; the base is rotary_base\)"),
+        ((10,), dict(rotary_percent=0.5), ValueError, r"^the rotary dim int\(dim \* rotary_percent\) = 5 must be even"),
+        ((64,), dict(rotary_percent=0.01), ValueError, r"^the rotary dim int\(dim \* rotary_percent\) = 0 must be"),
+        ((64,), dict(rotary_base=0.0), ValueError, r"^rotary_base must be positive and finite, got 0.0"),
+        ((64,), dict(rotary_base=-10.0), ValueError, r"^rotary_base must be positive and finite, got -10.0"),
+        ((64,), dict(rotary_base=float("inf")), ValueError, r"^rotary_base must be positive and finite, got inf"),
+        ((64,), dict(rotary_base=None), TypeError, r"^rotary_base must be a real number, got NoneType"),
+        ((64,), dict(base=500.0), TypeError, r"unexpected keyword argument 'base'"),
+        # TE ignores a factor without pretrained_max_position_embeddings; here that call is refused.
+        ((64,), dict(seq_len_interpolation_factor=4.0), ValueError,
+         r"^seq_len_interpolation_factor needs pretrained_max_position_embeddings \(TransformerEngine ignores"),
+        ((64,), dict(seq_len_interpolation_factor=0.0, pretrained_max_position_embeddings=8), ValueError,
+         r"^seq_len_interpolation_factor must be positive and finite, got 0.0"),
+        ((64,), dict(seq_len_interpolation_factor=2.0, pretrained_max_position_embeddings=0), ValueError,
+         r"^pretrained_max_position_embeddings must be a positive int, got 0"),
+        ((64,), dict(seq_len_interpolation_factor=2.0, pretrained_max_position_embeddings=8.5), TypeError,
+         r"^pretrained_max_position_embeddings must be an int, got float"),
+        ((64,), dict(interleaved=1), TypeError, r"^interleaved must be a bool, got int"),
+    ],
+)  # fmt: skip
+def test_rotary_embedding_rejects(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        RotaryEmbedding(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda rope: rope(-1), ValueError, r"^max_seq_len must be a non-negative int, got -1"),
+        (lambda rope: rope(4.0), TypeError, r"^max_seq_len must be an int, got float"),
+        (lambda rope: rope(True), TypeError, r"^max_seq_len must be an int, got bool"),
+        (lambda rope: rope(4, offset=0.5), TypeError, r"^offset must be an int, got float"),
+        (lambda rope: rope.cos_sin(-3), ValueError, r"^seq_len must be a non-negative int, got -3"),
+        (lambda rope: rope.cos_sin(None), TypeError, r"^seq_len must be an int, got NoneType"),
+        (lambda rope: rope.cos_sin(4, dtype=torch.int32), TypeError,
+         r"^dtype must be a floating-point torch.dtype, got torch.int32"),
+    ],
+)  # fmt: skip
+def test_rotary_embedding_call_rejects(call, error, message):
+    rope = RotaryEmbedding(8)
+    with pytest.raises(error, match=message):
+        call(rope)
+    rope(4)  # a cached length does not let a bad argument through either
+    with pytest.raises(error, match=message):
+        call(rope)
 
 
 def test_cos_sin_tables_are_for_rotate_half():

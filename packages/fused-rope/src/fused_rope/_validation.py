@@ -7,6 +7,7 @@ from typing import Iterable, Optional
 import torch
 
 from ._compat import INTERPRETING
+from .ops._layout import overlaps_itself, share_memory
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -73,3 +74,25 @@ def check_device(**tensors: Optional[torch.Tensor]) -> None:
             first = (name, value.device)
         elif value.device != first[1]:
             raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
+
+
+def check_overwritable(**tensors: torch.Tensor) -> None:
+    """The tensors an in-place update writes: no two of their elements may share memory, in one
+    tensor (an expanded view) or across them (the same tensor twice, overlapping views), as torch's
+    in-place ops require; such an element would be updated more than once. Call it eagerly: it
+    reads data pointers."""
+    items = list(tensors.items())
+    for name, x in items:
+        if overlaps_itself(x):
+            raise ValueError(
+                f"{name} has elements that share memory (an expanded or self-overlapping view): an in-place update "
+                f"would write them more than once; clone it first, or use inplace=False"
+            )
+    for i, (name_a, a) in enumerate(items):
+        for name_b, b in items[i + 1 :]:
+            if share_memory(a, b):
+                what = "are the same tensor" if a is b else "share memory (overlapping views of one buffer)"
+                raise ValueError(
+                    f"{name_a} and {name_b} {what}: an in-place update would write the shared elements twice; "
+                    f"pass separate tensors, or use inplace=False"
+                )

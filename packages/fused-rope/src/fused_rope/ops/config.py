@@ -47,6 +47,10 @@ class LaunchConfig:
     row_bytes: int  # input bytes of one tile row
 
 
+def _floor_power_of_2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
 @functools.cache
 def launch_config(
     n_rows: int, half: int, n_pass: int, element_size: int, copy_pass: bool, angle_lanes_per_pair: int,
@@ -66,8 +70,11 @@ def launch_config(
     copy_pass = copy_pass and n_pass > 0
     block_pass = max(2, triton.next_power_of_2(n_pass)) if copy_pass else 1
     row_bytes = (2 * block_p + (block_pass if copy_pass else 0)) * element_size
-    block_r = min(triton.next_power_of_2(n_rows), max(1, tile_bytes // row_bytes))
-    num_warps = max(1, min(max_warps, block_r * row_bytes // (BYTES_PER_THREAD * 32)))
+    # tl.arange and num_warps need powers of 2: the most rows that fit and the warps the tile's
+    # bytes ask for are rounded down to one (a partial rotary row, pairs plus pass-through
+    # columns, is not a power of 2 bytes).
+    block_r = min(triton.next_power_of_2(n_rows), _floor_power_of_2(max(1, tile_bytes // row_bytes)))
+    num_warps = _floor_power_of_2(max(1, min(max_warps, block_r * row_bytes // (BYTES_PER_THREAD * 32))))
     if angle_lanes_per_pair:
         num_warps = max(1, min(num_warps, angle_lanes_per_pair * block_p // 32))
     return LaunchConfig(block_r, block_p, block_pass, num_warps, row_bytes)

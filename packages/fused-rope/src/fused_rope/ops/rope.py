@@ -26,7 +26,7 @@ from .._validation import (
     on_kernel_device,
 )
 from ..kernels.rope import _rope_kernel
-from ._layout import output_like, unit_last_stride
+from ._layout import empty_contiguous, unit_last_stride
 from .config import LaunchPlan, launch_config, launch_plan_for
 from .launch import KernelLaunches
 
@@ -66,12 +66,14 @@ def _launch(
     interleaved: bool,
     transpose: int,
 ) -> torch.Tensor:
-    """One launch of _rope_kernel over t (checked by the caller); returns a new tensor.
+    """One launch of _rope_kernel over t (checked by the caller); returns a new contiguous tensor
+    (TransformerEngine's fused kernel allocates its output and its gradient contiguous, whatever
+    the input's strides; the kernel writes any strides, so this costs nothing).
 
     freqs: (s2, 1, 1, d2) or (s2, d2) (the kernel steps by its stride(0) from one position to
     the next; a strided last dim is copied).
     """
-    out = output_like(t)
+    out = empty_contiguous(t)
     if out.numel() == 0:
         return out
     t, freqs = unit_last_stride(t), unit_last_stride(freqs)
@@ -148,7 +150,7 @@ def _check_positions(
 
 
 def _fake_like_input(t: torch.Tensor, *args) -> torch.Tensor:
-    return output_like(t)
+    return empty_contiguous(t)
 
 
 @custom_op("fused_rope::rope_fwd", fake=_fake_like_input)
@@ -284,9 +286,10 @@ def apply_rotary_pos_emb(
     start_positions: optional (b,) (or (n_seqs,) for "thd") int32/int64: the positions of
         batch entry (sequence) i start at start_positions[i].
 
-    Returns a new tensor of t's shape and dtype: t * cos(freqs) + rotate(t) * sin(freqs) on
-    the first d2 columns, computed in fp32 and rounded once. Differentiable in t (freqs gets
-    no gradient, as in TE). Bad arguments raise TypeError / ValueError before any launch; with
+    Returns a new contiguous tensor of t's shape and dtype (as TE's fused path, whatever t's
+    strides): t * cos(freqs) + rotate(t) * sin(freqs) on the first d2 columns, computed in fp32
+    and rounded once. Differentiable in t (freqs gets no gradient, as in TE; the gradient is
+    contiguous too). Bad arguments raise TypeError / ValueError before any launch; with
     cu_seqlens or start_positions their values are checked too (one host sync).
     """
     _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)

@@ -21,6 +21,7 @@ from .._validation import (
     check_bool,
     check_device,
     check_ndim,
+    check_overwritable,
     check_rotary_dim,
     check_tensor,
     on_kernel_device,
@@ -293,6 +294,11 @@ def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
         and (position_ids is None or (on_kernel_device(position_ids) and position_ids.get_device() == device))
     ):  # fmt: skip
         check_device(q=q, k=k, cos=cos, sin=sin, position_ids=position_ids)
+    if inplace:
+        if q is k:
+            raise ValueError("q and k are the same tensor: an in-place update would rotate it twice; use inplace=False")
+        if not is_compiling():  # it reads data pointers, which a traced call does not have
+            check_overwritable(q=q, k=k)
 
 
 def apply_rotary_qk(
@@ -313,7 +319,9 @@ def apply_rotary_qk(
         position_ids the token at sequence index s uses table row s (positions >= seq).
     position_ids: optional (batch or 1, seq) int32/int64: the token at (b, s) uses table row
         position_ids[b, s] (legacy HF `cos[position_ids]`); values are checked (one host sync).
-    inplace: overwrite q and k (needs their last dim contiguous) instead of new tensors.
+    inplace: overwrite q and k instead of new tensors; needs their last dim contiguous and no
+        element of q or k sharing memory with another (q is not k, no overlapping or expanded
+        views), as torch's in-place ops require: checked from data pointers and strides.
 
     Rotate-half pairs (j, j + d2/2): out = x * cos + rotate_half(x) * sin per head, each
     column with its own table entry, computed in fp32 and rounded once. Returns (q_out, k_out)
