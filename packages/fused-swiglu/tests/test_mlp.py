@@ -6,7 +6,8 @@ import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FusedSwiGLUMLP, _compat, swiglu_mlp
-from fused_swiglu.kernels.backward import _mlp_down_grad_kernel
+from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_weight_grad_tma_kernel
+from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.ops import launchers
 from fused_swiglu.reference import swiglu_mlp_reference
 
@@ -106,16 +107,22 @@ def test_down_projection_epilogue_schedules(epilogue, device, sw, monkeypatch):
 @pytest.mark.parametrize("dtype", dtype_params((torch.bfloat16, torch.float16)))
 def test_tma_backward_kernels(dtype, device, sw, monkeypatch):
     """The Hopper TMA down-projection backward and weight gradients, chosen by force (on the CPU
-    through the interpreter's descriptors): 38 rows, d_model 48, intermediate 72 against 32 x 32 x
-    16 tiles, so every edge is zero-padded by the descriptors, the epilogue runs in row slices and
-    the weight gradient's last wave splits (the interpreter stands in 5 SMs)."""
+    through the interpreter's descriptors): 38 rows, d_model 48, intermediate 56 against 32 x 32 x
+    16 tiles, so the rows' and the intermediate's edges are zero-padded by the descriptors, the
+    epilogue runs in row slices and the weight gradient's last wave splits (checked below)."""
     if device == "cuda" and not _compat.is_hopper(None):
         pytest.skip("the TMA kernels are compiled for sm_90 only")
-    chosen = []
-    for name in ("launch_down_grad", "launch_weight_grad"):
-        launch = getattr(launchers, name)
-        monkeypatch.setattr(launchers, name, lambda *args, launch=launch: chosen.append(args[-1]) or launch(*args))
-    monkeypatch.setattr(launchers, "use_tma_down_grad", lambda dy, w_down: True)
-    monkeypatch.setattr(launchers, "use_tma_weight_grad", lambda x, d_gate, d_up: True)
-    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, make_mlp_inputs(sw, (2, 19), 48, 72, dtype, device))
-    assert chosen == [True, True]
+    (config,) = _swiglu_weight_grad_tma_kernel.configs  # pinned (GPU) or the interpreter's one config
+    tiles = triton.cdiv(48, config.kwargs["BLOCK_K"]) * triton.cdiv(56, config.kwargs["BLOCK_N"])
+    steps = triton.cdiv(38, config.kwargs["BLOCK_M"])
+    assert weight_grad_split(tiles, _compat.multiprocessor_count(torch.device(device)), steps) > 1
+    monkeypatch.setattr(launchers, "down_grad_tma_suits", lambda *layout: True)
+    monkeypatch.setattr(launchers, "weight_grad_tma_suits", lambda *layout: True)
+    launchers.clear_plans()  # plans choose their kernel when built
+    try:
+        inputs = make_mlp_inputs(sw, (2, 19), 48, 56, dtype, device)
+        sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+        assert len(launchers.DOWN_GRAD_TMA) == 1 and len(launchers.WEIGHT_GRAD_TMA) == 1  # they ran
+        assert len(launchers.DOWN_GRAD) == 0 and len(launchers.WEIGHT_GRAD) == 0
+    finally:
+        launchers.clear_plans()

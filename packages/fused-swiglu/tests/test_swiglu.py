@@ -174,7 +174,7 @@ def test_weight_gradient_in_fp32_of_bf16_operands(split, device):
     sms = multiprocessor_count(torch.device(device))
     # Split: the shape of test_weight_gradient_split_of_the_last_wave; whole: one full wave of
     # tiles, ragged at the edges.
-    m, k, n = (42, 40, 70) if split else (37, config["BLOCK_K"] - 8, config["BLOCK_N"] * sms - 10)
+    m, k, n = (42, 40, 60) if split else (37, config["BLOCK_K"] - 8, config["BLOCK_N"] * sms - 10)
     tiles = triton.cdiv(k, config["BLOCK_K"]) * triton.cdiv(n, config["BLOCK_N"])
     assert (weight_grad_split(tiles, sms, triton.cdiv(m, config["BLOCK_M"])) > 1) == split
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
@@ -219,9 +219,9 @@ def test_weight_gradient_split_of_the_last_wave(device, sw):
     """dw_gate, dw_up where the last wave of output tiles splits its reduction over several
     programs (checked to happen with the config this run uses), and the partial sums meet in the
     reduction kernel; M = 42 rows leaves the last reduction step partial."""
-    x, w_gate, w_up = sw.make_inputs((42,), 40, 70, torch.bfloat16, device)
+    x, w_gate, w_up = sw.make_inputs((42,), 40, 60, torch.bfloat16, device)
     config = _swiglu_weight_grad_kernel.configs[0].kwargs
     assert len(_swiglu_weight_grad_kernel.configs) == 1  # pinned (GPU) or the interpreter's one config
-    tiles = triton.cdiv(40, config["BLOCK_K"]) * triton.cdiv(70, config["BLOCK_N"])
+    tiles = triton.cdiv(40, config["BLOCK_K"]) * triton.cdiv(60, config["BLOCK_N"])
     assert weight_grad_split(tiles, multiprocessor_count(x.device), triton.cdiv(42, config["BLOCK_M"])) > 1
     sw.check_against_reference(swiglu, swiglu_reference, [x, w_gate, w_up])

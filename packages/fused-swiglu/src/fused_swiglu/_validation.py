@@ -1,64 +1,23 @@
-"""Input checks that run before any launch and name the offending argument."""
+"""This package's own input checks; the shared ones (check_tensor, check_same_dtype,
+check_device, ...) are in `_runtime.validation`."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Optional
 
 import torch
 
-from ._compat import INTERPRETING, KERNEL_DEVICE_TYPE, autocast_dtype
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from ._runtime.compat import KERNEL_DEVICE_TYPE, autocast_dtype
 
 
-def check_tensor(name: str, value, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> torch.Tensor:
-    """`value` must be a tensor of one of `dtypes` (its device is checked by check_device)."""
-    check_is_tensor(name, value)
-    dtypes = tuple(dtypes)
-    if value.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} has dtype {value.dtype}; supported: {names}")
-    return value
-
-
-def check_is_tensor(name: str, value) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-
-
-def check_same_dtype(reference_name: str, reference: torch.Tensor, **tensors: Optional[torch.Tensor]) -> None:
-    for name, value in tensors.items():
-        if value is not None and value.dtype != reference.dtype:
-            raise TypeError(
-                f"{name} has dtype {value.dtype} but {reference_name} has {reference.dtype}; they must match"
-            )
-
-
-def check_device(**tensors: Optional[torch.Tensor]) -> None:
-    """Each tensor must be on the device kernels run on, all on the same one (None: skipped).
-
-    Called after the dtype and shape checks, so those errors read the same on any machine.
-    """
-    first = None
-    for name, value in tensors.items():
-        if value is None:
-            continue
-        if value.device.type != KERNEL_DEVICE_TYPE:
-            where = "the CPU (TRITON_INTERPRET=1 is set)" if INTERPRETING else "a CUDA device"
-            raise ValueError(f"{name} is on {value.device}; the kernels run on {where}")
-        if first is None:
-            first = (name, value.device)
-        elif value.device != first[1]:
-            raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
-
-
-def autocast_inputs(*tensors: Optional[torch.Tensor]):
+def autocast_inputs(*values):
     """Under torch.autocast for the kernels' device type, floating tensors cast to its dtype (as
-    F.linear's are). Tensors on another device are left for check_device to reject."""
+    F.linear's are); the rest (None, non-tensors, tensors on another device) are left for the
+    checks to judge."""
     dtype = autocast_dtype(KERNEL_DEVICE_TYPE)
     if dtype is None:
-        return tensors
-    return tuple(None if t is None or not t.is_floating_point() else t.to(dtype) for t in tensors)
+        return values
+    return tuple(v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values)
 
 
 def check_matrix(name: str, value: torch.Tensor, rows: int, rows_name: str, cols: Optional[int] = None) -> None:

@@ -21,10 +21,51 @@ from typing import Optional
 
 import torch
 
-from .._compat import custom_bwd, custom_fwd
-from .._validation import FLOAT_DTYPES, check_device, check_vector
-from .launchers import mlp_down_grad_, swiglu_fwd, swiglu_input_grad
-from .swiglu import grad_dtypes, prepare_swiglu_inputs, weight_and_bias_grads
+from .._runtime.compat import custom_bwd, custom_fwd
+from .._runtime.validation import FLOAT_DTYPES, check_device, check_optional_tensor, check_same_dtype, check_tensor
+from .._validation import autocast_inputs, check_vector
+from .launchers import mlp_down_grad_, swiglu_input_grad
+from .swiglu import (
+    check_swiglu_operands,
+    flat_rows,
+    forward_launch,
+    grad_dtypes,
+    needs_autograd,
+    weight_and_bias_grads,
+)
+
+
+def check_down_projection(x, w_down, b_down, n: int) -> None:
+    """w_down (d_intermediate, d_out >= 1) and b_down (d_out,) or None, in x's dtype."""
+    check_tensor("w_down", w_down)
+    check_optional_tensor("b_down", b_down)
+    check_same_dtype("x", x, w_down=w_down, b_down=b_down)
+    if w_down.dim() != 2 or w_down.shape[0] != n or w_down.shape[1] == 0:
+        raise ValueError(
+            f"w_down has shape {tuple(w_down.shape)}; expected (d_intermediate, d_out) with "
+            f"d_intermediate = {n} and d_out >= 1"
+        )
+    if b_down is not None:
+        check_vector("b_down", b_down, w_down.shape[1], "d_out")
+
+
+def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down) -> torch.Tensor:
+    """FusedSwiGLUMLP's forward, and that of a call without autograd (ctx None)."""
+    xc, wg, wu, wd, bg, bu, bd = autocast_inputs(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    has_bias = check_swiglu_operands(xc, wg, wu, bg, bu, FLOAT_DTYPES)
+    check_down_projection(xc, wd, bd, wg.shape[1])
+    check_device(x=xc, w_gate=wg, w_up=wu, w_down=wd, b_gate=bg, b_up=bu, b_down=bd)
+    x2d = flat_rows(xc)
+    save = ctx is not None and any(ctx.needs_input_grad)
+    h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, False)
+    y = torch.mm(h, wd) if bd is None else torch.addmm(bd, h, wd)
+    if save:
+        ctx.save_for_backward(x2d, wg, wu, wd, g, u)
+        # Before autocast's casts: the dtypes the weight and bias gradients are written in.
+        ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
+        ctx.b_down_dtype = None if b_down is None else b_down.dtype
+        ctx.leading, ctx.has_bias, ctx.has_down_bias = xc.shape[:-1], has_bias, bd is not None
+    return y.view(*xc.shape[:-1], y.shape[1])
 
 
 class FusedSwiGLUMLP(torch.autograd.Function):
@@ -33,31 +74,7 @@ class FusedSwiGLUMLP(torch.autograd.Function):
     @staticmethod
     @custom_fwd
     def forward(ctx, x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
-        leading = x.shape[:-1]
-        t, has_bias = prepare_swiglu_inputs(
-            x, w_gate, w_up, b_gate, b_up, FLOAT_DTYPES, {"w_down": w_down, "b_down": b_down}
-        )
-        # Before autocast's casts: the dtypes the weight and bias gradients are written in.
-        ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
-        ctx.b_down_dtype = None if b_down is None else b_down.dtype
-        n = t["w_gate"].shape[1]
-        w_down, b_down = t["w_down"], t["b_down"]
-        if w_down.dim() != 2 or w_down.shape[0] != n or w_down.shape[1] == 0:
-            raise ValueError(
-                f"w_down has shape {tuple(w_down.shape)}; expected (d_intermediate, d_out) with "
-                f"d_intermediate = {n} and d_out >= 1"
-            )
-        if b_down is not None:
-            check_vector("b_down", b_down, w_down.shape[1], "d_out")
-        check_device(**{name: t[name] for name in ("x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")})
-        x2d, w_gate, w_up, b_gate, b_up = t["x2d"], t["w_gate"], t["w_up"], t["b_gate"], t["b_up"]
-        save = any(ctx.needs_input_grad)
-        h, g, u = swiglu_fwd(x2d, w_gate, w_up, b_gate, b_up, save, False)
-        y = torch.mm(h, w_down) if b_down is None else torch.addmm(b_down, h, w_down)
-        if save:
-            ctx.save_for_backward(x2d, w_gate, w_up, w_down, g, u)
-        ctx.leading, ctx.has_bias, ctx.has_down_bias = leading, has_bias, b_down is not None
-        return y.view(*leading, y.shape[1])
+        return mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down)
 
     @staticmethod
     @custom_bwd
@@ -94,4 +111,6 @@ def swiglu_mlp(
     d_model); any strides. b_gate, b_up: (d_intermediate,) or None (both or neither);
     b_down: (d_out,) or None. dtypes and devices as for `swiglu`. Returns (..., d_out).
     """
-    return FusedSwiGLUMLP.apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    if needs_autograd(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
+        return FusedSwiGLUMLP.apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    return mlp_forward(None, x, w_gate, w_up, w_down, b_gate, b_up, b_down)

@@ -25,50 +25,62 @@ parameter. dx is computed in the autocast dtype (autograd casts it to an fp32 x'
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
 
-from .._compat import custom_bwd, custom_fwd
-from .._validation import (
+from .._runtime.compat import custom_bwd, custom_fwd, is_compiling
+from .._runtime.validation import (
     FLOAT_DTYPES,
-    autocast_inputs,
-    check_bias_pair,
+    check_bool,
     check_device,
-    check_is_tensor,
-    check_matrix,
+    check_optional_tensor,
     check_same_dtype,
     check_tensor,
 )
-from .launchers import swiglu_fwd, swiglu_grad_, swiglu_input_grad, swiglu_weight_grad
+from .._validation import autocast_inputs, check_bias_pair, check_matrix
+from .launchers import forward_outputs, swiglu_fwd, swiglu_grad_, swiglu_input_grad, swiglu_weight_grad
 
 
-def prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes: Sequence[torch.dtype], extra: dict):
-    """Type checks, autocast, dtype and shape checks (not devices), and x flattened to (M, K).
+def needs_autograd(*tensors) -> bool:
+    """Whether a call must go through its autograd Function: torch.compile traces it, or grad mode
+    is on and an input requires grad (anything else runs the forward alone, saving nothing)."""
+    if is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and getattr(t, "requires_grad", False) for t in tensors)
 
-    Returns {name: tensor} after autocast's casts (where it is on), with x as "x2d" (M, K), and
-    whether there are biases. `extra`: further named tensors (the MLP's w_down, b_down), cast
-    and dtype-checked alike; their shapes are the caller's to check, then check_device.
-    """
-    named = {"x": x, "w_gate": w_gate, "w_up": w_up, "b_gate": b_gate, "b_up": b_up, **extra}
-    for name, value in named.items():
-        if value is not None or not name.startswith("b_"):
-            check_is_tensor(name, value)
-    named = dict(zip(named, autocast_inputs(*named.values())))
-    x = check_tensor("x", named.pop("x"), dtypes)
-    check_same_dtype("x", x, **named)
+
+def check_swiglu_operands(x, w_gate, w_up, b_gate, b_up, dtypes: Sequence[torch.dtype]) -> bool:
+    """Types, dtypes and shapes of the SwiGLU operands (after autocast's casts; not their devices).
+    Returns whether there are biases."""
+    check_tensor("x", x, dtypes)
+    check_tensor("w_gate", w_gate)
+    check_tensor("w_up", w_up)
+    check_optional_tensor("b_gate", b_gate)
+    check_optional_tensor("b_up", b_up)
+    check_same_dtype("x", x, w_gate=w_gate, w_up=w_up, b_gate=b_gate, b_up=b_up)
     if x.dim() == 0:
         raise ValueError("x must have at least 1 dim (..., d_model); got a 0-dim tensor")
     d_model = x.shape[-1]
     if d_model == 0:
         raise ValueError(f"x has shape {tuple(x.shape)}: d_model (its last dim) must be >= 1")
-    check_matrix("w_gate", named["w_gate"], d_model, "d_model")
-    check_matrix("w_up", named["w_up"], d_model, "d_model", named["w_gate"].shape[1])
-    has_bias = check_bias_pair(named["b_gate"], named["b_up"], named["w_gate"].shape[1])
-    named["x"] = x
-    named["x2d"] = x.reshape(math.prod(x.shape[:-1]), d_model)
-    return named, has_bias
+    check_matrix("w_gate", w_gate, d_model, "d_model")
+    check_matrix("w_up", w_up, d_model, "d_model", w_gate.shape[1])
+    return check_bias_pair(b_gate, b_up, w_gate.shape[1])
+
+
+def flat_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., d_model) as (M, d_model), every leading dim (none included) flattened into M."""
+    d_model = x.shape[-1]
+    return x.reshape(x.numel() // d_model, d_model)
+
+
+def forward_launch(x2d, w_gate, w_up, b_gate, b_up, save: bool, fp16_accumulate: bool):
+    """(h, g, u) of the fused forward: the launcher itself in eager mode, its custom op while
+    torch.compile traces."""
+    if is_compiling():
+        return swiglu_fwd(x2d, w_gate, w_up, b_gate, b_up, save, fp16_accumulate)
+    return forward_outputs(x2d, w_gate, w_up, b_gate, b_up, save, fp16_accumulate)
 
 
 def grad_dtypes(w_gate, w_up, b_gate, b_up):
@@ -90,19 +102,20 @@ def weight_and_bias_grads(ctx, x2d, d_gate, d_up, need_w: bool, need_b: bool):
 
 
 def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dtypes) -> torch.Tensor:
-    """The forward shared by both Functions: validation, autocast, one kernel, what backward needs."""
-    leading = x.shape[:-1]
-    t, has_bias = prepare_swiglu_inputs(x, w_gate, w_up, b_gate, b_up, dtypes, {})
-    check_device(x=t["x"], w_gate=t["w_gate"], w_up=t["w_up"], b_gate=t["b_gate"], b_up=t["b_up"])
-    # Before autocast's casts: the dtypes the weight and bias gradients are written in.
-    ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
-    x2d, w_gate, w_up = t["x2d"], t["w_gate"], t["w_up"]
-    save = any(ctx.needs_input_grad)
-    h, g, u = swiglu_fwd(x2d, w_gate, w_up, t["b_gate"], t["b_up"], save, fp16_accumulate)
+    """The forward of both Functions, and of a call without autograd (ctx None): autocast,
+    checks, one kernel, and what the backward needs."""
+    xc, wg, wu, bg, bu = autocast_inputs(x, w_gate, w_up, b_gate, b_up)
+    has_bias = check_swiglu_operands(xc, wg, wu, bg, bu, dtypes)
+    check_device(x=xc, w_gate=wg, w_up=wu, b_gate=bg, b_up=bu)
+    x2d = flat_rows(xc)
+    save = ctx is not None and any(ctx.needs_input_grad)
+    h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, fp16_accumulate)
     if save:
-        ctx.save_for_backward(x2d, w_gate, w_up, g, u)
-    ctx.leading, ctx.has_bias, ctx.fp16_accumulate = leading, has_bias, fp16_accumulate
-    return h.view(*leading, h.shape[1])
+        ctx.save_for_backward(x2d, wg, wu, g, u)
+        # Before autocast's casts: the dtypes the weight and bias gradients are written in.
+        ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
+        ctx.leading, ctx.has_bias, ctx.fp16_accumulate = xc.shape[:-1], has_bias, fp16_accumulate
+    return h.view(*xc.shape[:-1], h.shape[1])
 
 
 def swiglu_backward(ctx, dh: torch.Tensor, need_x: bool, need_w: bool, need_b: bool):
@@ -145,8 +158,7 @@ class FastAccumFusedSwiGLU(torch.autograd.Function):
     @staticmethod
     @custom_fwd
     def forward(ctx, x, w_gate, w_up, fp16_accumulate=False, b_gate=None, b_up=None):
-        if not isinstance(fp16_accumulate, bool):
-            raise TypeError(f"fp16_accumulate must be a bool, got {type(fp16_accumulate).__name__}")
+        check_bool("fp16_accumulate", fp16_accumulate)
         return swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate, (torch.float16,))
 
     @staticmethod
@@ -178,4 +190,6 @@ def swiglu(
     and bias gradient comes back in its parameter's dtype (fp32 for an fp32 parameter), written
     in it by the kernel that computes it (the module docstring).
     """
-    return FusedSwiGLU.apply(x, w_gate, w_up, b_gate, b_up)
+    if needs_autograd(x, w_gate, w_up, b_gate, b_up):
+        return FusedSwiGLU.apply(x, w_gate, w_up, b_gate, b_up)
+    return swiglu_forward(None, x, w_gate, w_up, b_gate, b_up, False, FLOAT_DTYPES)
