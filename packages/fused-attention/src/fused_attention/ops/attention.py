@@ -328,7 +328,11 @@ def flash_attention_varlen(
     batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if batch_k != batch:
         raise ValueError(f"cu_seqlens_q holds {batch} sequences but cu_seqlens_k holds {batch_k}")
+    # No sequence is longer than its packed tensor (the kernels clip them to it): a larger bound
+    # would only add empty programs to the grid.
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, total_q), min(max_seqlen_k, total_k)
     scale = check_softmax_scale(softmax_scale, head_dim)
+    window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
     for name, flag in (("return_lse", return_lse), ("check_seqlens", check_seqlens), ("deterministic", deterministic)):
         check_bool(name, flag)
@@ -336,10 +340,6 @@ def flash_attention_varlen(
     if check_seqlens and not is_compiling():
         check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q)
         check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)
-    # No sequence is longer than its packed tensor (the kernels clip them to it): a larger bound
-    # would only add empty programs to the grid.
-    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, total_q), min(max_seqlen_k, total_k)
-    window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)
     # The kernels read the offsets as a contiguous array.
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     spec = AttentionSpec(
