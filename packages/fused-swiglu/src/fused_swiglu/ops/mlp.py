@@ -32,6 +32,7 @@ from .swiglu import (
     grad_dtypes,
     needs_autograd,
     weight_and_bias_grads,
+    with_leading,
 )
 
 
@@ -65,7 +66,7 @@ def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down) -> torch.Ten
         ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
         ctx.b_down_dtype = None if b_down is None else b_down.dtype
         ctx.leading, ctx.has_bias, ctx.has_down_bias = xc.shape[:-1], has_bias, bd is not None
-    return y.view(*xc.shape[:-1], y.shape[1])
+    return with_leading(y, xc.shape[:-1])
 
 
 class FusedSwiGLUMLP(torch.autograd.Function):
@@ -81,7 +82,7 @@ class FusedSwiGLUMLP(torch.autograd.Function):
     def backward(ctx, dy):
         x2d, w_gate, w_up, w_down, g, u = ctx.saved_tensors
         need = ctx.needs_input_grad
-        dy2d = dy.reshape(x2d.shape[0], w_down.shape[1])
+        dy2d = flat_rows(dy)
         h = mlp_down_grad_(dy2d, w_down, g, u)  # g, u now hold d_gate, d_up
         # In h's dtype, cast by autograd for an fp32 w_down: torch.mm's out_dtype is recent torch's, and not on CPU.
         dw_down = torch.mm(h.t(), dy2d) if need[3] else None
@@ -89,7 +90,7 @@ class FusedSwiGLUMLP(torch.autograd.Function):
         db_down = dy2d.sum(0, dtype=ctx.b_down_dtype) if ctx.has_down_bias and need[6] else None
         dx = None
         if need[0]:
-            dx = swiglu_input_grad(g, u, w_gate, w_up, False).view(*ctx.leading, x2d.shape[1])
+            dx = with_leading(swiglu_input_grad(g, u, w_gate, w_up, False), ctx.leading)
         grads = weight_and_bias_grads(ctx, x2d, g, u, need[1] or need[2], ctx.has_bias and (need[4] or need[5]))
         dw_gate, dw_up, db_gate, db_up = grads
         return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down

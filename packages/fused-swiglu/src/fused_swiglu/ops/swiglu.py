@@ -70,9 +70,16 @@ def check_swiglu_operands(x, w_gate, w_up, b_gate, b_up, dtypes: Sequence[torch.
 
 
 def flat_rows(x: torch.Tensor) -> torch.Tensor:
-    """x (..., d_model) as (M, d_model), every leading dim (none included) flattened into M."""
-    d_model = x.shape[-1]
-    return x.reshape(x.numel() // d_model, d_model)
+    """x (..., d) as (M, d), every leading dim (none included) flattened into M; a 2-D x as is."""
+    if x.dim() == 2:
+        return x
+    d = x.shape[-1]
+    return x.reshape(x.numel() // d, d)
+
+
+def with_leading(y2d: torch.Tensor, leading) -> torch.Tensor:
+    """y2d (M, n) as (*leading, n), the inverse of flat_rows; as is for one leading dim."""
+    return y2d if len(leading) == 1 else y2d.view(*leading, y2d.shape[1])
 
 
 def forward_launch(x2d, w_gate, w_up, b_gate, b_up, save: bool, fp16_accumulate: bool):
@@ -115,16 +122,16 @@ def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dt
         # Before autocast's casts: the dtypes the weight and bias gradients are written in.
         ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
         ctx.leading, ctx.has_bias, ctx.fp16_accumulate = xc.shape[:-1], has_bias, fp16_accumulate
-    return h.view(*xc.shape[:-1], h.shape[1])
+    return with_leading(h, xc.shape[:-1])
 
 
 def swiglu_backward(ctx, dh: torch.Tensor, need_x: bool, need_w: bool, need_b: bool):
     """(dx, dw_gate, dw_up, db_gate, db_up), None where not needed."""
     x2d, w_gate, w_up, g, u = ctx.saved_tensors
-    swiglu_grad_(dh.reshape(g.shape), g, u)  # g, u now hold d_gate, d_up
+    swiglu_grad_(flat_rows(dh), g, u)  # g, u now hold d_gate, d_up
     dx = None
     if need_x:
-        dx = swiglu_input_grad(g, u, w_gate, w_up, ctx.fp16_accumulate).view(*ctx.leading, x2d.shape[1])
+        dx = with_leading(swiglu_input_grad(g, u, w_gate, w_up, ctx.fp16_accumulate), ctx.leading)
     return (dx, *weight_and_bias_grads(ctx, x2d, g, u, need_w, need_b))
 
 
