@@ -31,6 +31,11 @@ FREQS = meta(8, 1, 1, 16)
         (dict(freqs=meta(8, 1, 1, 16, dtype=torch.int64)), TypeError, r"^freqs has dtype torch.int64"),
         (dict(tensor_format="hbsd"), ValueError, r"^tensor_format must be one of 'sbhd', 'bshd', 'thd', got 'hbsd'"),
         (dict(interleaved=1), TypeError, r"^interleaved must be a bool, got int"),
+        # TE >= 2.2's positional order (t, freqs, tensor_format, start_positions, interleaved, ...)
+        (dict(interleaved=meta(2, dtype=torch.int32)), TypeError,
+         r"^interleaved \(the fourth argument\) must be a bool, got Tensor; TransformerEngine's fourth argument "
+         r"is start_positions: pass start_positions= by keyword$"),
+        (dict(interleaved=None), TypeError, r"^interleaved \(the fourth argument\) must be a bool, got NoneType"),
         (dict(start_positions=meta(2)), TypeError, r"^start_positions has dtype torch.float32"),
         (dict(t=meta(5, 2, 16)), ValueError,
          r"^t must have 4 dims, \(s, b, h, d\) for tensor_format='sbhd'; got shape \(5, 2, 16\)"),

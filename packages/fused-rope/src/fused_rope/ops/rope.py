@@ -208,6 +208,12 @@ def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_pos
     if tensor_format not in TENSOR_FORMATS:
         raise ValueError(f"tensor_format must be one of {', '.join(map(repr, TENSOR_FORMATS))}, got {tensor_format!r}")
     if interleaved is not False and interleaved is not True:
+        if interleaved is None or isinstance(interleaved, torch.Tensor):
+            # TE >= 2.2 takes start_positions fourth: such a positional call is refused, never reinterpreted.
+            raise TypeError(
+                f"interleaved (the fourth argument) must be a bool, got {type(interleaved).__name__}; "
+                "TransformerEngine's fourth argument is start_positions: pass start_positions= by keyword"
+            )
         check_bool("interleaved", interleaved)
     for name, index in (("cu_seqlens", cu_seqlens), ("start_positions", start_positions)):
         if index is not None and (not isinstance(index, torch.Tensor) or index.dtype not in INDEX_DTYPES):
