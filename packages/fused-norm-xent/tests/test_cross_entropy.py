@@ -219,9 +219,18 @@ def test_module_is_a_drop_in(device):
     assert_close_to_reference(z_loss, cross_entropy_reference(logits, target, lse_square_scale=1e-2)[1])
 
 
+def require_free_gpu_memory(gib: float) -> None:
+    """Skip, saying how much is missing, when the GPU has less than `gib` GiB free."""
+    free, total = (size / 2**30 for size in torch.cuda.mem_get_info())
+    if free < gib:
+        pytest.skip(f"needs {gib:.1f} GiB of free GPU memory; {torch.cuda.get_device_name()} has {free:.1f} of "
+                    f"{total:.1f} GiB free")  # fmt: skip
+
+
 @pytest.mark.gpu(reason="N * V past 2^31 elements: 4.3 GB of bf16 logits")
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_int64_offsets_past_2_31_elements(reduction):
+    require_free_gpu_memory(4.5)  # the logits (their own gradient, in place) and a few rows of reference
     n_cols = 50304
     n_rows = 2**31 // n_cols + 8
     logits = torch.randn(n_rows, n_cols, device="cuda", dtype=torch.bfloat16)
@@ -243,6 +252,45 @@ def test_int64_offsets_past_2_31_elements(reduction):
     if reduction == "none":
         assert_close_to_reference(loss[tail], ref, low, name="loss")
     assert_close_to_reference(grad[tail], ref_grad, low_grad, name="dlogits")
+
+
+@pytest.mark.gpu(reason="N * V past 2^31 elements: 4.3 GB of bf16 logits and 4.3 GB of gradient")
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_int64_column_offsets_of_column_major_logits_past_2_31_elements(reduction):
+    """(V, N).t() logits, N * V past 2^31: a row's last columns lie past 2^31 elements (column
+    offset times a column stride of N), in the loss pass, the gradient pass and the scaling of the
+    gradient by an upstream gradient other than 1; the gradient buffer is column-major too."""
+    require_free_gpu_memory(12.0)  # logits, their gradient and float64 references of 4096 rows
+    n_rows, n_cols = 2**16 + 5, 33000  # 2.16e9 elements: the columns from 32766 on lie past 2^31
+    logits = torch.randn(n_cols, n_rows, device="cuda", dtype=torch.bfloat16).t()
+    target = torch.randint(0, n_cols, (n_rows,), device="cuda")
+    target[-3:] = n_cols - 1 - torch.arange(3, device="cuda")  # target logits past 2^31 elements as well
+    target[1::7] = -100
+    leaf = logits.requires_grad_(True)
+    loss = cross_entropy(leaf, target, reduction=reduction)
+    upstream = torch.randn_like(loss) if reduction == "none" else torch.tensor(0.5, device="cuda")
+    (grad,) = torch.autograd.grad(loss, leaf, upstream)
+    assert grad.stride() == logits.stride()
+    rows = torch.tensor([0, 1, 2, n_rows // 2, n_rows - 3, n_rows - 2, n_rows - 1], device="cuda")
+    divisor = 1 if reduction == "none" else int((target != -100).sum())
+    some_logits, some_target = logits.detach()[rows], target[rows]
+    ref_leaf = some_logits.double().requires_grad_(True)
+    ref = cross_entropy_reference(ref_leaf, some_target, reduction="none")[0]
+    row_upstream = upstream[rows] if reduction == "none" else upstream.expand(len(rows))
+    (ref_grad,) = torch.autograd.grad(ref, ref_leaf, row_upstream.double() / divisor)
+    low_leaf = some_logits.clone().requires_grad_(True)
+    low = F.cross_entropy(low_leaf.float(), some_target, reduction="none")
+    (low_grad,) = torch.autograd.grad(low, low_leaf, row_upstream / divisor)
+    if reduction == "none":
+        assert_close_to_reference(loss[rows], ref, low.to(loss.dtype), name="loss")
+    else:  # the mean over every row, its references summed over blocks of rows
+        ref_sum = low_sum = 0.0
+        for start in range(0, n_rows, 4096):
+            block, block_target = logits.detach()[start : start + 4096], target[start : start + 4096]
+            ref_sum += cross_entropy_reference(block, block_target, reduction="sum")[0]
+            low_sum += F.cross_entropy(block.float(), block_target, reduction="sum")
+        assert_close_to_reference(loss, ref_sum / divisor, (low_sum / divisor).to(loss.dtype), name="loss")
+    assert_close_to_reference(grad[rows], ref_grad, low_grad, name="dlogits")
 
 
 @pytest.mark.gpu(reason="GPT-2 and 256k vocabularies are too wide for the interpreter")

@@ -94,7 +94,8 @@ def _cross_entropy_grads(logits, target, upstream, inplace, **options):
     leaf = logits.clone().requires_grad_(True)
     # In place, the kernel writes into a copy (a non-leaf): the gradient reaches the leaf through it.
     loss = nx.cross_entropy(leaf.clone() if inplace else leaf, target, inplace_backward=inplace, **options)
-    (grad,) = torch.autograd.grad(loss, leaf, upstream.to(loss.dtype))
+    upstream = upstream.to(loss.dtype)  # torch gets the upstream gradient the op gets
+    (grad,) = torch.autograd.grad(loss, leaf, upstream)
     expected, (expected_grad,), (low_grad,) = _torch_grads(
         lambda x, compute: torch_cross_entropy(x, target, compute=compute, **options), [logits], upstream
     )
@@ -174,7 +175,8 @@ def _linear_grads(hidden, weight, bias, target, upstream, **options):
     """(loss, torch's float64 loss, gradients, torch's float64 ones, torch's low-precision ones)."""
     inputs = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
     loss = nx.linear_cross_entropy(inputs[0], inputs[1], target, inputs[2], **options)
-    grads = torch.autograd.grad(loss, inputs, upstream.to(loss.dtype))
+    upstream = upstream.to(loss.dtype)  # torch gets the upstream gradient the op gets
+    grads = torch.autograd.grad(loss, inputs, upstream)
     options = {k: v for k, v in options.items() if k != "chunk_size"}
     expected, expected_grads, low_grads = _torch_grads(
         lambda h, w, b, compute: torch_cross_entropy(F.linear(h, w, b), target, compute=compute, **options),
