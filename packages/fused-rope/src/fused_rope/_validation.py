@@ -76,23 +76,20 @@ def check_device(**tensors: Optional[torch.Tensor]) -> None:
             raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
 
 
-def check_overwritable(**tensors: torch.Tensor) -> None:
-    """The tensors an in-place update writes: no two of their elements may share memory, in one
-    tensor (an expanded view) or across them (the same tensor twice, overlapping views), as torch's
-    in-place ops require; such an element would be updated more than once. Call it eagerly: it
-    reads data pointers."""
-    items = list(tensors.items())
-    for name, x in items:
+def check_overwritable(a: torch.Tensor, b: torch.Tensor, names=("q", "k")) -> None:
+    """The two tensors an in-place update writes: no two of their elements may share memory, in
+    one tensor (an expanded view) or across them (the same tensor twice, overlapping views), as
+    torch's in-place ops require; such an element would be updated more than once. Call it
+    eagerly: it reads data pointers."""
+    for name, x in zip(names, (a, b)):
         if overlaps_itself(x):
             raise ValueError(
                 f"{name} has elements that share memory (an expanded or self-overlapping view): an in-place update "
                 f"would write them more than once; clone it first, or use inplace=False"
             )
-    for i, (name_a, a) in enumerate(items):
-        for name_b, b in items[i + 1 :]:
-            if share_memory(a, b):
-                what = "are the same tensor" if a is b else "share memory (overlapping views of one buffer)"
-                raise ValueError(
-                    f"{name_a} and {name_b} {what}: an in-place update would write the shared elements twice; "
-                    f"pass separate tensors, or use inplace=False"
-                )
+    if share_memory(a, b):
+        what = "are the same tensor" if a is b else "share memory (overlapping views of one buffer)"
+        raise ValueError(
+            f"{names[0]} and {names[1]} {what}: an in-place update would write the shared elements twice; "
+            f"pass separate tensors, or use inplace=False"
+        )

@@ -148,12 +148,15 @@ class RotaryEmbedding(torch.nn.Module):
             freqs = torch.cat((theta, theta), dim=-1)  # pairs (j, j + rot_dim / 2) share theta_j
         return freqs.view(seq_len, 1, 1, self.rot_dim)
 
-    def _angles(self, seq_len, offset, length_name: str) -> torch.Tensor:
-        if is_compiling():
+    def _angles(self, seq_len, offset, length_name: str, compiling: bool) -> torch.Tensor:
+        if compiling:
             # Traced, the angles are a few ops of the graph (no host cost to save), and a cache
             # would be baked into it: no guard sees an in-place edit of inv_freq.
             return self._compute_freqs(_check_int(length_name, seq_len, 0), _check_int("offset", offset))
-        inv_freq = self.inv_freq
+        # From the buffers' dict: nn.Module's attribute lookup costs more than the rest of a hit.
+        inv_freq = self._buffers.get("inv_freq")
+        if inv_freq is None:
+            inv_freq = self.inv_freq
         key = (
             type(seq_len), seq_len, type(offset), offset, inv_freq._version, inv_freq.dtype, inv_freq.device,
             self.seq_len_interpolation_factor, self.pretrained_max_position_embeddings, self.interleaved,
@@ -168,7 +171,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
         """Angles (max_seq_len, 1, 1, rot_dim) of positions offset .. offset + max_seq_len - 1."""
-        return self._angles(max_seq_len, offset, "max_seq_len")
+        return self._angles(max_seq_len, offset, "max_seq_len", is_compiling())
 
     def cos_sin(
         self, seq_len: int, offset: int = 0, dtype: torch.dtype = torch.float32
@@ -179,9 +182,10 @@ class RotaryEmbedding(torch.nn.Module):
                 "cos_sin tables are for rotate-half pairs (apply_rotary_qk); this RotaryEmbedding is interleaved: "
                 "use its freqs with apply_rotary_pos_emb(..., interleaved=True)"
             )
-        freqs = self._angles(seq_len, offset, "seq_len")
+        compiling = is_compiling()
+        freqs = self._angles(seq_len, offset, "seq_len", compiling)
         cache = self._cos_sin_cache
-        if not is_compiling() and cache is not None and cache[0] is freqs and cache[1] == dtype:
+        if not compiling and cache is not None and cache[0] is freqs and cache[1] == dtype:
             cos, sin = cache[2]
             if cos._version == cache[3] and sin._version == cache[4]:
                 return cache[2]
@@ -189,7 +193,7 @@ class RotaryEmbedding(torch.nn.Module):
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         angles = freqs.view(1, freqs.shape[0], self.rot_dim)
         tables = (angles.cos().to(dtype), angles.sin().to(dtype))
-        if is_compiling():
+        if compiling:
             return tables
         self._cos_sin_cache = (freqs, dtype, tables, tables[0]._version, tables[1]._version)
         return tables

@@ -15,7 +15,7 @@ def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 def empty_contiguous(x: torch.Tensor) -> torch.Tensor:
     """An uninitialized contiguous tensor of x's shape, dtype and device (also a fake implementation)."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def output_like(x: torch.Tensor) -> torch.Tensor:
@@ -125,8 +125,10 @@ def _lattices_meet(delta: int, a_shape, a_stride, a_size: int, b_shape, b_stride
 
 def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether an element of a and one of b share a byte of memory (a is b, or overlapping
-    views); disjoint address ranges answer at once, interleaved views (q and k slices of one
-    qkv buffer) by an exact search, cached per layout."""
+    views); other storages or disjoint address ranges answer at once, interleaved views (q and
+    k slices of one qkv buffer) by an exact search, cached per layout."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False  # separate allocations (as torch's own overlap check assumes)
     a_shape, a_stride, b_shape, b_stride = a.shape, a.stride(), b.shape, b.stride()
     if 0 in a_shape or 0 in b_shape:
         return False

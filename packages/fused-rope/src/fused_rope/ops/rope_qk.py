@@ -298,7 +298,7 @@ def _check_qk_args(q, k, cos, sin, position_ids, inplace) -> None:
         if q is k:
             raise ValueError("q and k are the same tensor: an in-place update would rotate it twice; use inplace=False")
         if not is_compiling():  # it reads data pointers, which a traced call does not have
-            check_overwritable(q=q, k=k)
+            check_overwritable(q, k)
 
 
 def apply_rotary_qk(
