@@ -7,7 +7,7 @@ and z = lse_square_scale:
 Ignored rows have loss 0 and gradient 0 whatever their upstream gradient, NaN or inf included (as
 torch): the upstream gradient reaches a row through a select, never through a product with 0.
 
-Three kernels:
+Four kernels:
 - _target_stats_kernel: per block of targets, the number of rows not ignored and the lowest and
   highest class index among them. The host reads these to reject out-of-range labels; the
   kernels below read the count from the device to scale a mean (no host value needed).
