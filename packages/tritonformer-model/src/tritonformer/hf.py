@@ -1,4 +1,11 @@
-"""Hugging Face interop: GPT-2 weights from `transformers` into a GPT-2-style model of ours.
+"""Hugging Face interop: the Tritonformer kernels in `transformers` models, and GPT-2 weights in ours.
+
+Kernels in a transformers model, in one call (hf_patch: what each switch does, the fallbacks):
+
+    import tritonformer.hf
+    report = tritonformer.hf.apply(model)   # Llama, Mistral, Qwen2, Gemma, GPT-2; or apply_to_llama() etc.
+
+GPT-2 weights from `transformers` into a GPT-2-style model of ours:
 
     from transformers import GPT2LMHeadModel
     from tritonformer import Transformer
@@ -21,6 +28,17 @@ import torch
 
 from ._base import CausalLM
 from .config import TransformerConfig
+from .hf_patch import (  # noqa: F401 - the one-call API lives here
+    ATTENTION_NAME,
+    PatchReport,
+    apply,
+    apply_to_gemma,
+    apply_to_gpt2,
+    apply_to_llama,
+    apply_to_mistral,
+    apply_to_qwen2,
+    revert,
+)
 
 # GPT-2 activation names -> (mlp, gelu_approximate).
 ACTIVATIONS = {

@@ -1,0 +1,472 @@
+"""tritonformer.hf.apply on transformers models: the same logits, loss and gradients as the unpatched model.
+
+Tiny random configs, nothing downloaded. The patched model in bf16 (the attention kernels take
+fp16/bf16) or fp32 must be at most 2x as far from the float64 unpatched model as the unpatched
+model in the same dtype (gradients: RMS error, see assert_rms_close_to_reference). Each test
+also counts the kernel calls, so that a silent fallback to transformers' code cannot pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import pytest
+import torch
+from tritonformer_testkit import assert_close_to_reference, assert_rms_close_to_reference
+
+import fused_attention
+import fused_norm_xent
+import fused_rope
+import fused_swiglu
+from tritonformer import hf, hf_patch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not importable here: the HF patch tests need it (pip install transformers)"
+)
+
+pytestmark = [pytest.mark.kernels, pytest.mark.torch_dynamo]
+
+VOCAB, SEQ = 128, 16
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON, num_key_value_heads=2, max_position_embeddings=64),
+    "mistral": lambda: transformers.MistralConfig(
+        **COMMON, num_key_value_heads=2, max_position_embeddings=64, sliding_window=8
+    ),
+    # Layer 0 full attention, layer 1 a sliding window; q/k/v biases.
+    "qwen2": lambda: transformers.Qwen2Config(
+        **COMMON,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=1,
+    ),  # fmt: skip
+    "gemma": lambda: transformers.GemmaConfig(**COMMON, num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),  # fmt: skip
+}
+# The kernels each model type reaches (GPT-2: LayerNorm, no rotary embedding or SwiGLU; Gemma: GeGLU).
+KERNELS = {
+    "llama": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
+    "mistral": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
+    "qwen2": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
+    "gemma": {"rms_norm", "apply_rotary_qk"},
+    "gpt2": {"layer_norm"},
+}
+
+
+def tiny_model(model_type: str, device, **overrides) -> torch.nn.Module:
+    """A CausalLM with random weights, non-trivial norm weights and biases, in train mode (no dropout)."""
+    config = CONFIGS[model_type]()
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or ".ln_" in name:
+                p.normal_(0.0, 0.2).add_(0.0 if model_type == "gemma" or name.endswith("bias") else 1.0)
+    return model.train()
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls of the kernel packages' public functions that the patches use."""
+    calls = collections.Counter()
+    targets = [
+        (fused_attention, "flash_attention"), (fused_attention, "flash_attention_varlen"),
+        (fused_norm_xent, "rms_norm"), (fused_norm_xent, "layer_norm"), (fused_norm_xent, "cross_entropy"),
+        (fused_norm_xent, "linear_cross_entropy"), (fused_rope, "apply_rotary_qk"), (fused_swiglu, "swiglu_mlp"),
+    ]  # fmt: skip
+    for module, name in targets:
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.fixture
+def class_patches():
+    """Undoes every class-level patch when the test ends."""
+    yield
+    hf.revert()
+
+
+def padded_batch(device, padding: bool):
+    """input_ids, attention_mask (row 0 left-padded, row 1 right-padded) and labels (-100 on padding)."""
+    ids = torch.randint(0, VOCAB, (2, SEQ), device=device)
+    mask = torch.ones_like(ids)
+    if padding:
+        mask[0, :5] = 0
+        mask[1, 11:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, (mask if padding else None), labels
+
+
+def run(model, ids, mask, labels):
+    """(logits without labels, loss with labels, every parameter's gradient); the second forward in training."""
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+    out = model(ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    return logits, out, {name: p.grad for name, p in model.named_parameters()}
+
+
+def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, **overrides):
+    reference = tiny_model(model_type, device, **overrides)
+    lowp = copy.deepcopy(reference).to(dtype)
+    ours = copy.deepcopy(reference).to(dtype)
+    report = hf.apply(ours)
+    assert not report.skipped or set(report.skipped) == {"swiglu"} and model_type == "gemma", report
+    ids, mask, labels = padded_batch(device, padding)
+    logits64, out64, grads64 = run(reference.double(), ids, mask, labels)
+    logits_lp, out_lp, grads_lp = run(lowp, ids, mask, labels)
+    logits, out, grads = run(ours, ids, mask, labels)
+    assert out.logits is None and out_lp.logits is not None  # fused linear cross-entropy: no logits in training
+    valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()  # padded rows: unspecified
+    assert_close_to_reference(logits[valid], logits64[valid], logits_lp[valid], name="logits")
+    assert out.loss.dtype == out_lp.loss.dtype == torch.float32
+    assert_close_to_reference(out.loss, out64.loss, out_lp.loss, name="loss")
+    assert set(grads) == set(grads64)
+    for name, grad in grads.items():
+        assert_rms_close_to_reference(grad, grads64[name], grads_lp[name], name=f"{name} grad")
+    expected = KERNELS[model_type] | {"linear_cross_entropy"}
+    if dtype in (torch.float16, torch.bfloat16):
+        expected.add("flash_attention_varlen" if padding else "flash_attention")
+    assert expected <= {name for name, n in kernel_calls.items() if n}, kernel_calls
+
+
+@pytest.mark.parametrize("padding", [False, True], ids=["no-padding", "left-right-padding"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "gpt2"])
+def test_bf16_matches_unpatched(model_type, padding, device, kernel_calls):
+    check_against_unpatched(model_type, torch.bfloat16, padding, device, kernel_calls)
+
+
+def test_gemma_bf16_matches_unpatched(device, kernel_calls):
+    check_against_unpatched("gemma", torch.bfloat16, False, device, kernel_calls)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_fp32_matches_unpatched(model_type, device, kernel_calls):
+    """fp32: the norm, rotary, SwiGLU and loss kernels in fp32; attention through sdpa (the kernels take
+    fp16/bf16), given the 4-D mask rebuilt from tritonformer_mask's padding mask."""
+    check_against_unpatched(model_type, torch.float32, True, device, kernel_calls)
+    assert not kernel_calls["flash_attention"] and not kernel_calls["flash_attention_varlen"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The attention function alone, against sdpa given transformers' own 4-D mask for the same call.
+
+
+class AttentionModule(torch.nn.Module):
+    """What the attention functions read from their module."""
+
+    def __init__(self, groups: int = 2, is_causal: bool = True):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = groups, is_causal
+
+
+def qkv(device, q_len, k_len, dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=16, batch=2):
+    shapes = ((batch, heads, q_len, head_dim), (batch, kv_heads, k_len, head_dim), (batch, kv_heads, k_len, head_dim))
+    return [torch.randn(shape, device=device, dtype=dtype) for shape in shapes]
+
+
+def sdpa(module, q, k, v, mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, q, k, v, mask, **kwargs)[0]
+
+
+def masks(device, batch, q_len, kv_length, q_offset, kv_offset, window, padding):
+    """(tritonformer_mask's mask, sdpa_mask's 4-D mask) for one call of transformers' mask creation."""
+    from transformers import masking_utils
+
+    function = masking_utils.causal_mask_function
+    if window is not None:
+        function = masking_utils.sliding_window_causal_mask_function(window)
+    args = dict(
+        batch_size=batch, q_length=q_len, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+        mask_function=function, attention_mask=padding, local_size=window, device=device,
+    )  # fmt: skip
+    return hf_patch.tritonformer_mask(**args), masking_utils.sdpa_mask(**args, allow_is_causal_skip=False)
+
+
+# (q_offset, q_len, kv_length, kv_offset, window, padded): prefill, decode, chunked prefill after a
+# cache, a static cache (unused slots past the last query), a sliding-window cache (kv_offset > 0).
+CACHE_CASES = {
+    "prefill-left-padding": (0, 12, 12, 0, None, True),
+    "decode-left-padding": (11, 1, 12, 0, None, True),
+    "chunk-after-cache": (6, 5, 11, 0, None, False),
+    "static-cache": (4, 3, 16, 0, None, False),
+    "static-cache-padding": (4, 3, 16, 0, None, True),
+    "window-prefill-padding": (0, 12, 12, 0, 5, True),
+    "window-decode": (11, 1, 12, 0, 5, True),
+    "window-cache-offset": (12, 2, 6, 8, 5, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CACHE_CASES))
+def test_attention_matches_sdpa_on_cache_geometries(case, device, kernel_calls):
+    q_offset, q_len, kv_length, kv_offset, window, padded = CACHE_CASES[case]
+    total = q_offset + q_len
+    padding = torch.ones(2, total, dtype=torch.bool, device=device)
+    if padded:
+        padding[0, :3] = False  # left padding of row 0
+    ours_mask, sdpa_mask = masks(device, 2, q_len, kv_length, q_offset, kv_offset, window, padding)
+    module = AttentionModule()
+    q, k, v = qkv(device, q_len, kv_length)
+    out = hf_patch.tritonformer_attention_forward(module, q, k, v, ours_mask, scaling=0.25, sliding_window=window)[0]
+    exact = sdpa(module, q.double(), k.double(), v.double(), sdpa_mask, scaling=0.25)
+    lowp = sdpa(module, q, k, v, sdpa_mask, scaling=0.25)
+    queries = padding[:, q_offset:total]  # rows of padded queries are unspecified
+    assert_close_to_reference(out[queries], exact[queries], lowp[queries])
+    assert kernel_calls["flash_attention"] + kernel_calls["flash_attention_varlen"] == 1
+
+
+def test_attention_falls_back_to_sdpa(device, kernel_calls):
+    """Dropout, a 4-D mask, fp32 without autocast, an unsupported head dim, a window over a padding mask
+    with a hole: sdpa's own result (bit for bit), no kernel launched."""
+    module = AttentionModule()
+    q, k, v = qkv(device, 6, 6)
+    torch.manual_seed(1)
+    expected = sdpa(module, q, k, v, None, dropout=0.5)
+    torch.manual_seed(1)
+    assert torch.equal(hf_patch.tritonformer_attention_forward(module, q, k, v, None, dropout=0.5)[0], expected)
+    custom = torch.rand(2, 1, 6, 6, device=device) > 0.3  # non-causal, arbitrary
+    assert torch.equal(
+        hf_patch.tritonformer_attention_forward(module, q, k, v, custom)[0], sdpa(module, q, k, v, custom)
+    )
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    fp32 = hf_patch.tritonformer_attention_forward(module, q32, k32, v32, None)[0]
+    assert torch.equal(fp32, sdpa(module, q32, k32, v32, None))
+    q8, k8, v8 = qkv(device, 6, 6, head_dim=8)
+    assert torch.equal(
+        hf_patch.tritonformer_attention_forward(module, q8, k8, v8, None)[0], sdpa(module, q8, k8, v8, None)
+    )
+    padding = torch.ones(2, 6, dtype=torch.bool, device=device)
+    padding[1, 2] = False  # a hole: the kernel's window would count tokens, transformers' counts positions
+    ours_mask, sdpa_mask = masks(device, 2, 6, 6, 0, 0, 3, padding)
+    windowed = hf_patch.tritonformer_attention_forward(module, q, k, v, ours_mask, sliding_window=3)[0]
+    assert torch.equal(windowed, sdpa(module, q, k, v, sdpa_mask))
+    assert not kernel_calls
+    with pytest.raises(ValueError, match="softcap"):  # sdpa's own error
+        hf_patch.tritonformer_attention_forward(module, q, k, v, None, softcap=30.0)
+    with pytest.raises(ValueError, match="s_aux"):  # sdpa would ignore attention sinks
+        hf_patch.tritonformer_attention_forward(module, q, k, v, None, s_aux=torch.zeros(4))
+
+
+def test_attention_fp32_under_autocast_runs_the_kernel(device, kernel_calls):
+    module = AttentionModule()
+    q, k, v = qkv(device, 6, 6, dtype=torch.float32)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = hf_patch.tritonformer_attention_forward(module, q, k, v, None)[0]
+        lowp = sdpa(module, q, k, v, None)
+    assert out.dtype == lowp.dtype == torch.bfloat16 and kernel_calls["flash_attention"] == 1
+    assert_close_to_reference(out, sdpa(module, q.double(), k.double(), v.double(), None), lowp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses.
+
+ONLY_LOSSES = dict(rms_norm=False, layer_norm=False, rope=False, swiglu=False, attention=False)
+
+
+def test_cross_entropy_alone_keeps_the_logits(device, kernel_calls):
+    reference = tiny_model("llama", device)
+    lowp = copy.deepcopy(reference).to(torch.bfloat16)
+    ours = copy.deepcopy(reference).to(torch.bfloat16)
+    report = hf.apply(ours, fused_linear_cross_entropy=False, **ONLY_LOSSES)
+    assert set(report.patched) == {"cross_entropy"} and ours.loss_function is hf_patch.causal_lm_loss
+    ids, _, labels = padded_batch(device, False)
+    labels[0, 3:7] = -100
+    out, out_lp, out64 = (model(ids, labels=labels) for model in (ours, lowp, reference.double()))
+    assert torch.equal(out.logits, out_lp.logits)  # the same model up to the loss
+    assert out.loss.dtype == torch.float32
+    assert_close_to_reference(out.loss, out64.loss, out_lp.loss, name="loss")
+    out.loss.backward()
+    out_lp.loss.backward()
+    grad, grad_lp = ours.lm_head.weight.grad, lowp.lm_head.weight.grad
+    out64.loss.backward()
+    assert_rms_close_to_reference(grad, reference.lm_head.weight.grad, grad_lp, name="lm_head grad")
+    assert kernel_calls["cross_entropy"] == 1 and not kernel_calls["linear_cross_entropy"]
+
+
+def test_fused_loss_only_with_labels_in_training(device, kernel_calls):
+    """Eval mode or no labels: the unpatched forward (logits). Training with labels: logits=None, the loss of
+    transformers' ForCausalLMLoss, num_items_in_batch, positional labels and return_dict=False included."""
+    reference = tiny_model("llama", device, use_cache=False)
+    ours = copy.deepcopy(reference)
+    hf.apply(ours, cross_entropy=False, **ONLY_LOSSES)
+    ids, _, labels = padded_batch(device, False)
+    labels[1, :4] = -100
+    ours.eval()
+    reference.eval()
+    evaluated = ours(ids, labels=labels)
+    assert torch.equal(evaluated.logits, reference(ids).logits) and not kernel_calls
+    ours.train()
+    assert torch.equal(ours(ids).logits, reference(ids).logits) and not kernel_calls
+    # A count other than the targets' (then sum / count differs from the mean), of the loss's magnitude.
+    items = torch.tensor(int((labels[:, 1:] != -100).sum()) + 3)
+    trained = ours(ids, labels=labels, num_items_in_batch=items)
+    assert trained.logits is None and kernel_calls["linear_cross_entropy"] == 1
+    expected, exact = (
+        model(ids, labels=labels, num_items_in_batch=items).loss
+        for model in (reference, copy.deepcopy(reference).double())
+    )
+    assert_close_to_reference(trained.loss, exact, expected)
+    as_tuple = ours(ids, None, None, None, None, labels, return_dict=False)  # labels as the 6th positional
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], ours(ids, labels=labels).loss)
+
+
+# ---------------------------------------------------------------------------------------------
+# generate(), save_pretrained / from_pretrained.
+
+
+def prompts(device):
+    """Two prompts of 7 and 4 tokens, left-padded as generate() expects."""
+    ids = torch.randint(1, VOCAB, (2, 7), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "gpt2"])
+def test_generate_gives_the_same_greedy_tokens(model_type, device, kernel_calls):
+    """fp32 (tokens cannot flip on rounding): the cache, the left padding and Mistral's window (7 + 8
+    tokens > 8) through the patched norms, rotary embedding, MLP and tritonformer_mask."""
+    reference = tiny_model(model_type, device).eval()
+    ours = copy.deepcopy(reference)
+    hf.apply(ours)
+    ids, mask = prompts(device)
+    options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, **options), reference.generate(ids, **options))
+    assert KERNELS[model_type] <= set(kernel_calls)
+
+
+def test_generate_bf16_logits_with_the_attention_kernels(device, kernel_calls):
+    """bf16 (the attention kernels' precision): each step's logits against the unpatched model's, run on
+    the generated sequence in one forward (greedy tokens may flip on a bf16 near-tie, so no token check)."""
+    reference = tiny_model("llama", device).eval()
+    lowp = copy.deepcopy(reference).to(torch.bfloat16)
+    ours = copy.deepcopy(lowp)
+    hf.apply(ours)
+    ids, mask = prompts(device)
+    generated = ours.generate(
+        ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    logits = torch.stack(generated.logits, dim=1)  # (batch, steps, vocab)
+    full_mask = torch.cat([mask, torch.ones_like(generated.sequences[:, 7:])], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    steps = slice(6, 6 + logits.shape[1])  # position i's logits predict token i + 1
+    with torch.no_grad():
+        exact, lowp_logits = (
+            model(generated.sequences, attention_mask=full_mask, position_ids=positions).logits[:, steps]
+            for model in (reference.double(), lowp)
+        )
+    assert_close_to_reference(logits, exact, lowp_logits, name="generated logits")
+    assert kernel_calls["flash_attention_varlen"] > 0  # the left-padded prompt and the cached steps
+
+
+def test_save_pretrained_round_trip(tmp_path, device):
+    reference = tiny_model("llama", device).eval()
+    ours = copy.deepcopy(reference)
+    hf.apply(ours)
+    ours.save_pretrained(tmp_path)
+    assert hf.ATTENTION_NAME not in (tmp_path / "config.json").read_text()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).to(device).eval()
+    assert loaded.config._attn_implementation == "sdpa" and not any("forward" in vars(m) for m in loaded.modules())
+    state = reference.state_dict()
+    assert all(torch.equal(value, state[name]) for name, value in loaded.state_dict().items())
+    ids = torch.randint(0, VOCAB, (2, SEQ), device=device)
+    assert torch.equal(loaded(ids).logits, reference(ids).logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Class-level patches, reports, preconditions, revert.
+
+
+def test_apply_to_llama_patches_new_models(device, class_patches, kernel_calls):
+    modeling = transformers.models.llama.modeling_llama
+    original_rope = modeling.apply_rotary_pos_emb
+    report = hf.apply_to_llama()
+    assert set(report.patched) == {
+        "rms_norm", "rope", "swiglu", "attention", "cross_entropy", "fused_linear_cross_entropy",
+    } and not report.skipped  # fmt: skip
+    reference = tiny_model("llama", device)
+    assert reference.config._attn_implementation == hf.ATTENTION_NAME
+    explicit = transformers.LlamaForCausalLM._from_config(CONFIGS["llama"](), attn_implementation="eager")
+    assert explicit.config._attn_implementation == "eager"  # an explicit choice is kept
+    assert hf.apply(reference).patched["rms_norm"].endswith("(patched at class level)")
+    ids = torch.randint(0, VOCAB, (2, 8), device=device)
+    assert reference(ids, labels=ids).logits is None and kernel_calls["linear_cross_entropy"] == 1
+    assert {"rms_norm", "apply_rotary_qk", "swiglu_mlp"} <= set(kernel_calls)
+    hf.revert()
+    assert modeling.apply_rotary_pos_emb is original_rope
+    assert tiny_model("llama", device).config._attn_implementation == "sdpa"
+    assert modeling.LlamaRMSNorm.forward.__module__ == modeling.__name__
+
+
+def test_apply_to_gpt2_patches_the_layer_norms_of_new_models(device, class_patches):
+    report = hf.apply_to_gpt2(attention=False, cross_entropy=False, fused_linear_cross_entropy=False)
+    assert set(report.patched) == {"layer_norm"}
+    model = tiny_model("gpt2", device)
+    norms = [m for m in model.modules() if type(m) is torch.nn.LayerNorm]
+    assert len(norms) == 5 and all(vars(m)["forward"].__func__ is hf_patch._layer_norm_forward for m in norms)
+
+
+def test_report_and_revert(device):
+    model = tiny_model("llama", device)
+    report = hf.apply(model)
+    assert str(report).startswith(
+        "tritonformer patches for llama:"
+    ) and "attention: config._attn_implementation" in str(report)
+    assert hf.apply(model).patched["rms_norm"].endswith("(already patched)")
+    hf.revert(model)
+    assert model.config._attn_implementation == "sdpa" and "_loss_function" not in vars(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_a_switch_the_model_cannot_take_is_left_alone(device):
+    """Preconditions are checked before any change: a switch is applied to every module or to none."""
+    model = tiny_model("llama", device, hidden_act="gelu")  # not a SwiGLU: the MLP switch cannot apply
+    foreign = model.model.layers[1].input_layernorm
+    foreign.forward = lambda x: x  # another patch on one RMSNorm: the rms_norm switch cannot apply
+    report = hf.apply(model)
+    assert "GELUActivation, not SiLU" in report.skipped["swiglu"]
+    assert "already have a forward set on the instance" in report.skipped["rms_norm"]
+    assert {"rope", "attention", "cross_entropy", "fused_linear_cross_entropy"} == set(report.patched)
+    assert not any(
+        "forward" in vars(m)
+        for m in model.modules()
+        if type(m).__name__ in ("LlamaMLP", "LlamaRMSNorm") and m is not foreign
+    )
+    gemma = hf.apply(tiny_model("gemma", device))
+    assert "GELUTanh, not SiLU" in gemma.skipped["swiglu"]
+
+
+def test_unsupported_models_raise():
+    bert = transformers.BertModel(
+        transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"model type 'bert' \(BertModel\) is not supported by tritonformer.hf"):
+        hf.apply(bert)
+    with pytest.raises(TypeError, match="instantiated transformers PreTrainedModel, got Linear"):
+        hf.apply(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="rope must be a bool"):
+        hf.apply(tiny_model("llama", "cpu"), rope="yes")
