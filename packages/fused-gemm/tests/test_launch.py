@@ -18,6 +18,7 @@ from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import tma_configs
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
+from fused_gemm.ops import launch
 from fused_gemm.ops.launch import launch_activation_grad, launch_matmul, tma_plan
 from fused_gemm.reference import activation_reference
 
@@ -217,6 +218,27 @@ def test_tma_layout_rules(device):
         x.expand(3, 32, 48).contiguous(), w.expand(3, 48, 24).contiguous(), y.expand(3, 32, 24).contiguous()
     )
     assert _layout(batched) == (False, False, False, True)
+
+
+def test_one_plan_and_one_tuned_choice_per_problem(device):
+    """tma_plan gives the plan launch_matmul ran for the same operands (the tuned choice is keyed by
+    the plan: two plans of one problem would each tune), and a second launch reuses the choice."""
+    if not supports_tma(torch.device(device)):
+        pytest.skip("the TMA kernel needs Triton >= 3.4 and a Hopper GPU (or the Triton 3.x interpreter)")
+    a = torch.randn(1, 24, 32, device=device, dtype=torch.bfloat16)
+    b = torch.randn(1, 16, 32, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    bias = torch.randn(16, device=device, dtype=torch.bfloat16)
+    c, z = (
+        torch.empty(1, 24, 16, device=device, dtype=torch.bfloat16),
+        torch.empty(1, 24, 16, device=device, dtype=torch.bfloat16),
+    )
+    for with_z in (False, True):
+        assert launch_matmul(a, b, c, bias=bias, activation=2, z=z if with_z else None, path="tma") == "tma"
+        plan = tma_plan(a, b, c, z if with_z else None, bias, 2)
+        tuned = launch._TUNED.get(launch._tuned_key(plan, _matmul_tma_kernel.configs))
+        assert tuned is not None and tuned.plan is plan
+        launch_matmul(a, b, c, bias=bias, activation=2, z=z if with_z else None, path="tma")
+        assert launch._TUNED.get(launch._tuned_key(plan, _matmul_tma_kernel.configs)) is tuned
 
 
 def test_kernel_choice(device):

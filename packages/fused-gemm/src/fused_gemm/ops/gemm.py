@@ -22,6 +22,7 @@ same with placeholders for absent outputs) as the custom ops of ops.custom_ops (
 versions beside them) while torch.compile traces.
 """
 
+import inspect
 from typing import Optional, Tuple
 
 import torch
@@ -54,17 +55,10 @@ def gemm_forward(
     return c, z
 
 
-def gemm_fwd(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    activation: Optional[str],
-    save_z: bool,
-    allow_tf32: bool,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def gemm_fwd(*args) -> Tuple[torch.Tensor, torch.Tensor]:
     """gemm_forward as a custom op returns it: an empty placeholder where z is not stored."""
-    c, z = gemm_forward(a, b, bias, activation, save_z, allow_tf32)
-    return c, _empty(a) if z is None else z
+    c, z = gemm_forward(*args)
+    return c, _empty(c) if z is None else z
 
 
 def gemm_fwd_fake(a, b, bias, activation, save_z, allow_tf32):
@@ -127,25 +121,20 @@ def _or_empty(like: torch.Tensor, *tensors: Optional[torch.Tensor]) -> Tuple[tor
     return tuple(_empty(like) if t is None else t for t in tensors)
 
 
-def gemm_bwd(
-    dc: torch.Tensor,
-    a: Optional[torch.Tensor],
-    b: torch.Tensor,
-    saved: Optional[torch.Tensor],
-    activation: Optional[str],
-    need_da: bool,
-    need_db: bool,
-    need_dbias: bool,
-    allow_tf32: bool,
-    da_dtype: torch.dtype,
-    db_dtype: torch.dtype,
-    dbias_dtype: torch.dtype,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gemm_bwd(*args) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """gemm_backward as a custom op returns it: empty placeholders for the gradients not asked for."""
-    grads = gemm_backward(
-        dc, a, b, saved, activation, need_da, need_db, need_dbias, allow_tf32, da_dtype, db_dtype, dbias_dtype
-    )
-    return _or_empty(dc, *grads)
+    return _or_empty(args[0], *gemm_backward(*args))
+
+
+def _op_signature(launcher, op, outputs: int) -> None:
+    """`op` takes `launcher`'s arguments (the custom op's schema is read from its signature) and
+    returns `outputs` tensors."""
+    returns = Tuple[(torch.Tensor,) * outputs]
+    op.__signature__ = inspect.signature(launcher).replace(return_annotation=returns)
+
+
+_op_signature(gemm_forward, gemm_fwd, 2)
+_op_signature(gemm_backward, gemm_bwd, 3)
 
 
 def gemm_bwd_fake(dc, a, b, saved, activation, need_da, need_db, need_dbias, allow_tf32, da_dtype, db_dtype,

@@ -185,14 +185,16 @@ class TmaPlan(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def _tma_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype, bias_stride, activation: int,
-              device_index: int, split: int = 1, store_z: bool = False, grad_z: bool = False,
-              column_sum: bool = False) -> Optional[TmaPlan]:  # fmt: skip
+              device_index: int, split: int, store_z: bool, grad_z: bool,
+              column_sum: bool) -> Optional[TmaPlan]:  # fmt: skip
     """The TMA kernel's plan, or None where it cannot run (the caller checked that the bases are
     16-byte aligned and that z is laid out like c; K = 0 goes to the portable kernel: a descriptor
     cannot have a zero-sized dim). c_dtype: the operands' dtype, or fp32 (the accumulator uncast).
     split > 1: c is the split-K workspace, fp32 (split x batch, M, N) row-major. grad_z: z is the
     activation's saved input of a fused activation gradient (c row-major, unbatched), column_sum
-    its d(bias) partial sums."""
+    its d(bias) partial sums. Every call passes every argument, in order: lru_cache keys calls by
+    how their arguments are passed, and each problem must have one plan (its tuned choice is keyed
+    by the plan)."""
     device = _device(device_index)
     if dtype not in TMA_DTYPES or not supports_tma(device):
         return None
@@ -445,12 +447,16 @@ def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype,
                 split = split_k(batch, m, n, k, num_sms)
             workspace = None
             if split > 1:
-                workspace = _tma_plan(*tma_args, (m * n, n, 1), dtype, torch.float32, None, 0, device_index, split)
+                workspace = _tma_plan(
+                    *tma_args, (m * n, n, 1), dtype, torch.float32, None, 0, device_index, split, False, False, False
+                )
             if workspace is not None:
                 in_place = c_dtype == torch.float32 and _is_contiguous((batch, m, n), c_stride)
                 return _MatmulPlan("tma", _launch_split, _SplitPlan(workspace, in_place))
         if ab_aligned and cz_aligned and (not has_z or z_stride == c_stride):
-            plan = _tma_plan(*tma_args, c_stride, dtype, c_dtype, bias_stride, activation, device_index, 1, has_z)
+            plan = _tma_plan(
+                *tma_args, c_stride, dtype, c_dtype, bias_stride, activation, device_index, 1, has_z, False, False
+            )
             if plan is not None:
                 return _MatmulPlan("tma", _launch_tma, plan)
         if path == "tma":
