@@ -146,7 +146,7 @@ def measure_paired(
     return rows
 
 
-def eager_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> float:
+def eager_us_per_call(fn: Callable[[], object], calls: int = 100, repeats: int = 5) -> float:
     """Microseconds per call of fn called back to back, as eager code calls it, with one
     synchronization after the calls; the median of `repeats` such windows. At tiny shapes the GPU
     finishes each call's kernels before the host issues the next, so this is the host path."""

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
+# model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
+# Stages: any of tests host norms model (default: all), each capped by its own timeout.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$(ls -d packages/*/src | tr "\n" ":")runtime:tools/testkit/src
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 TRITONFORMER_BENCH_ROWS="$OUT/rows.jsonl"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+if ls .carry/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/*.whl
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+for stage in ${@:-tests host norms model}; do
+  echo "== $stage $(date +%T)"
+  case "$stage" in
+    tests) timeout "${T_TESTS:-150}" python3 -m pytest -q -x -n 16 -m "not aot and not gpu" runtime/tests packages/*/tests \
+             -p no:randomly 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+    host) timeout "${T_HOST:-150}" python3 -m pytest -q -p no:xdist packages/*/benchmarks/bench_host.py \
+            --bench-table "$OUT/host.md" 2>&1 | tail -3 ;;
+    norms) timeout "${T_NORMS:-100}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_norms.py \
+             -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
+    model) timeout "${T_MODEL:-200}" python3 -m tritonformer.bench --providers tritonformer tritonformer+graph torch.compile \
+             --config 410M:2048:8 llama-1.4B:2048:4 --out-dir "$OUT/model" 2>&1 | tail -12 ;;
+  esac
+done
+PYTHONPATH=tools/testkit/src python3 lab/gpu/rows_to_tables.py "$OUT/rows.jsonl" > "$OUT/tables.md" 2>/dev/null
+cat "$OUT/tables.md" | grep -A40 "### host" | head -60
