@@ -91,9 +91,9 @@ def kernel_calls(monkeypatch):
     for module, name in targets:
         original = getattr(module, name)
 
-        def counted(*args, original_method=original, _name=name, **kwargs):
+        def counted(*args, _wrapped=original, _name=name, **kwargs):
             calls[_name] += 1
-            return original_method(*args, **kwargs)
+            return _wrapped(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counted)
     return calls
@@ -117,26 +117,31 @@ def padded_batch(device, padding: bool):
     return ids, (mask if padding else None), labels
 
 
-def run(model, ids, mask, labels):
-    """(logits without labels, loss with labels, every parameter's gradient); the second forward in training."""
+def run(model, ids, mask, labels, autocast=None):
+    """(logits without labels, loss with labels, every parameter's gradient), under torch.autocast to
+    `autocast` if given; the second forward in training."""
     model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        logits = model(ids, attention_mask=mask).logits
-    out = model(ids, attention_mask=mask, labels=labels)
-    out.loss.backward()
+    with torch.autocast(ids.device.type, dtype=autocast, enabled=autocast is not None):
+        with torch.no_grad():
+            logits = model(ids, attention_mask=mask).logits
+        out = model(ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
     return logits, out, {name: p.grad for name, p in model.named_parameters()}
 
 
-def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, **overrides):
-    reference = tiny_model(model_type, device, **overrides)
-    lowp = copy.deepcopy(reference).to(dtype)
-    ours = copy.deepcopy(reference).to(dtype)
+def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, autocast=False):
+    """The patched model in `dtype` (autocast: fp32 weights under torch.autocast to `dtype`) against the
+    float64 unpatched one, with the unpatched model run the same way as the bound."""
+    reference = tiny_model(model_type, device)
+    weights, amp = (torch.float32, dtype) if autocast else (dtype, None)
+    lowp = copy.deepcopy(reference).to(weights)
+    ours = copy.deepcopy(reference).to(weights)
     report = hf.apply(ours)
     assert not report.skipped or set(report.skipped) == {"swiglu"} and model_type == "gemma", report
     ids, mask, labels = padded_batch(device, padding)
     logits64, out64, grads64 = run(reference.double(), ids, mask, labels)
-    logits_lp, out_lp, grads_lp = run(lowp, ids, mask, labels)
-    logits, out, grads = run(ours, ids, mask, labels)
+    logits_lp, out_lp, grads_lp = run(lowp, ids, mask, labels, amp)
+    logits, out, grads = run(ours, ids, mask, labels, amp)
     assert out.logits is None and out_lp.logits is not None  # fused linear cross-entropy: no logits in training
     valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()  # padded rows: unspecified
     assert_close_to_reference(logits[valid], logits64[valid], logits_lp[valid], name="logits")
@@ -165,6 +170,12 @@ BF16_CASES = [("llama", False), ("mistral", True), ("qwen2", True), ("gpt2", Fal
 )
 def test_bf16_matches_unpatched(model_type, padding, device, kernel_calls):
     check_against_unpatched(model_type, torch.bfloat16, padding, device, kernel_calls)
+
+
+def test_autocast_matches_unpatched(device, kernel_calls):
+    """fp32 weights under torch.autocast(bf16), the usual training setup: fp32 norms, q/k rotated in fp32
+    (bf16 projections with fp32 cos/sin), attention and SwiGLU cast to bf16, an fp32 loss."""
+    check_against_unpatched("llama", torch.bfloat16, True, device, kernel_calls, autocast=True)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2"])
@@ -477,3 +488,57 @@ def test_unsupported_models_raise():
         hf.apply(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="rope must be a bool"):
         hf.apply(tiny_model("llama", "cpu"), rope="yes")
+
+
+def test_a_failing_patch_undoes_the_others(device, monkeypatch):
+    model = tiny_model("llama", device)
+
+    def refuse(name):
+        raise RuntimeError("set_attn_implementation refused")
+
+    monkeypatch.setattr(model, "set_attn_implementation", refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        hf.apply(model)
+    assert not any("forward" in vars(m) for m in model.modules()) and "_loss_function" not in vars(model)
+
+
+def test_where_kernels_cannot_run_the_original_code_runs(monkeypatch, kernel_calls):
+    """A CPU model without Triton's interpreter: every patched function falls back, bit for bit."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    reference = tiny_model("llama", "cpu")
+    ours = copy.deepcopy(reference)
+    assert not hf.apply(ours).skipped
+    ids, mask, labels = padded_batch("cpu", True)
+    expected, got = (model(ids, attention_mask=mask, labels=labels) for model in (reference, ours))
+    assert torch.equal(got.loss, expected.loss) and torch.equal(got.logits, expected.logits) and not kernel_calls
+    with torch.no_grad():
+        assert torch.equal(ours(ids, attention_mask=mask).logits, reference(ids, attention_mask=mask).logits)
+
+
+def test_rope_keeps_the_contract_of_apply_rotary_pos_emb(device, kernel_calls):
+    """The dtype of q promoted with cos's (fp32 under autocast, where the projections are bf16 and cos/sin
+    fp32), and the original function for a layout the kernel does not take (unsqueeze_dim=2)."""
+    original = transformers.models.llama.modeling_llama.apply_rotary_pos_emb
+    rope = hf_kernels.make_rope(original)
+    q, k, _ = qkv(device, 6, 6)
+    angles = torch.rand(1, 6, 8, device=device) * 6
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    got, expected = rope(q, k, cos, sin), original(q, k, cos, sin)
+    exact = original(q.double(), k.double(), cos.double(), sin.double())
+    assert got[0].dtype == got[1].dtype == expected[0].dtype == torch.float32 and kernel_calls["apply_rotary_qk"] == 1
+    for out, ref, lowp in zip(got, exact, expected):
+        assert_close_to_reference(out, ref, lowp)
+    bshd = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    assert all(torch.equal(a, b) for a, b in zip(bshd, original(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)))
+    assert kernel_calls["apply_rotary_qk"] == 1
+
+
+def test_layer_norm_keeps_the_dtype_of_torch_under_autocast(device, kernel_calls):
+    norm = torch.nn.LayerNorm(64, device=device, dtype=torch.bfloat16)
+    x = torch.randn(2, 5, 64, device=device, dtype=torch.bfloat16)
+    ours = copy.deepcopy(norm)
+    ours.forward = hf_kernels.layer_norm_forward.__get__(ours)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got, expected = ours(x), norm(x)
+    assert got.dtype == expected.dtype and kernel_calls["layer_norm"] == 1
+    assert_close_to_reference(got, torch.nn.functional.layer_norm(x.double(), (64,)), expected)

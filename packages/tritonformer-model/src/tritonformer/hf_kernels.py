@@ -96,12 +96,12 @@ def offset_rms_norm_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Ten
 
 
 def layer_norm_forward(self: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """torch.nn.LayerNorm; under autocast in fp32, as torch computes layer_norm there."""
+    """torch.nn.LayerNorm; in fp32 under CUDA autocast, which runs layer_norm in fp32 (CPU autocast does not)."""
     if not (_on_kernel_device(x, self.weight, self.bias) and _kernel_floats(x, self.weight, self.bias)):
         return original_method(self)(self, x)
     from fused_norm_xent import layer_norm
 
-    if x.dtype != torch.float32 and autocast_dtype(x.device.type) is not None:
+    if x.dtype != torch.float32 and x.device.type == "cuda" and autocast_dtype("cuda") is not None:
         x = x.float()
     return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
@@ -246,11 +246,13 @@ def tritonformer_mask(
 
 
 def _sdpa_mask_from_padding(
-    padding: Optional[torch.Tensor], q_len: int, k_len: int, window: Optional[int], device
+    padding: Optional[torch.Tensor], q_len: int, k_len: int, window: Optional[int], causal: bool, device
 ) -> Optional[torch.Tensor]:
-    """sdpa's 4-D bool mask for a causal attention given tritonformer_mask's output: None where sdpa
-    takes is_causal alone (no padding, no window in reach, queries aligned with keys or one query)."""
+    """sdpa's 4-D bool mask given tritonformer_mask's output: None where sdpa takes is_causal alone (no
+    padding, no window in reach, queries aligned with keys or one query)."""
     visible = k_len if padding is None else padding.shape[-1]
+    if not causal:
+        return None if padding is None else F.pad(padding, (0, k_len - visible), value=False)[:, None, None, :]
     window_reaches = window is not None and k_len >= window
     if padding is None and not window_reaches and (q_len == 1 or q_len == k_len):
         return None
@@ -291,11 +293,19 @@ def _kernel_attention_blocker(query, key, value, attention_mask, dropout, scalin
         return f"softmax scale {scaling}"
     if not _on_kernel_device(query, key, value):
         return "device"
-    dtypes = {query.dtype, key.dtype, value.dtype}
-    half = dtypes <= set(_HALF_DTYPES) and len(dtypes) == 1
-    if not half and not (dtypes == {torch.float32} and autocast_dtype(query.device.type) in _HALF_DTYPES):
+    if _compute_dtype(query, key, value) is None:
         return "dtype"
     return None
+
+
+def _compute_dtype(query, key, value) -> Optional[torch.dtype]:
+    """The kernels' dtype: q/k/v's one half dtype, or under autocast its dtype (to which sdpa would cast
+    them too: under autocast, rotated q/k are fp32 beside a bf16 v)."""
+    dtypes = {query.dtype, key.dtype, value.dtype}
+    amp = autocast_dtype(query.device.type)
+    if amp in _HALF_DTYPES and dtypes <= {torch.float32, amp}:
+        return amp
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= set(_HALF_DTYPES) else None
 
 
 def tritonformer_attention_forward(
@@ -328,10 +338,12 @@ def tritonformer_attention_forward(
     blocker = _kernel_attention_blocker(query, key, value, attention_mask, dropout, scaling, causal, window)
     if blocker is None and any(kwargs.get(name) is not None for name in _SDPA_ONLY_KWARGS):
         blocker = "softcap or position bias"
-    if blocker is None and attention_mask is not None:
-        return _varlen_attention(module, query, key, value, attention_mask, dropout, scaling, causal, window, kwargs)
     if blocker is not None:
         return _fallback(module, query, key, value, attention_mask, dropout, scaling, causal, window, kwargs)
+    dtype = _compute_dtype(query, key, value)
+    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    if attention_mask is not None:
+        return _varlen_attention(module, query, key, value, attention_mask, dropout, scaling, causal, window, kwargs)
     from fused_attention import flash_attention
 
     # (B, H, S, D) views of (B, S, H, D) projections: transposed back, usually without a copy.
@@ -350,8 +362,8 @@ def _window_size(window: Optional[int]) -> Tuple[int, int]:
 def _fallback(module, query, key, value, attention_mask, dropout, scaling, causal, window, kwargs):
     """sdpa on the 4-D mask it would have been given (tritonformer_mask's 2-D masks rebuilt)."""
     if attention_mask is None or attention_mask.dim() == 2:
-        if causal:
-            attention_mask = _sdpa_mask_from_padding(attention_mask, query.shape[2], key.shape[2], window, query.device)
+        q_len, k_len = query.shape[2], key.shape[2]
+        attention_mask = _sdpa_mask_from_padding(attention_mask, q_len, k_len, window, causal, query.device)
     return _sdpa(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
 
 

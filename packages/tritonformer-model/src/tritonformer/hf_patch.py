@@ -7,20 +7,24 @@
     tritonformer.hf.apply_to_llama()            # or: patch the classes before instantiation
     model = LlamaForCausalLM.from_pretrained(...)
 
-Model types: llama, mistral, qwen2, gemma (RMSNorm with the `1 + w` offset), gpt2. Switches:
-- rms_norm: the RMSNorm modules through fused_norm_xent.rms_norm (GPT-2: layer_norm, its LayerNorms).
-- rope: the modeling module's `apply_rotary_pos_emb` through fused_rope.apply_rotary_qk.
+Model types: llama, mistral, qwen2, gemma (RMSNorm with the `1 + w` offset), gpt2. Switches (all on
+by default; one a model type lacks is ignored):
+- rms_norm: the RMSNorm modules through fused_norm_xent.rms_norm.
+- layer_norm: GPT-2's torch.nn.LayerNorm modules through fused_norm_xent.layer_norm.
+- rope: `apply_rotary_pos_emb` through fused_rope.apply_rotary_qk (apply: in this model's attention
+  modules only; apply_to_<type>: the modeling module's function, for every model of the type).
 - swiglu: the gate/up/down MLP through fused_swiglu.swiglu_mlp (when the activation is SiLU).
-- attention: the attention-function registry entry "tritonformer" (fused_attention's flash kernels,
-  the varlen kernel when a padding mask has padding), with transformers' sdpa for what they cannot do.
-- cross_entropy: the causal-LM loss through fused_norm_xent.cross_entropy.
+- attention: attn_implementation "tritonformer", registered in transformers' attention-function and
+  attention-mask registries: fused_attention's flash kernel, or its varlen kernel over the unpadded
+  tokens when the padding mask has padding; transformers' sdpa for what the kernels cannot do.
+- cross_entropy: the causal-LM loss (loss_function) through fused_norm_xent.cross_entropy.
 - fused_linear_cross_entropy: in training, `model(..., labels=...)` computes the loss from the final
   hidden states with fused_norm_xent.linear_cross_entropy and returns logits=None (no (tokens, vocab)
   logits tensor); without labels, or in eval mode, the forward is unchanged.
 
-Every patched forward checks its inputs on each call and runs the original code where a kernel
-cannot (a CPU tensor without TRITON_INTERPRET=1, float64, an unsupported head dim, ...), so a patched
-model computes what the unpatched one does. `revert(model)` / `revert()` undo the patches.
+Every patched function checks its inputs on each call and runs the original code where a kernel
+cannot (a CPU tensor without TRITON_INTERPRET=1, float64, an unsupported head dim, ...); the code
+itself is in hf_kernels. `revert(model)` / `revert()` undo the patches.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import functools
 import importlib
 import inspect
 import types
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -159,7 +163,7 @@ def _modules_of(model: torch.nn.Module, cls: Optional[type]) -> List[torch.nn.Mo
     return [m for m in model.modules() if cls is not None and type(m) is cls]
 
 
-def _forward_swap(modules: List[torch.nn.Module], function: Callable, description: str, what: str):
+def _forward_swap(modules: List[torch.nn.Module], function: Callable, description: str, what: str) -> Union[str, Plan]:
     """The plan that binds `function` as the forward of every module, or why not."""
     if not modules:
         return f"the model has no {what} modules"
@@ -173,7 +177,7 @@ def _forward_swap(modules: List[torch.nn.Module], function: Callable, descriptio
     return description, _bind_forwards(modules, function)
 
 
-def _plan_rms_norm(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_rms_norm(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     cls = getattr(modeling, spec.rms_norm, None)
     modules = _modules_of(model, cls)
     eps = "eps" if spec.rms_offset else "variance_epsilon"
@@ -188,14 +192,14 @@ def _plan_rms_norm(model, spec: _ModelSpec, modeling) -> Any:
     )
 
 
-def _plan_layer_norm(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_layer_norm(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     modules = _modules_of(model, torch.nn.LayerNorm)
     return _forward_swap(
         modules, layer_norm_forward, f"{len(modules)} torch.nn.LayerNorm -> fused_norm_xent.layer_norm", "LayerNorm"
     )
 
 
-def _plan_swiglu(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_swiglu(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     modules = _modules_of(model, getattr(modeling, spec.mlp, None))
     for module in modules:
         reason = swiglu_mlp_ready(module)
@@ -204,7 +208,7 @@ def _plan_swiglu(model, spec: _ModelSpec, modeling) -> Any:
     return _forward_swap(modules, swiglu_mlp_forward, f"{len(modules)} {spec.mlp} -> fused_swiglu.swiglu_mlp", spec.mlp)
 
 
-def _plan_rope(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_rope(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     current = getattr(modeling, "apply_rotary_pos_emb", None)
     if not callable(current):
         return f"{spec.module} has no apply_rotary_pos_emb"
@@ -227,7 +231,7 @@ def _plan_rope(model, spec: _ModelSpec, modeling) -> Any:
     return description, _bind_forwards(modules, forward)
 
 
-def _plan_attention(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_attention(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     try:
         from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
         from transformers.modeling_utils import AttentionInterface  # noqa: F401
@@ -264,7 +268,7 @@ def _causal_lm_blocker(model, spec: _ModelSpec, modeling) -> Optional[str]:
     return None
 
 
-def _plan_cross_entropy(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_cross_entropy(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     blocker = _causal_lm_blocker(model, spec, modeling)
     if blocker:
         return blocker
@@ -291,7 +295,7 @@ def _plan_cross_entropy(model, spec: _ModelSpec, modeling) -> Any:
     return description, [run]
 
 
-def _plan_fused_linear_cross_entropy(model, spec: _ModelSpec, modeling) -> Any:
+def _plan_fused_linear_cross_entropy(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     blocker = _causal_lm_blocker(model, spec, modeling)
     if blocker:
         return blocker
@@ -362,8 +366,9 @@ def _modeling(spec: _ModelSpec):
         raise ValueError(f"transformers cannot import {spec.module} here: {error}") from error
 
 
-def _run(report: PatchReport, plans: Dict[str, Any]) -> List[Callable[[], None]]:
-    """Records every plan in the report, then runs the steps of those that go ahead."""
+def _run(report: PatchReport, plans: Dict[str, Union[str, Plan]]) -> List[Callable[[], None]]:
+    """Records every plan in the report, then runs the steps of those that go ahead (all of them, or
+    none: a step that raises undoes the ones before it)."""
     steps: List[Step] = []
     for name, plan in plans.items():
         if isinstance(plan, str):
@@ -371,7 +376,15 @@ def _run(report: PatchReport, plans: Dict[str, Any]) -> List[Callable[[], None]]
         else:
             report.patched[name], more = plan
             steps += more
-    return [step() for step in steps]
+    undo: List[Callable[[], None]] = []
+    try:
+        for step in steps:
+            undo.append(step())
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
+    return undo
 
 
 def apply(
@@ -429,16 +442,25 @@ def _set_class_attribute(owner: Any, name: str, value: Any) -> Step:
         CLASS_ORIGINALS[(owner, name)] = vars(owner).get(name, MISSING)
         _CLASS_PATCH_ORDER.append((owner, name))
         setattr(owner, name, value)
-        return lambda: None
+        return lambda: _restore_class_attribute(owner, name)
 
     return run
+
+
+def _restore_class_attribute(owner: Any, name: str) -> None:
+    _CLASS_PATCH_ORDER.remove((owner, name))
+    original = CLASS_ORIGINALS.pop((owner, name))
+    if original is MISSING:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, original)
 
 
 def _class_patched(owner: Any, name: str) -> bool:
     return (owner, name) in CLASS_ORIGINALS
 
 
-def _class_swap(owner: Optional[type], name: str, value: Any, description: str, what: str) -> Any:
+def _class_swap(owner: Optional[type], name: str, value: Any, description: str, what: str) -> Union[str, Plan]:
     if owner is None or not callable(getattr(owner, name, None)):
         return f"{what} has no {name} in this transformers"
     if _class_patched(owner, name):
@@ -446,13 +468,16 @@ def _class_swap(owner: Optional[type], name: str, value: Any, description: str, 
     return description, [_set_class_attribute(owner, name, value)]
 
 
-def _class_plan_rms_norm(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_rms_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     forward = offset_rms_norm_forward if spec.rms_offset else rms_norm_forward
+    owner, eps = getattr(modeling, spec.rms_norm, None), "eps" if spec.rms_offset else "variance_epsilon"
+    if owner is not None and eps not in getattr(getattr(owner.__init__, "__code__", None), "co_names", ()):
+        return f"{spec.rms_norm} sets no {eps} (a different transformers version)"
     description = f"{spec.rms_norm}.forward -> fused_norm_xent.rms_norm"
-    return _class_swap(getattr(modeling, spec.rms_norm, None), "forward", forward, description, spec.rms_norm)
+    return _class_swap(owner, "forward", forward, description, spec.rms_norm)
 
 
-def _class_plan_layer_norm(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_layer_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     owner = getattr(modeling, spec.pretrained, None)
     if owner is None or not callable(getattr(owner, "post_init", None)):
         return f"{spec.pretrained} has no post_init in this transformers"
@@ -473,14 +498,14 @@ def _class_plan_layer_norm(spec: _ModelSpec, modeling) -> Any:
     )  # fmt: skip
 
 
-def _class_plan_swiglu(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_swiglu(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     return _class_swap(
         getattr(modeling, spec.mlp, None), "forward", swiglu_mlp_forward,
         f"{spec.mlp}.forward -> fused_swiglu.swiglu_mlp (when the activation is SiLU)", spec.mlp,
     )  # fmt: skip
 
 
-def _class_plan_rope(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_rope(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     current = getattr(modeling, "apply_rotary_pos_emb", None)
     if not callable(current):
         return f"{spec.module} has no apply_rotary_pos_emb"
@@ -490,7 +515,7 @@ def _class_plan_rope(spec: _ModelSpec, modeling) -> Any:
     return description, [_set_class_attribute(modeling, "apply_rotary_pos_emb", make_rope(current))]
 
 
-def _class_plan_attention(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_attention(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     owner = getattr(modeling, spec.pretrained, None)
     try:
         from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
@@ -523,7 +548,7 @@ def _register_step() -> Callable[[], None]:
     return lambda: None
 
 
-def _class_plan_cross_entropy(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_cross_entropy(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     owner = getattr(modeling, spec.causal_lm, None)
     prop = inspect.getattr_static(owner, "loss_function", None) if owner is not None else None
     if not isinstance(prop, property):
@@ -535,7 +560,7 @@ def _class_plan_cross_entropy(spec: _ModelSpec, modeling) -> Any:
     return description, [_set_class_attribute(owner, "_loss_function", staticmethod(causal_lm_loss))]
 
 
-def _class_plan_fused_linear_cross_entropy(spec: _ModelSpec, modeling) -> Any:
+def _class_plan_fused_linear_cross_entropy(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     owner = getattr(modeling, spec.causal_lm, None)
     if owner is None:
         return f"{spec.module} has no {spec.causal_lm}"
@@ -617,9 +642,4 @@ def revert(model: Optional[Any] = None) -> None:
             step()
         return
     while _CLASS_PATCH_ORDER:
-        owner, name = _CLASS_PATCH_ORDER.pop()
-        original = CLASS_ORIGINALS.pop((owner, name))
-        if original is MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, original)
+        _restore_class_attribute(*_CLASS_PATCH_ORDER[-1])
