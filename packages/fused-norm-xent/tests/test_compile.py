@@ -16,7 +16,7 @@ from fused_norm_xent._compat import PREFETCH_CHUNKS
 from fused_norm_xent.kernels import cross_entropy as ce_kernels
 from fused_norm_xent.kernels import norm as norm_kernels
 from fused_norm_xent.kernels import softmax as softmax_kernels
-from fused_norm_xent.ops.cross_entropy import FINALIZE_BLOCK, SCALE_TILE, STATS_BLOCK, cross_entropy_config
+from fused_norm_xent.ops.cross_entropy import FINALIZE_BLOCK, SCALE_TILE, cross_entropy_config
 from fused_norm_xent.ops.norm import MAX_SINGLE_BLOCK_COLS, PARAM_GRAD_BLOCK, norm_config
 from fused_norm_xent.ops.softmax import launch_config
 
@@ -149,19 +149,10 @@ def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss,
         loss_ptr=("fp32" if width % 2 else dtype) if per_row else None,
         z_loss_ptr=("fp32" if width % 2 else dtype) if per_row and z_loss else None,
         partial_ptr="fp64" if reduce else None, lse_ptr="fp32", row_scale_ptr=dtype if row_scale else None,
-        stats_ptr="i64" if mean else None, stride_logits_row=width, stride_logits_col=1 if width != 2 else 8,
-        stride_grad_row=width, stride_grad_col=1 if compute_grad else 0, stride_target=1,
-        stride_row_scale=1 if width % 3 else 0, n_rows=4096, n_cols=width, n_stat_blocks=4 if mean else 0,
-        ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, grad_scale=0.5,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("target_dtype", ["i64", "i32"])
-def test_target_stats_kernel_compiles(target_dtype, arch):
-    _spec(
-        ce_kernels._target_stats_kernel, arch, 4, {"BLOCK": STATS_BLOCK},
-        target_ptr=target_dtype, stats_ptr="i64", stride_target=2, n_rows=16384, ignore_index=-100,
+        all_target_ptr=target_dtype if mean else None, stride_logits_row=width,
+        stride_logits_col=1 if width != 2 else 8, stride_grad_row=width, stride_grad_col=1 if compute_grad else 0,
+        stride_target=1, stride_row_scale=1 if width % 3 else 0, n_rows=4096, n_cols=width,
+        n_targets=16384 if mean else 0, ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, grad_scale=0.5,
     )  # fmt: skip
 
 
@@ -171,25 +162,25 @@ def test_loss_finalize_kernel_compiles(dtype, mean, z_loss, arch):
     _spec(
         ce_kernels._loss_finalize_kernel, arch, 4,
         {"MEAN": mean, "STORE_Z_LOSS": z_loss, "BLOCK_P": FINALIZE_BLOCK},
-        partial_ptr="fp64", stats_ptr="i64" if mean else None, loss_ptr=dtype, z_loss_ptr=dtype if z_loss else None,
-        n_partials=264, n_stat_blocks=4 if mean else 0,
+        partial_ptr="fp64", loss_ptr=dtype, z_loss_ptr=dtype if z_loss else None, n_partials=264,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    "dtype, target_dtype", [("fp32", "i64"), ("bf16", "i32"), ("fp16", "i64"), ("fp32", None), ("bf16", None)]
-)
-def test_scale_kernel_compiles(dtype, target_dtype, arch):
+    "dtype, target_dtype, row_targets",
+    [("fp32", "i64", True), ("bf16", "i32", True), ("fp16", "i64", True), ("fp32", "i64", False),
+     ("bf16", "i32", False)],
+)  # fmt: skip
+def test_scale_kernel_compiles(dtype, target_dtype, row_targets, arch):
     """Both modes: the rows of a logits or hidden-state gradient (a target per row), a weight or
-    bias gradient (the target statistics)."""
+    bias gradient (left as it is when no target is valid)."""
     block_m, block_n = SCALE_TILE
-    row_targets = target_dtype is not None
     _spec(
         ce_kernels._scale_kernel, arch, 8, {"ROW_TARGETS": row_targets, "BLOCK_M": block_m, "BLOCK_N": block_n},
-        x_ptr=dtype, scale_ptr=dtype, target_ptr=target_dtype, stats_ptr=None if row_targets else "i64",
-        stride_x_row=4096, stride_x_col=1 if dtype != "fp16" else 2, stride_target=1 if row_targets else 0,
-        n_rows=64, n_cols=4096, n_stat_blocks=0 if row_targets else 4, ignore_index=-100,
+        x_ptr=dtype, scale_ptr=dtype, target_ptr=target_dtype, stride_x_row=4096,
+        stride_x_col=1 if dtype != "fp16" else 2, stride_target=1, n_rows=64, n_cols=4096,
+        n_targets=0 if row_targets else 16384, ignore_index=-100,
     )  # fmt: skip
 
 

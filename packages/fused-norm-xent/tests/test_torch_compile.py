@@ -81,10 +81,10 @@ def test_opcheck(device):
     torch.library.opcheck(ops.add_dropout_norm_fwd, (x, residual, w, None, 1e-5, 0.0, True, 0.25, 7, 0, False))
     logits, target = torch.randn(4, 10, device=device, requires_grad=True), torch.randint(0, 10, (4,), device=device)
     torch.library.opcheck(
-        ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, "mean", False, True, False, logits.dtype)
+        ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, "mean", False, True, False, logits.dtype, False)
     )
     torch.library.opcheck(
         ops.linear_cross_entropy_fwd,
         (x, torch.randn(10, 16, device=device), None, target[:3], -100, 0.0, 0.0, "sum", False, True, 2, True, x.dtype,
-         x.dtype),
+         x.dtype, False),
     )  # fmt: skip

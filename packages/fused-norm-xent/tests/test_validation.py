@@ -3,6 +3,7 @@ error naming the argument, before any launch (these tests launch nothing unless 
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fused_norm_xent import (
     AddDropoutNorm,
@@ -117,18 +118,20 @@ def test_cross_entropy_rejects_wrong_device():
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # interpreted padding rows
 @pytest.mark.parametrize("bad", [5, 7, -1, -101])
 def test_cross_entropy_rejects_labels_out_of_range(bad, device):
-    """Checked on the kernels' device; with inplace_backward before the logits are written (they stay
-    as they were), else once the kernels are queued (their outputs are dropped)."""
+    """With check_targets, checked before anything is launched: with inplace_backward the logits
+    stay as they were."""
     logits = torch.randn(4, 5, device=device)
     before = logits.clone()
     target = torch.tensor([0, -100, bad, 4], device=device)
     with pytest.raises(
         ValueError, match=rf"^target holds class index {bad}, outside \[0, 5\) and not ignore_index=-100"
     ):
-        cross_entropy(logits, target, inplace_backward=True)
+        cross_entropy(logits, target, inplace_backward=True, check_targets=True)
     assert torch.equal(logits, before)
     with pytest.raises(ValueError, match=rf"^target holds class index {bad}, outside \[0, 5\)"):
-        linear_cross_entropy(torch.randn(4, 3, device=device), torch.randn(5, 3, device=device), target)
+        linear_cross_entropy(
+            torch.randn(4, 3, device=device), torch.randn(5, 3, device=device), target, check_targets=True
+        )
 
 
 @pytest.mark.kernels
@@ -136,7 +139,35 @@ def test_cross_entropy_rejects_labels_out_of_range(bad, device):
 def test_ignore_index_is_the_only_exception(device):
     """-100 is a bad label when ignore_index is something else."""
     with pytest.raises(ValueError, match=r"^target holds class index -100, outside \[0, 5\) and not ignore_index=2"):
-        cross_entropy(torch.randn(2, 5, device=device), torch.tensor([2, -100], device=device), ignore_index=2)
+        cross_entropy(
+            torch.randn(2, 5, device=device), torch.tensor([2, -100], device=device), ignore_index=2, check_targets=True
+        )
+
+
+def test_check_targets_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"^check_targets must be a bool, got int"):
+        cross_entropy(_x(2, 5), torch.zeros(2, dtype=torch.int64), check_targets=1)
+
+
+@pytest.mark.kernels
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # interpreted padding rows
+@pytest.mark.parametrize("bad", [5, -1])
+def test_unchecked_labels_out_of_range_give_nan_rows(bad, device):
+    """Without check_targets nothing is read back: the row of an out-of-range label gets a NaN loss
+    and a NaN gradient (so a mean or a sum is NaN); the other rows are as torch computes them."""
+    logits = torch.randn(4, 5, device=device, requires_grad=True)
+    target = torch.tensor([0, -100, bad, 4], device=device)
+    loss = cross_entropy(logits, target, reduction="none")
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    good = torch.tensor([0, 1, 3], device=device)
+    expected = F.cross_entropy(logits.detach()[good], target[good], reduction="none")
+    assert loss[2].isnan() and grad[2].isnan().all()
+    torch.testing.assert_close(loss.detach()[good], expected)
+    (expected_grad,) = torch.autograd.grad(F.cross_entropy(logits[good], target[good], reduction="none").sum(), logits)
+    torch.testing.assert_close(grad[good], expected_grad[good])
+    assert cross_entropy(logits, target).isnan() and cross_entropy(logits, target, reduction="sum").isnan()
+    hidden, weight = torch.randn(4, 3, device=device), torch.randn(5, 3, device=device)
+    assert linear_cross_entropy(hidden, weight, target).isnan()
 
 
 # Linear + cross-entropy ------------------------------------------------------------------------

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime.compat import (  # noqa: F401 - re-exported for the package's modules
-    HAS_CUSTOM_OP,
-    INTERPRETING,
-    KERNEL_DEVICE_TYPE,
-    TRITON_VERSION,
-    autocast_dtype,
-    custom_bwd,
-    custom_fwd,
-    is_compiling,
-    mark_modified,
-    multiprocessor_count,
-)
+from ._runtime.compat import HAS_CUSTOM_OP, INTERPRETING, TRITON_VERSION  # noqa: F401 - re-exported for the tests
 
 # Loops that load the next chunk while reducing the current one: Triton 2.2's TTGIR optimizer
 # crashes (segfault) on a reduction of a loaded tensor carried across loop iterations, so there
@@ -36,8 +25,3 @@ def addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: 
         torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
     else:
         torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
-
-
-def sm_count(device_index: int) -> int:
-    """Streaming multiprocessors of CUDA device `device_index` (a few when interpreting)."""
-    return multiprocessor_count(torch.device("cuda", device_index))

@@ -151,8 +151,8 @@ def _reject_unsupported(weight, size_average, reduce) -> None:
 
 class CrossEntropyLoss(torch.nn.Module):
     """Drop-in for torch.nn.CrossEntropyLoss with class-index targets (ignore_index, reduction,
-    label_smoothing), plus z-loss (lse_square_scale, return_z_loss) and inplace_backward, as
-    cross_entropy. Class weights and the deprecated size_average / reduce raise ValueError."""
+    label_smoothing), plus z-loss (lse_square_scale, return_z_loss), inplace_backward and
+    check_targets, as cross_entropy. Class weights and the deprecated size_average / reduce raise ValueError."""
 
     def __init__(
         self,
@@ -166,6 +166,7 @@ class CrossEntropyLoss(torch.nn.Module):
         lse_square_scale: float = 0.0,
         return_z_loss: bool = False,
         inplace_backward: bool = False,
+        check_targets: bool = False,
     ):
         super().__init__()
         _reject_unsupported(weight, size_average, reduce)
@@ -175,12 +176,13 @@ class CrossEntropyLoss(torch.nn.Module):
         self.lse_square_scale = lse_square_scale
         self.return_z_loss = return_z_loss
         self.inplace_backward = inplace_backward
+        self.check_targets = check_targets
 
     def forward(self, input: Tensor, target: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         return cross_entropy(
             input, target, None, self.ignore_index, self.reduction, self.label_smoothing,
             lse_square_scale=self.lse_square_scale, return_z_loss=self.return_z_loss,
-            inplace_backward=self.inplace_backward,
+            inplace_backward=self.inplace_backward, check_targets=self.check_targets,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
@@ -207,6 +209,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return_z_loss: bool = False,
         chunk_size: Optional[int] = None,
         fp32_accumulation: bool = True,
+        check_targets: bool = False,
     ):
         super().__init__()
         self.ignore_index = ignore_index
@@ -216,6 +219,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.return_z_loss = return_z_loss
         self.chunk_size = chunk_size
         self.fp32_accumulation = fp32_accumulation
+        self.check_targets = check_targets
 
     def forward(
         self, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None
@@ -223,7 +227,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return linear_cross_entropy(
             hidden, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
             lse_square_scale=self.lse_square_scale, return_z_loss=self.return_z_loss, chunk_size=self.chunk_size,
-            fp32_accumulation=self.fp32_accumulation,
+            fp32_accumulation=self.fp32_accumulation, check_targets=self.check_targets,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

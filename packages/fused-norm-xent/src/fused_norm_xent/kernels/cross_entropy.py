@@ -7,10 +7,7 @@ and z = lse_square_scale:
 Ignored rows have loss 0 and gradient 0 whatever their upstream gradient, NaN or inf included (as
 torch): the upstream gradient reaches a row through a select, never through a product with 0.
 
-Four kernels:
-- _target_stats_kernel: per block of targets, the number of rows not ignored and the lowest and
-  highest class index among them. The host reads these to reject out-of-range labels; the
-  kernels below read the count from the device to scale a mean (no host value needed).
+Three kernels:
 - _cross_entropy_kernel: persistent (each program walks a strided set of row tiles, so the rows in
   flight, and with them the L2 footprint, stay bounded), two passes over a row in BLOCK_N chunks
   (rows of any width; BLOCK_M rows per tile when rows are narrow). Each pass loads the next chunk
@@ -18,56 +15,43 @@ Four kernels:
   - pass 1 (COMPUTE_LOSS): online max and sum of exponentials, reduced per chunk so that each
     element costs one exp; the sum of the row for label smoothing; the target logit by one load.
     Writes lse per row and either the loss (and z-loss) per row or, with REDUCE, this program's
-    fp64 sums of them (one (loss, z-loss) pair per program: an accurate, deterministic reduction).
+    fp64 sums of them and its count of rows not ignored (one (loss, z-loss, count) triple per
+    program: an accurate, deterministic reduction).
   - pass 2 (COMPUTE_GRAD): re-reads the row, last chunk first: the chunks pass 1 read last are
     the likeliest to still be in L2. Writes the gradient times grad_scale (divided by the number
-    of valid rows with MEAN_SCALE, times a per-row scale with HAS_ROW_SCALE), possibly into the
-    logits buffer itself: each element is read before the same thread overwrites it. Without
-    COMPUTE_LOSS, lse is read from lse_ptr (a backward from saved statistics).
+    of valid rows with MEAN_SCALE, which every program counts itself among the call's targets
+    before its first row, a few microseconds of L2 reads that need no kernel or host read before
+    this one; times a per-row scale with HAS_ROW_SCALE), possibly into the logits buffer
+    itself: each element is read before the same thread overwrites it. Without COMPUTE_LOSS, lse
+    is read from lse_ptr (a backward from saved statistics).
 - _loss_finalize_kernel: one program sums the fp64 partials and divides a mean by the count.
 - _scale_kernel: multiplies a gradient computed for an upstream 1 by the actual upstream gradient.
 NaN/inf follow torch: a NaN or +inf logit makes the row NaN, an all -inf row gives NaN, a -inf
 target logit gives +inf. Offsets are int64, row and column alike, so logits past 2^31 elements
 are addressed correctly in any layout (a column-major row's column offsets reach N * V).
-A target outside [0, V) that is not ignored loads nothing (its loss is NaN); the launcher
-rejects those.
+A target outside [0, V) that is not ignored loads nothing: its row's loss and gradient are NaN
+(the launcher rejects such targets first where asked to).
 """
 
 import triton
 import triton.language as tl
 
-# Entries per block in the target statistics: (rows not ignored, lowest class, highest class).
-STATS_PER_BLOCK = tl.constexpr(3)
-
-
-@triton.jit(do_not_specialize=["stride_target", "n_rows", "ignore_index"])
-def _target_stats_kernel(
-    target_ptr, stats_ptr,
-    stride_target,
-    n_rows, ignore_index,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    """stats[pid] = (count of targets != ignore_index, their min, their max) over one block of
-    targets (0 for min and max when there are none: 0 is always a valid class)."""
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_rows
-    target = tl.load(target_ptr + offs * stride_target, mask=mask, other=0).to(tl.int64)
-    valid = mask & (target != ignore_index)
-    labels = tl.where(valid, target, 0)
-    out = stats_ptr + pid * STATS_PER_BLOCK
-    tl.store(out, tl.sum(valid.to(tl.int64), axis=0))
-    tl.store(out + 1, tl.min(labels, axis=0))
-    tl.store(out + 2, tl.max(labels, axis=0))
+# Entries per program in the partial sums: (loss, z-loss, rows not ignored).
+PARTIAL_ENTRIES = tl.constexpr(3)
+# Targets per step of a program counting the valid ones.
+COUNT_BLOCK = tl.constexpr(4096)
 
 
 @triton.jit
-def _valid_count(stats_ptr, n_stat_blocks):
-    """Rows not ignored, summed over the blocks of _target_stats_kernel."""
-    count = tl.load(stats_ptr)
-    for block in range(1, n_stat_blocks):
-        count += tl.load(stats_ptr + block * STATS_PER_BLOCK)
-    return count
+def _count_valid(target_ptr, stride_target, n_targets, ignore_index):
+    """How many of the n_targets targets are not ignore_index (every program counts for itself)."""
+    offs = tl.arange(0, COUNT_BLOCK).to(tl.int64)
+    count = tl.zeros([COUNT_BLOCK], dtype=tl.int32)
+    for start in range(0, n_targets, COUNT_BLOCK):
+        mask = start + offs < n_targets
+        target = tl.load(target_ptr + (start + offs) * stride_target, mask=mask, other=ignore_index)
+        count += (target != ignore_index).to(tl.int32)
+    return tl.sum(count, axis=0)
 
 
 @triton.jit
@@ -92,11 +76,11 @@ def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr)
 
 # Specialized on n_cols and the logits/grad strides only (the loads' vector width depends on them);
 # row counts, per-row scalars' strides and ignore_index would only multiply the compiled variants.
-@triton.jit(do_not_specialize=["stride_target", "stride_row_scale", "n_rows", "n_stat_blocks", "ignore_index"])
+@triton.jit(do_not_specialize=["stride_target", "stride_row_scale", "n_rows", "n_targets", "ignore_index"])
 def _cross_entropy_kernel(
-    logits_ptr, target_ptr, grad_ptr, loss_ptr, z_loss_ptr, partial_ptr, lse_ptr, row_scale_ptr, stats_ptr,
+    logits_ptr, target_ptr, grad_ptr, loss_ptr, z_loss_ptr, partial_ptr, lse_ptr, row_scale_ptr, all_target_ptr,
     stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
-    n_rows, n_cols, n_stat_blocks, ignore_index, label_smoothing, lse_square_scale, grad_scale,
+    n_rows, n_cols, n_targets, ignore_index, label_smoothing, lse_square_scale, grad_scale,
     COMPUTE_LOSS: tl.constexpr, REDUCE: tl.constexpr, STORE_Z_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     MEAN_SCALE: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -105,12 +89,15 @@ def _cross_entropy_kernel(
     n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
     n_chunks = (n_cols + BLOCK_N - 1) // BLOCK_N
     if COMPUTE_GRAD and MEAN_SCALE:
-        # A mean over the valid rows: 1 / their count (no division by 0: without valid rows no
-        # row uses the scale).
-        grad_scale = grad_scale / tl.maximum(_valid_count(stats_ptr, n_stat_blocks), 1).to(tl.float32)
+        # A mean over the valid rows among all n_targets of the call (all_target_ptr, of which these
+        # rows may be a chunk): 1 / their count (no division by 0: without valid rows no row uses
+        # the scale).
+        count = _count_valid(all_target_ptr, stride_target, n_targets, ignore_index)
+        grad_scale = grad_scale / tl.maximum(count, 1).to(tl.float32)
     if REDUCE:
         loss_sum = tl.zeros([BLOCK_M], dtype=tl.float64)
         z_loss_sum = tl.zeros([BLOCK_M], dtype=tl.float64)
+        valid_sum = tl.zeros([BLOCK_M], dtype=tl.int32)
     for tile in range(pid, n_tiles, tl.num_programs(0)):
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         offs_n = tl.arange(0, BLOCK_N)
@@ -159,6 +146,7 @@ def _cross_entropy_kernel(
             if REDUCE:
                 loss_sum += loss.to(tl.float64)
                 z_loss_sum += z_loss.to(tl.float64)
+                valid_sum += valid.to(tl.int32)
             else:
                 tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
                 if STORE_Z_LOSS:
@@ -173,7 +161,9 @@ def _cross_entropy_kernel(
                 scale = grad_scale * row_scale.to(tl.float32)
             # Selected, not multiplied by 0: an ignored row's upstream gradient may be NaN or inf
             # (a per-sequence mean over a sequence of padding only), and torch gives that row 0.
+            # A row whose target is out of range gets NaN, as its loss.
             scale = tl.where(valid, scale, 0.0)
+            scale = tl.where(valid & ((target < 0) | (target >= n_cols)), float("nan"), scale)
             softmax_scale = scale
             if HAS_Z_LOSS:
                 softmax_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
@@ -202,29 +192,35 @@ def _cross_entropy_kernel(
                 if PREFETCH:
                     x = x_next
     if REDUCE:
-        tl.store(partial_ptr + 2 * pid, tl.sum(loss_sum, axis=0))
-        tl.store(partial_ptr + 2 * pid + 1, tl.sum(z_loss_sum, axis=0))
+        out = partial_ptr + PARTIAL_ENTRIES * pid
+        tl.store(out, tl.sum(loss_sum, axis=0))
+        tl.store(out + 1, tl.sum(z_loss_sum, axis=0))
+        tl.store(out + 2, tl.sum(valid_sum, axis=0).to(tl.float64))
 
 
-@triton.jit(do_not_specialize=["n_partials", "n_stat_blocks"])
+@triton.jit(do_not_specialize=["n_partials"])
 def _loss_finalize_kernel(
-    partial_ptr, stats_ptr, loss_ptr, z_loss_ptr,
-    n_partials, n_stat_blocks,
+    partial_ptr, loss_ptr, z_loss_ptr,
+    n_partials,
     MEAN: tl.constexpr, STORE_Z_LOSS: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
-    """loss (and z_loss) = the sum of the (n_partials, 2) fp64 partials, divided by the number of
-    valid rows for a mean (0 / 0 = NaN when there are none, as torch), in their own dtypes."""
+    """loss (and z_loss) = the sum of the (n_partials, 3) fp64 partials, divided by the number of
+    valid rows (their third entries) for a mean (0 / 0 = NaN when there are none, as torch), in
+    their own dtypes."""
     offs = tl.arange(0, BLOCK_P)
     loss_sum = tl.zeros([BLOCK_P], dtype=tl.float64)
     z_loss_sum = tl.zeros([BLOCK_P], dtype=tl.float64)
+    count_sum = tl.zeros([BLOCK_P], dtype=tl.float64)
     for start in range(0, n_partials, BLOCK_P):
         mask = start + offs < n_partials
-        loss_sum += tl.load(partial_ptr + 2 * (start + offs), mask=mask, other=0.0)
-        z_loss_sum += tl.load(partial_ptr + 2 * (start + offs) + 1, mask=mask, other=0.0)
+        entries = partial_ptr + PARTIAL_ENTRIES * (start + offs)
+        loss_sum += tl.load(entries, mask=mask, other=0.0)
+        z_loss_sum += tl.load(entries + 1, mask=mask, other=0.0)
+        count_sum += tl.load(entries + 2, mask=mask, other=0.0)
     loss = tl.sum(loss_sum, axis=0)
     z_loss = tl.sum(z_loss_sum, axis=0)
     if MEAN:
-        count = _valid_count(stats_ptr, n_stat_blocks).to(tl.float64)
+        count = tl.sum(count_sum, axis=0)
         loss = loss / count
         z_loss = z_loss / count
     tl.store(loss_ptr, loss.to(tl.float32).to(loss_ptr.dtype.element_ty))
@@ -232,11 +228,11 @@ def _loss_finalize_kernel(
         tl.store(z_loss_ptr, z_loss.to(tl.float32).to(z_loss_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["n_rows", "stride_target", "n_stat_blocks", "ignore_index"])
+@triton.jit(do_not_specialize=["n_rows", "stride_target", "n_targets", "ignore_index"])
 def _scale_kernel(
-    x_ptr, scale_ptr, target_ptr, stats_ptr,
+    x_ptr, scale_ptr, target_ptr,
     stride_x_row, stride_x_col, stride_target,
-    n_rows, n_cols, n_stat_blocks, ignore_index,
+    n_rows, n_cols, n_targets, ignore_index,
     ROW_TARGETS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """x *= scale (a one-element tensor), in place, persistent over (BLOCK_M, BLOCK_N) tiles.
@@ -246,12 +242,13 @@ def _scale_kernel(
     What ignored rows contribute to x stays as it is whatever the scale, NaN or inf included, as
     in torch: with ROW_TARGETS row i of x belongs to target i (logits or hidden-state gradients)
     and ignored rows keep their values; without, x sums over every row (weight or bias
-    gradients) and is left as it is when no row is valid (stats: _target_stats_kernel's blocks).
+    gradients) and is left as it is when none of the n_targets targets is valid.
     """
     scale = tl.load(scale_ptr).to(tl.float32)
     active = scale != 1.0
     if not ROW_TARGETS:
-        active = active & (_valid_count(stats_ptr, n_stat_blocks) > 0)
+        if active:
+            active = _count_valid(target_ptr, stride_target, n_targets, ignore_index) > 0
     if active:
         n_col_tiles = (n_cols + BLOCK_N - 1) // BLOCK_N
         n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M * n_col_tiles

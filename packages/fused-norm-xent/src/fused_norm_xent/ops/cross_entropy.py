@@ -1,4 +1,4 @@
-"""Cross-entropy launchers, autograd and functional API.
+"""Cross-entropy plans, launchers, autograd and functional API.
 
 How the gradient is produced depends on the reduction:
 - "mean" / "sum": the forward computes the logits gradient in the same kernel as the loss (the
@@ -11,10 +11,12 @@ How the gradient is produced depends on the reduction:
   log-sum-exp of each row and the backward computes the gradient (into the logits buffer with
   inplace_backward).
 
-Targets are checked by a small kernel (rows not ignored, lowest and highest label) whose result
-the host reads to raise on a label outside [0, V). The host read waits for the GPU, but it is
-issued after the cross-entropy kernels are queued (before them only when the forward writes into
-the logits), so the GPU is never left idle by it; the mean's divisor is read from the device.
+A forward is the cross-entropy kernel and, for "mean" / "sum", a one-program kernel that sums the
+per-program partial sums (a mean's divisor is counted on the device, by the kernels themselves):
+no host synchronization. Targets outside [0, V) that are not ignored give NaN losses and gradients;
+check_targets=True rejects them with a ValueError first, at the cost of one host synchronization.
+Per call, a launcher looks up one plan (cached per shapes, strides, dtypes, device and options;
+building it checks the arguments), allocates what it returns and calls the plan's launches.
 """
 
 from __future__ import annotations
@@ -26,18 +28,21 @@ import torch
 from torch import Tensor
 
 from .. import _compat
-from .._autograd import differentiable_op
-from .._compat import INTERPRETING, autocast_dtype, is_compiling, mark_modified, sm_count
+from .._runtime.compat import INTERPRETING, autocast_dtype, is_compiling, mark_modified, multiprocessor_count
+from .._runtime.launch import Launch
+from .._runtime.registration import differentiable_op
 from .._validation import (
+    cached_plan,
+    check_bool,
     check_choice,
-    check_device,
+    check_devices,
     check_float,
     check_int,
     check_shape,
     check_target,
     check_tensor,
 )
-from ..kernels.cross_entropy import _cross_entropy_kernel, _loss_finalize_kernel, _scale_kernel, _target_stats_kernel
+from ..kernels.cross_entropy import _cross_entropy_kernel, _loss_finalize_kernel, _scale_kernel
 
 REDUCTIONS = ("mean", "sum", "none")
 # Widest chunk of a row one program reads per step (16 KB of bf16); narrower rows share programs.
@@ -47,9 +52,9 @@ CE_PROGRAMS_PER_SM = 2
 # The in-place scaling kernel: tile shape and warps, and programs per SM.
 SCALE_TILE = (4, 1024)
 SCALE_PROGRAMS_PER_SM = 8
-# Targets per program of the statistics kernel, and the partial sums per step of the finalizing one.
-STATS_BLOCK = 4096
+# Partial sums per step of the finalizing kernel, and fp64 entries per program: (loss, z-loss, count).
 FINALIZE_BLOCK = 256
+PARTIAL_ENTRIES = 3
 
 
 class CrossEntropyConfig(NamedTuple):
@@ -66,56 +71,20 @@ def cross_entropy_config(n_cols: int) -> CrossEntropyConfig:
     return CrossEntropyConfig(block_m, block_n, max(1, min(block_m * block_n // 512, 16)))
 
 
-@functools.lru_cache(maxsize=1024)
-def cross_entropy_programs(n_rows: int, n_cols: int, device_index: int) -> int:
+def cross_entropy_programs(n_rows: int, n_cols: int, device: torch.device) -> int:
     """Persistent grid: CE_PROGRAMS_PER_SM row tiles in flight per SM (for 50k-wide bf16 rows,
     26 MB of rows being read twice), fewer when there are fewer tiles."""
     tiles = -(-n_rows // cross_entropy_config(n_cols).block_m)
-    return max(1, min(tiles, sm_count(device_index) * CE_PROGRAMS_PER_SM))
+    return max(1, min(tiles, multiprocessor_count(device) * CE_PROGRAMS_PER_SM))
 
 
-class TargetStats(NamedTuple):
-    """Per block of targets: (rows not ignored, lowest label, highest label), on the device, and
-    the same on the host once `ready` has completed (a pinned copy in flight on CUDA)."""
-
-    device: Tensor
-    host: Optional[Tensor]
-    ready: Optional[torch.cuda.Event]
-
-
-def target_counts(target: Tensor, ignore_index: int) -> Tensor:
-    """The statistics kernel's (blocks, 3) int64 result over the (N,) targets, on the device."""
-    n_blocks = max(1, -(-target.shape[0] // STATS_BLOCK))
-    stats = torch.empty((n_blocks, 3), dtype=torch.int64, device=target.device)
-    _target_stats_kernel[(n_blocks,)](target, stats, target.stride(0), target.shape[0], ignore_index, BLOCK=STATS_BLOCK)
-    return stats
-
-
-def target_stats(target: Tensor, ignore_index: int) -> TargetStats:
-    """Launch the statistics kernel over the (N,) targets and start copying its result to the host
-    (not while a CUDA graph is being captured: there is no host read then, and no label check)."""
-    stats = target_counts(target, ignore_index)
-    n_blocks = stats.shape[0]
-    if INTERPRETING:
-        return TargetStats(stats, stats, None)
-    if torch.cuda.is_current_stream_capturing():
-        return TargetStats(stats, None, None)
-    host = torch.empty((n_blocks, 3), dtype=torch.int64, pin_memory=True)
-    host.copy_(stats, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return TargetStats(stats, host, ready)
-
-
-def check_target_range(stats: TargetStats, n_classes: int, ignore_index: int) -> None:
-    """Wait for the statistics (a host synchronization) and raise ValueError if a label that is
-    not ignore_index is outside [0, n_classes). Nothing to check under CUDA-graph capture."""
-    if stats.host is None:
+def check_target_range(target: Tensor, n_classes: int, ignore_index: int) -> None:
+    """Raise ValueError if a target that is not ignore_index lies outside [0, n_classes): one host
+    synchronization. Under CUDA-graph capture there is nothing to read back, and no check."""
+    if target.numel() == 0 or (not INTERPRETING and torch.cuda.is_current_stream_capturing()):
         return
-    if stats.ready is not None:
-        stats.ready.synchronize()
-    blocks = stats.host.tolist()
-    low, high = min(block[1] for block in blocks), max(block[2] for block in blocks)
+    low, high = torch.aminmax(torch.where(target != ignore_index, target, 0))
+    low, high = torch.stack((low, high)).tolist()
     if low < 0 or high >= n_classes:
         raise ValueError(
             f"target holds class index {low if low < 0 else high}, outside [0, {n_classes}) "
@@ -123,87 +92,89 @@ def check_target_range(stats: TargetStats, n_classes: int, ignore_index: int) ->
         )
 
 
-def launch_cross_entropy(
-    logits: Tensor,
-    target: Tensor,
-    stats: Optional[Tensor],
-    *,
-    grad: Optional[Tensor] = None,
-    loss_rows: Optional[Tensor] = None,
-    z_loss_rows: Optional[Tensor] = None,
-    partial: Optional[Tensor] = None,
-    lse: Tensor,
-    row_scale: Optional[Tensor] = None,
-    mean: bool = False,
-    ignore_index: int,
-    label_smoothing: float,
-    lse_square_scale: float,
-    programs: Optional[int] = None,
-) -> None:
-    """One launch of the cross-entropy kernel on (rows, classes) logits (any strides).
+def rows_and_strides(shape, strides) -> Tuple[int, int, int, int]:
+    """(rows, cols, row stride, col stride) of a 2-D tensor, or of a 1-D one as a single row."""
+    if len(shape) == 1:
+        return 1, shape[0], 0, strides[0]
+    return shape[0], shape[1], strides[0], strides[1]
 
-    loss_rows or partial given: pass 1 computes the losses and lse, into loss_rows (and
-    z_loss_rows) per row, or summed into partial ((programs, 2) fp64, one (loss, z-loss) pair per
-    program); else lse is read. grad given: pass 2 writes the gradient (times 1 / the number of
-    valid rows in `stats`, target_stats' device tensor, if mean; times row_scale[row] if given);
-    grad may be logits itself.
-    programs: the persistent grid (default: by size); with partial, every program writes its pair.
+
+def cross_entropy_launch(
+    programs: int, n_rows: int, n_cols: int, logits_strides, grad_strides, *, stride_target: int,
+    stride_row_scale: int = 0, n_targets: int = 0, ignore_index: int, label_smoothing: float,
+    lse_square_scale: float, compute_loss: bool, reduce: bool, store_z_loss: bool, compute_grad: bool,
+    mean_scale: bool, row_scale: bool, prefetch: bool,
+) -> Launch:  # fmt: skip
+    """The cross-entropy kernel over (n_rows, n_cols) logits on `programs` programs.
+
+    Called with (logits, target, grad, loss, z_loss, partial, lse, row_scale, all_targets), None
+    for those not used: loss (and z_loss) per row, or partial ((programs, 3) fp64: per program
+    (loss, z-loss, valid rows)) with reduce; grad with compute_grad (divided by the number of
+    valid rows among the n_targets all_targets with mean_scale, times row_scale[row] with
+    row_scale); lse written with compute_loss, else read.
     """
-    n_rows, n_cols = logits.shape
-    if programs is None:
-        if n_rows == 0:
-            return
-        programs = cross_entropy_programs(n_rows, n_cols, logits.device.index or 0)
     cfg = cross_entropy_config(n_cols)
-    compute_loss = loss_rows is not None or partial is not None
-    mean_scale = mean and grad is not None
-    stats = stats if mean_scale else None
-    _cross_entropy_kernel[(programs,)](
-        logits, target, grad, loss_rows, z_loss_rows, partial, lse, row_scale, stats,
-        *logits.stride(), *((0, 0) if grad is None else grad.stride()),
-        target.stride(0), 0 if row_scale is None else row_scale.stride(0),
-        n_rows, n_cols, 0 if stats is None else stats.shape[0], ignore_index, label_smoothing, lse_square_scale, 1.0,
-        COMPUTE_LOSS=compute_loss, REDUCE=partial is not None, STORE_Z_LOSS=z_loss_rows is not None,
-        COMPUTE_GRAD=grad is not None, MEAN_SCALE=mean_scale, HAS_SMOOTHING=label_smoothing != 0.0,
-        HAS_Z_LOSS=lse_square_scale != 0.0, HAS_ROW_SCALE=row_scale is not None, PREFETCH=_compat.PREFETCH_CHUNKS,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+    return Launch(
+        _cross_entropy_kernel, (programs,), stride_logits_row=logits_strides[0], stride_logits_col=logits_strides[1],
+        stride_grad_row=grad_strides[0], stride_grad_col=grad_strides[1], stride_target=stride_target,
+        stride_row_scale=stride_row_scale, n_rows=n_rows, n_cols=n_cols, n_targets=n_targets,
+        ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, grad_scale=1.0,
+        COMPUTE_LOSS=compute_loss, REDUCE=reduce, STORE_Z_LOSS=store_z_loss, COMPUTE_GRAD=compute_grad,
+        MEAN_SCALE=mean_scale, HAS_SMOOTHING=label_smoothing != 0.0, HAS_Z_LOSS=lse_square_scale != 0.0,
+        HAS_ROW_SCALE=row_scale, PREFETCH=prefetch, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
-def finalize_loss(partial: Tensor, stats: Tensor, loss: Tensor, z_loss: Optional[Tensor], mean: bool) -> None:
-    """loss (and z_loss) = the sum of the fp64 partial pairs, over the valid rows if mean."""
-    _loss_finalize_kernel[(1,)](
-        partial, stats if mean else None, loss, z_loss, partial.shape[0], stats.shape[0] if mean else 0,
-        MEAN=mean, STORE_Z_LOSS=z_loss is not None, BLOCK_P=FINALIZE_BLOCK, num_warps=4,
+@functools.lru_cache(maxsize=1024)
+def finalize_launch(n_partials: int, mean: bool, store_z_loss: bool) -> Launch:
+    """Sums the (n_partials, 3) fp64 partials into loss (and z_loss), a mean over their counts;
+    called with (partial, loss, z_loss or None)."""
+    return Launch(
+        _loss_finalize_kernel, (1,), n_partials=n_partials, MEAN=mean, STORE_Z_LOSS=store_z_loss,
+        BLOCK_P=FINALIZE_BLOCK, num_warps=4,
     )  # fmt: skip
 
 
-def scale_(
-    x: Tensor, scale: Tensor, *, target: Optional[Tensor] = None, stats: Optional[Tensor] = None, ignore_index: int = 0
-) -> None:
-    """x *= scale in place (x 2-D, any strides; scale a one-element tensor), free when scale is 1.
+@functools.lru_cache(maxsize=1024)
+def scale_launch(shape, strides, device, stride_target: int, n_targets: int, ignore_index: int, row_targets: bool):
+    """x *= scale in place (x (rows, cols) or (cols,), any strides; scale a one-element tensor),
+    free when scale is 1; called with (x, scale, target). None when x is empty.
 
     x is a gradient for an upstream 1 that ignored rows do not reach; those keep their part of it
-    whatever the scale (NaN, inf). Pass one of: target ((rows,): row i of x belongs to target i),
-    whose ignore_index rows keep their values; stats (target_counts' result, when x sums over the
-    rows), with which x is left as it is when no row is valid.
+    whatever the scale (NaN, inf). row_targets: row i of x belongs to target i, whose ignore_index
+    rows keep their values; else x sums over every row of the n_targets targets and is left as it
+    is when none is valid.
     """
-    n_rows, n_cols = x.shape
-    if x.numel() == 0:
-        return
+    n_rows, n_cols, stride_row, stride_col = rows_and_strides(shape, strides)
+    if n_rows * n_cols == 0:
+        return None
     block_m, block_n = SCALE_TILE
     tiles = -(-n_rows // block_m) * -(-n_cols // block_n)
-    programs = min(tiles, sm_count(x.device.index or 0) * SCALE_PROGRAMS_PER_SM)
-    _scale_kernel[(programs,)](
-        x, scale, target, stats, *x.stride(), 0 if target is None else target.stride(0), n_rows, n_cols,
-        0 if stats is None else stats.shape[0], ignore_index, ROW_TARGETS=target is not None, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=8,
+    return Launch(
+        _scale_kernel, (min(tiles, multiprocessor_count(device) * SCALE_PROGRAMS_PER_SM),), stride_x_row=stride_row,
+        stride_x_col=stride_col, stride_target=stride_target, n_rows=n_rows, n_cols=n_cols, n_targets=n_targets,
+        ignore_index=ignore_index, ROW_TARGETS=row_targets, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8,
     )  # fmt: skip
+
+
+def scale_(x: Tensor, scale: Tensor, target: Tensor, ignore_index: int, row_targets: bool) -> None:
+    """scale_launch's scaling of x by the one-element scale, for the (N,) or () targets."""
+    launch = cached_plan(
+        scale_launch,
+        (x.shape, x.stride(), x.device, _target_stride(target), target.numel(), ignore_index, row_targets),
+    )
+    if launch is not None:
+        launch(x, scale, target)
+
+
+def _target_stride(target: Tensor) -> int:
+    return target.stride(0) if target.dim() else 0
 
 
 def keep_ignored_rows(grad: Tensor, scaled: Tensor, target: Tensor, ignore_index: int) -> Tensor:
     """scaled (grad times the upstream gradient) with the rows of ignored targets taken from grad:
-    scale_ with a target, in torch ops (for the compiled backward)."""
+    scale_ with row targets, in torch ops (for the compiled backward)."""
     return torch.where((target == ignore_index).unsqueeze(-1), grad, scaled)
 
 
@@ -213,19 +184,82 @@ def loss_dtype_for(dtype: torch.dtype, device_type: str) -> torch.dtype:
     return torch.float32 if autocast_dtype(device_type) is not None else dtype
 
 
-def _empty(like: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=like.device)
+def check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale) -> Tuple[float, float]:
+    check_int("ignore_index", ignore_index)
+    check_choice("reduction", reduction, REDUCTIONS)
+    label_smoothing = check_float("label_smoothing", label_smoothing, 0.0, 1.0)
+    lse_square_scale = check_float("lse_square_scale", lse_square_scale, 0.0, include_high=False)
+    return label_smoothing, lse_square_scale
 
 
-def _alloc_forward(logits, reduction, return_z_loss, grad_in_forward, loss_dtype):
-    n_rows = logits.shape[0]
-    loss_shape = (n_rows,) if reduction == "none" else ()
-    loss = torch.empty(loss_shape, dtype=loss_dtype, device=logits.device)
-    z_loss = torch.empty(loss_shape, dtype=loss_dtype, device=logits.device) if return_z_loss else None
-    z_loss = _empty(logits, loss_dtype) if z_loss is None else z_loss
-    lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-    grad = torch.empty_like(logits) if grad_in_forward else _empty(logits, logits.dtype)
-    return loss, z_loss, lse, grad
+def _stand_in(shape, dtype) -> Tensor:
+    """A meta tensor of the given shape and dtype, for the shared checks at plan time."""
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+# Forward --------------------------------------------------------------------------------------
+
+
+class ForwardPlan(NamedTuple):
+    """One forward call's launches and allocations."""
+
+    launch: Optional[Launch]  # None without rows
+    finalize: Optional[Launch]  # "mean" / "sum"
+    n_classes: int
+    loss_shape: Tuple[int, ...]
+    lse_shape: Tuple[int, ...]
+    partial_numel: int
+    new_grad: bool  # the gradient goes into a new buffer (else into the logits, or nowhere)
+    writes_logits: bool
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_plan(
+    shape, strides, dtype, device, target_shape, target_strides, target_dtype, target_device, ignore_index,
+    label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace, prefetch,
+) -> ForwardPlan:  # fmt: skip
+    """The plan of a forward call; raises on invalid arguments (never cached then)."""
+    check_tensor("logits", _stand_in((), dtype))
+    check_target("target", _stand_in((), target_dtype))
+    label_smoothing, lse_square_scale = check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale)
+    if len(shape) not in (1, 2) or shape[-1] == 0:
+        raise ValueError(
+            f"logits has shape {tuple(shape)}; expected (N, V) or (V,) with V >= 1 (flatten leading dims; "
+            "torch's (N, V, d1, ...) layout is not supported)"
+        )
+    check_shape("target", _stand_in(target_shape, target_dtype), shape[:-1], "logits' shape without the class dim")
+    check_devices(logits=device, target=target_device)
+    n_rows, n_cols, *logits_strides = rows_and_strides(shape, strides)
+    reduce = reduction != "none"
+    grad_in_forward = compute_grad and reduce
+    if inplace:
+        grad_strides = logits_strides
+    else:
+        grad_strides = rows_and_strides(shape, torch.empty_like(_stand_in_strided(shape, strides)).stride())[2:]
+    programs = cross_entropy_programs(n_rows, n_cols, device)
+    launch = None
+    if n_rows:
+        launch = cross_entropy_launch(
+            programs, n_rows, n_cols, logits_strides, grad_strides if grad_in_forward else (0, 0),
+            stride_target=target_strides[0] if target_strides else 0, n_targets=n_rows, ignore_index=ignore_index,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, compute_loss=True, reduce=reduce,
+            store_z_loss=return_z_loss and not reduce, compute_grad=grad_in_forward,
+            mean_scale=reduction == "mean", row_scale=False, prefetch=prefetch,
+        )  # fmt: skip
+    return ForwardPlan(
+        launch=launch,
+        finalize=finalize_launch(programs, reduction == "mean", return_z_loss) if reduce else None,
+        n_classes=n_cols,
+        loss_shape=tuple(target_shape) if not reduce else (),
+        lse_shape=tuple(shape[:-1]),
+        partial_numel=programs * PARTIAL_ENTRIES if reduce else 0,
+        new_grad=grad_in_forward and not inplace,
+        writes_logits=grad_in_forward and inplace,
+    )
+
+
+def _stand_in_strided(shape, strides) -> Tensor:
+    return torch.empty_strided(tuple(shape), tuple(strides), device="meta")
 
 
 def cross_entropy_forward(
@@ -239,49 +273,75 @@ def cross_entropy_forward(
     compute_grad: bool,
     inplace: bool,
     loss_dtype: torch.dtype,
+    check_targets: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss, z_loss, lse, grad) of (rows, classes) logits.
+    """(loss, z_loss, lse, grad) of (N, V) or (V,) logits.
 
     grad: the logits gradient for an upstream gradient of 1 when compute_grad and the reduction is
     "mean" or "sum" (empty when inplace: it is in the logits buffer then), else empty. z_loss is
     empty unless return_z_loss. lse: fp32 per row. loss and z_loss in loss_dtype.
     """
-    n_rows, n_cols = logits.shape
-    stats = target_stats(target, ignore_index)
-    grad_in_forward = compute_grad and reduction != "none"
-    writes_logits = grad_in_forward and inplace
-    if writes_logits:  # nothing may touch the caller's logits before the labels are known to be good
-        check_target_range(stats, n_cols, ignore_index)
-    loss, z_loss, lse, grad = _alloc_forward(
-        logits, reduction, return_z_loss, grad_in_forward and not inplace, loss_dtype
-    )
-    reduce = reduction != "none"
-    programs = cross_entropy_programs(n_rows, n_cols, logits.device.index or 0)
-    partial = torch.empty((programs, 2), dtype=torch.float64, device=logits.device) if reduce else None
-    if n_rows:
-        launch_cross_entropy(
-            logits, target, stats.device, grad=(logits if inplace else grad) if grad_in_forward else None,
-            loss_rows=None if reduce else loss, z_loss_rows=z_loss if return_z_loss and not reduce else None,
-            partial=partial, lse=lse, mean=reduction == "mean", ignore_index=ignore_index,
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, programs=programs,
+    device = logits.device
+    plan = cached_plan(_forward_plan, (
+        logits.shape, logits.stride(), logits.dtype, device, target.shape, target.stride(), target.dtype,
+        target.device, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad,
+        inplace, _compat.PREFETCH_CHUNKS,
+    ))  # fmt: skip
+    if check_targets:
+        check_target_range(target, plan.n_classes, ignore_index)
+    loss = torch.empty(plan.loss_shape, dtype=loss_dtype, device=device)
+    z_loss = torch.empty(plan.loss_shape if return_z_loss else 0, dtype=loss_dtype, device=device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+    grad = torch.empty_like(logits) if plan.new_grad else torch.empty(0, dtype=logits.dtype, device=device)
+    partial = torch.empty(plan.partial_numel, dtype=torch.float64, device=device) if plan.finalize else None
+    if plan.launch is not None:
+        per_row = partial is None
+        plan.launch(
+            logits, target, logits if plan.writes_logits else (grad if plan.new_grad else None),
+            loss if per_row else None, z_loss if per_row and return_z_loss else None, partial, lse, None, target,
         )  # fmt: skip
-    elif reduce:
+    elif partial is not None:
         partial.zero_()
-    if reduce:
-        finalize_loss(partial, stats.device, loss, z_loss if return_z_loss else None, reduction == "mean")
-    if writes_logits:
+    if plan.finalize is not None:
+        plan.finalize(partial, loss, z_loss if return_z_loss else None)
+    if plan.writes_logits:
         mark_modified(logits)
-    else:
-        check_target_range(stats, n_cols, ignore_index)
     return loss, z_loss, lse, grad
 
 
 def _cross_entropy_forward_fake(
     logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace,
-    loss_dtype,
+    loss_dtype, check_targets,
 ):  # fmt: skip
-    grad_in_forward = compute_grad and reduction != "none" and not inplace
-    return _alloc_forward(logits, reduction, return_z_loss, grad_in_forward, loss_dtype)
+    loss_shape = target.shape if reduction == "none" else ()
+    new_grad = compute_grad and reduction != "none" and not inplace
+    return (
+        logits.new_empty(loss_shape, dtype=loss_dtype),
+        logits.new_empty(loss_shape if return_z_loss else (0,), dtype=loss_dtype),
+        logits.new_empty(logits.shape[:-1], dtype=torch.float32),
+        torch.empty_like(logits) if new_grad else logits.new_empty((0,)),
+    )
+
+
+# Backward -------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_launch(
+    shape, strides, grad_strides, device, stride_target, stride_row_scale, ignore_index, label_smoothing,
+    lse_square_scale, prefetch,
+) -> Optional[Launch]:  # fmt: skip
+    """The per-row ("none") backward: the gradient from the logits, lse and the upstream gradients."""
+    n_rows, n_cols, *logits_strides = rows_and_strides(shape, strides)
+    if n_rows == 0:
+        return None
+    return cross_entropy_launch(
+        cross_entropy_programs(n_rows, n_cols, device), n_rows, n_cols, logits_strides,
+        rows_and_strides(shape, grad_strides)[2:], stride_target=stride_target, stride_row_scale=stride_row_scale,
+        ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+        compute_loss=False, reduce=False, store_z_loss=False, compute_grad=True, mean_scale=False, row_scale=True,
+        prefetch=prefetch,
+    )  # fmt: skip
 
 
 def cross_entropy_backward(
@@ -301,12 +361,14 @@ def cross_entropy_backward(
     one-element grad_loss in place, but for the rows of ignored targets.
     """
     if logits is None:
-        scale_(grad, grad_loss.reshape(1), target=target, ignore_index=ignore_index)
+        scale_(grad, grad_loss, target, ignore_index, True)
         return
-    launch_cross_entropy(
-        logits, target, None, grad=grad, lse=lse, row_scale=grad_loss, ignore_index=ignore_index,
-        label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-    )  # fmt: skip
+    launch = cached_plan(_backward_launch, (
+        logits.shape, logits.stride(), grad.stride(), logits.device, _target_stride(target), _target_stride(grad_loss),
+        ignore_index, label_smoothing, lse_square_scale, _compat.PREFETCH_CHUNKS,
+    ))  # fmt: skip
+    if launch is not None:
+        launch(logits, target, grad, None, None, None, lse, grad_loss, None)
 
 
 def _cross_entropy_backward_fake(grad_loss, grad, logits, target, lse, ignore_index, label_smoothing, lse_square_scale):
@@ -314,7 +376,7 @@ def _cross_entropy_backward_fake(grad_loss, grad, logits, target, lse, ignore_in
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction, _, _, inplace, _ = inputs
+    logits, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction, _, _, inplace, _, _ = inputs
     _, _, lse, grad = output
     ctx.per_row = reduction == "none"
     ctx.inplace = inplace
@@ -345,11 +407,11 @@ def _backward_rule(ctx, grads, backward, eager):
         # A new alias of the logits buffer: nothing else holds it, so autograd hands it on (or makes
         # it a leaf's .grad) as it is instead of copying the (N, V) buffer.
         grad = grad.detach()
-    return (grad, *([None] * 9))
+    return (grad, *([None] * 10))
 
 
 CrossEntropyFunction, _cross_entropy_apply = differentiable_op(
-    "cross_entropy",
+    "fused_norm_xent::cross_entropy",
     forward=cross_entropy_forward,
     fake_forward=_cross_entropy_forward_fake,
     backward=cross_entropy_backward,
@@ -360,14 +422,6 @@ CrossEntropyFunction, _cross_entropy_apply = differentiable_op(
     differentiable_args=(0,),
     backward_mutates=("grad",),
 )
-
-
-def check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale) -> Tuple[float, float]:
-    check_int("ignore_index", ignore_index)
-    check_choice("reduction", reduction, REDUCTIONS)
-    label_smoothing = check_float("label_smoothing", label_smoothing, 0.0, 1.0)
-    lse_square_scale = check_float("lse_square_scale", lse_square_scale, 0.0, float("inf"), include_high=False)
-    return label_smoothing, lse_square_scale
 
 
 def cross_entropy(
@@ -381,6 +435,7 @@ def cross_entropy(
     lse_square_scale: float = 0.0,
     return_z_loss: bool = False,
     inplace_backward: bool = False,
+    check_targets: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Cross-entropy of class logits against class indices, differentiable (F.cross_entropy).
 
@@ -397,32 +452,23 @@ def cross_entropy(
     this call on (the gradient is computed in the forward), with "none" after the backward. Use
     it only when nothing else reads the logits (their autograd version is bumped, so a backward
     that saved them raises). Ignored while torch.compile traces.
+    check_targets: raise ValueError, before anything is launched, if a target that is not
+    ignore_index lies outside [0, V) (one host synchronization; none under CUDA-graph capture).
+    Unchecked (the default: no synchronization), such a row's loss and gradient are NaN, so a
+    mean or sum is NaN too.
     Returns the loss (and the z-loss) computed in fp32 (sums in fp64), in the logits' dtype, or in
     fp32 under torch.autocast as F.cross_entropy.
-    A non-ignored target outside [0, V) raises ValueError (one host synchronization, which waits
-    for a small kernel queued before the cross-entropy: the GPU is not left idle by it), before
-    the logits are written when inplace_backward.
     """
-    check_tensor("logits", logits)
-    check_target("target", target)
+    if not isinstance(logits, Tensor):
+        check_tensor("logits", logits)
+    if not isinstance(target, Tensor):
+        check_target("target", target)
     if weight is not None:
         raise ValueError("weight: class weights are not supported (pass None)")
-    label_smoothing, lse_square_scale = check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale)
-    if logits.dim() not in (1, 2) or logits.shape[-1] == 0:
-        raise ValueError(
-            f"logits has shape {tuple(logits.shape)}; expected (N, V) or (V,) with V >= 1 (flatten leading dims; "
-            "torch's (N, V, d1, ...) layout is not supported)"
-        )
-    check_shape("target", target, logits.shape[:-1], "logits' shape without the class dim")
-    check_device(logits=logits, target=target)
-    unbatched = logits.dim() == 1
-    if unbatched:
-        logits, target = logits.unsqueeze(0), target.unsqueeze(0)
     compute_grad = logits.requires_grad and torch.is_grad_enabled()
     loss, z_loss, _, _ = _cross_entropy_apply(
         logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad,
         inplace_backward and not is_compiling(), loss_dtype_for(logits.dtype, logits.device.type),
+        check_bool("check_targets", check_targets),
     )  # fmt: skip
-    if unbatched and reduction == "none":
-        loss, z_loss = loss.squeeze(0), (z_loss.squeeze(0) if return_z_loss else z_loss)
     return (loss, z_loss) if return_z_loss else loss

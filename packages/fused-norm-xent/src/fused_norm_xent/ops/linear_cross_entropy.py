@@ -22,14 +22,20 @@ that grows with the number of chunks.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import functools
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .._autograd import differentiable_op
-from .._compat import addmm_into, autocast_dtype
+from .. import _compat
+from .._compat import addmm_into
+from .._runtime.compat import autocast_dtype
+from .._runtime.launch import Launch
+from .._runtime.registration import differentiable_op
 from .._validation import (
+    cached_plan,
+    check_bool,
     check_device,
     check_int,
     check_optional_tensor,
@@ -38,16 +44,15 @@ from .._validation import (
     check_tensor,
 )
 from .cross_entropy import (
+    PARTIAL_ENTRIES,
     check_loss_options,
     check_target_range,
+    cross_entropy_launch,
     cross_entropy_programs,
-    finalize_loss,
+    finalize_launch,
     keep_ignored_rows,
-    launch_cross_entropy,
     loss_dtype_for,
     scale_,
-    target_counts,
-    target_stats,
 )
 
 # Chunk bounds (tokens); the default chunk is the largest power of two <= hidden size in them,
@@ -66,12 +71,48 @@ def _accumulator_dtype(weight: Tensor, compute_dtype: torch.dtype, fp32_accumula
     return torch.float32 if fp32_accumulation or weight.dtype == torch.float32 else compute_dtype
 
 
+class ChunkPlan(NamedTuple):
+    """The cross-entropy launches of the chunk loop."""
+
+    rows: int  # of the chunk logits buffer
+    padded: int  # its row stride: rows padded to a multiple of 64 elements
+    programs: int  # of each chunk's launch
+    full: Optional[Launch]  # a chunk of `rows` rows
+    tail: Optional[Launch]  # the last chunk, where it is shorter
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_plan(
+    n_tokens, vocab, chunk_size, device, stride_target, stride_row_scale, ignore_index, label_smoothing,
+    lse_square_scale, compute_loss, reduce, store_z_loss, compute_grad, mean, row_scale, prefetch,
+) -> ChunkPlan:  # fmt: skip
+    rows = min(chunk_size, n_tokens)
+    # Rows padded to a multiple of 64 elements: aligned vector loads in the kernel and aligned
+    # leading dimensions for cuBLAS whatever V is (50257, GPT-2's, is odd).
+    padded = -(-vocab // 64) * 64
+    # Every chunk launches the programs of a full chunk, so that each writes its partial sums.
+    programs = cross_entropy_programs(rows, vocab, device) if rows else 1
+
+    def launch(n_rows: int) -> Optional[Launch]:
+        if n_rows == 0:
+            return None
+        return cross_entropy_launch(
+            programs, n_rows, vocab, (padded, 1), (padded, 1) if compute_grad else (0, 0), stride_target=stride_target,
+            stride_row_scale=stride_row_scale, n_targets=n_tokens, ignore_index=ignore_index,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, compute_loss=compute_loss,
+            reduce=reduce, store_z_loss=store_z_loss, compute_grad=compute_grad, mean_scale=mean,
+            row_scale=row_scale, prefetch=prefetch,
+        )  # fmt: skip
+
+    tail = n_tokens % chunk_size if n_tokens > chunk_size else 0
+    return ChunkPlan(rows, padded, programs, launch(rows), launch(tail))
+
+
 def _chunks(
     hidden: Tensor,
     weight: Tensor,
     bias: Optional[Tensor],
     target: Tensor,
-    stats: Optional[Tensor],
     lse: Tensor,
     loss_rows: Optional[Tensor],
     z_rows: Optional[Tensor],
@@ -86,24 +127,25 @@ def _chunks(
 ) -> None:
     """The chunk loop (hidden, weight, bias already in the compute dtype).
 
-    loss_rows given: computes loss, lse (and z-loss) per row; partial given ((chunks * P, 2) fp64,
-    P = the kernel's programs for one full chunk): sums them per program instead; neither: reads
-    lse. grads = (grad_hidden, grad_weight_acc, grad_bias_acc) given: writes grad_hidden and
-    accumulates the weight and bias gradients, over the valid rows' count if mean, times
-    row_scale[row] if given.
+    loss_rows given: computes loss, lse (and z-loss) per row; partial given (chunks * P * 3 fp64,
+    P = the kernel's programs for one full chunk): sums them (and counts the valid rows) per
+    program instead; neither: reads lse. grads = (grad_hidden, grad_weight_acc, grad_bias_acc)
+    given: writes grad_hidden and accumulates the weight and bias gradients, over the valid rows'
+    count if mean, times row_scale[row] if given.
     """
     n_tokens = hidden.shape[0]
     if n_tokens == 0 and grads is not None:
         grads[1].zero_()  # no chunk writes the weight gradient
-    # Rows padded to a multiple of 64 elements: aligned vector loads in the kernel and aligned
-    # leading dimensions for cuBLAS whatever V is (50257, GPT-2's, is odd).
     vocab = weight.shape[0]
-    rows = min(chunk_size, n_tokens)
-    padded = torch.empty((rows, -(-vocab // 64) * 64), dtype=hidden.dtype, device=hidden.device)
-    logits = padded[:, :vocab]
+    plan = cached_plan(_chunk_plan, (
+        n_tokens, vocab, chunk_size, hidden.device, target.stride(0), 0 if row_scale is None else row_scale.stride(0),
+        ignore_index, label_smoothing, lse_square_scale, loss_rows is not None or partial is not None,
+        partial is not None, z_rows is not None, grads is not None, mean, row_scale is not None,
+        _compat.PREFETCH_CHUNKS,
+    ))  # fmt: skip
+    logits = torch.empty((plan.rows, plan.padded), dtype=hidden.dtype, device=hidden.device)[:, :vocab]
     weight_t = weight.t()
-    # Every chunk launches the programs of a full chunk, so that each writes its partial pair.
-    programs = cross_entropy_programs(rows, vocab, hidden.device.index or 0) if rows else 1
+    partial_step = plan.programs * PARTIAL_ENTRIES
     # The operands are already in the compute dtype: autocast must not recast them.
     with torch.autocast(hidden.device.type, enabled=False):
         for index, start in enumerate(range(0, n_tokens, chunk_size)):
@@ -113,14 +155,12 @@ def _chunks(
                 torch.mm(hidden_c, weight_t, out=logits_c)
             else:
                 torch.addmm(bias, hidden_c, weight_t, out=logits_c)
-            launch_cross_entropy(
-                logits_c, target[start:end], stats, grad=logits_c if grads is not None else None,
-                loss_rows=None if loss_rows is None else loss_rows[start:end],
-                z_loss_rows=None if z_rows is None else z_rows[start:end],
-                partial=None if partial is None else partial[index * programs : (index + 1) * programs],
-                lse=lse[start:end], row_scale=None if row_scale is None else row_scale[start:end], mean=mean,
-                ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-                programs=programs,
+            launch = plan.full if end - start == plan.rows else plan.tail
+            launch(
+                logits_c, target[start:end], logits_c if grads is not None else None,
+                None if loss_rows is None else loss_rows[start:end], None if z_rows is None else z_rows[start:end],
+                None if partial is None else partial[index * partial_step :], lse[start:end],
+                None if row_scale is None else row_scale[start:end], target,
             )  # fmt: skip
             if grads is None:
                 continue
@@ -132,13 +172,12 @@ def _chunks(
 
 
 def _partial_sums(n_tokens: int, chunk_size: int, vocab: int, device: torch.device) -> Tensor:
-    """The (chunks * P, 2) fp64 buffer of per-program loss sums that _chunks fills."""
+    """The chunks * P * 3 fp64 per-program sums that _chunks fills (3 zeros without chunks)."""
     rows = min(chunk_size, n_tokens)
-    programs = cross_entropy_programs(rows, vocab, device.index or 0) if rows else 1
-    n_chunks = -(-n_tokens // chunk_size)
-    if n_chunks == 0:
-        return torch.zeros((1, 2), dtype=torch.float64, device=device)
-    return torch.empty((n_chunks * programs, 2), dtype=torch.float64, device=device)
+    if rows == 0:
+        return torch.zeros(PARTIAL_ENTRIES, dtype=torch.float64, device=device)
+    programs = cross_entropy_programs(rows, vocab, device)
+    return torch.empty(-(-n_tokens // chunk_size) * programs * PARTIAL_ENTRIES, dtype=torch.float64, device=device)
 
 
 def _alloc_grads(hidden, weight, bias, compute_dtype, fp32_accumulation):
@@ -194,16 +233,17 @@ def linear_cross_entropy_forward(
     fp32_accumulation: bool,
     compute_dtype: torch.dtype,
     loss_dtype: torch.dtype,
+    check_targets: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, lse, grad_hidden, grad_weight, grad_bias) for hidden (N, H), weight (V, H).
 
     The gradients (for an upstream gradient of 1) are computed when compute_grad and the
     reduction is "mean" or "sum", else they are empty; grad_bias is empty without a bias.
-    The target check's host read comes after the chunks are queued (nothing the caller holds is
-    written before it).
+    check_targets: first reject targets outside [0, V) that are not ignored (a host read).
     """
     n_tokens = hidden.shape[0]
-    stats = target_stats(target, ignore_index)
+    if check_targets:
+        check_target_range(target, weight.shape[0], ignore_index)
     grads_in_forward = compute_grad and reduction != "none"
     h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
@@ -214,20 +254,20 @@ def linear_cross_entropy_forward(
     partial = _partial_sums(n_tokens, chunk_size, weight.shape[0], hidden.device) if reduce else None
     grads = _alloc_grads(h, weight, bias, compute_dtype, fp32_accumulation) if grads_in_forward else None
     _chunks(
-        h, w, b, target, stats.device, lse, None if reduce else loss, z_loss if return_z_loss and not reduce else None,
+        h, w, b, target, lse, None if reduce else loss, z_loss if return_z_loss and not reduce else None,
         partial, None, grads, reduction == "mean", ignore_index, label_smoothing, lse_square_scale, chunk_size,
     )  # fmt: skip
     if grads is not None:
         grad_hidden, grad_weight, grad_bias = _finish_grads(grads, hidden, weight, bias)
     if reduce:
-        finalize_loss(partial, stats.device, loss, z_loss if return_z_loss else None, reduction == "mean")
-    check_target_range(stats, weight.shape[0], ignore_index)
+        finalize = finalize_launch(partial.numel() // PARTIAL_ENTRIES, reduction == "mean", return_z_loss)
+        finalize(partial, loss, z_loss if return_z_loss else None)
     return loss, z_loss, lse, grad_hidden, grad_weight, grad_bias
 
 
 def _linear_cross_entropy_forward_fake(
     hidden, weight, bias, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss,
-    compute_grad, chunk_size, fp32_accumulation, compute_dtype, loss_dtype,
+    compute_grad, chunk_size, fp32_accumulation, compute_dtype, loss_dtype, check_targets,
 ):  # fmt: skip
     grads_in_forward = compute_grad and reduction != "none"
     return _alloc_forward(hidden, weight, bias, reduction, return_z_loss, grads_in_forward, loss_dtype)
@@ -258,12 +298,10 @@ def linear_cross_entropy_backward(
     grad_hidden, and not at all grad_weight and grad_bias when every token is ignored.
     """
     if hidden is None:
-        scale = grad_loss.reshape(1)
-        scale_(grad_hidden, scale, target=target, ignore_index=ignore_index)
-        stats = target_counts(target, ignore_index)
-        scale_(grad_weight, scale, stats=stats)
+        scale_(grad_hidden, grad_loss, target, ignore_index, True)
+        scale_(grad_weight, grad_loss, target, ignore_index, False)
         if grad_bias is not None:
-            scale_(grad_bias.view(1, -1), scale, stats=stats)
+            scale_(grad_bias, grad_loss, target, ignore_index, False)
         return
     h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
     b = None if bias is None else bias.to(compute_dtype)
@@ -275,8 +313,8 @@ def linear_cross_entropy_backward(
     acc_weight = grad_weight if grad_weight.dtype == acc_dtype else torch.empty_like(grad_weight, dtype=acc_dtype)
     acc_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     _chunks(
-        h, w, b, target, None, lse, None, None, None, grad_loss, (acc_hidden, acc_weight, acc_bias), False,
-        ignore_index, label_smoothing, lse_square_scale, chunk_size,
+        h, w, b, target, lse, None, None, None, grad_loss, (acc_hidden, acc_weight, acc_bias), False, ignore_index,
+        label_smoothing, lse_square_scale, chunk_size,
     )  # fmt: skip
     for out, acc in ((grad_hidden, acc_hidden), (grad_weight, acc_weight), (grad_bias, acc_bias)):
         if out is not None and out is not acc:
@@ -321,11 +359,11 @@ def _backward_rule(ctx, grads, backward, eager):
         grad_weight, grad_bias = (
             None if t is None else torch.where(any_valid, t * grad_loss, t) for t in (grad_weight, grad_bias)
         )
-    return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 11))
+    return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 12))
 
 
 LinearCrossEntropyFunction, _linear_cross_entropy_apply = differentiable_op(
-    "linear_cross_entropy",
+    "fused_norm_xent::linear_cross_entropy",
     forward=linear_cross_entropy_forward,
     fake_forward=_linear_cross_entropy_forward_fake,
     backward=linear_cross_entropy_backward,
@@ -351,21 +389,22 @@ def linear_cross_entropy(
     return_z_loss: bool = False,
     chunk_size: Optional[int] = None,
     fp32_accumulation: bool = True,
+    check_targets: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """cross_entropy(hidden @ weight.T + bias, target) without materializing the logits.
 
     hidden: (..., H) fp32/fp16/bf16; weight: (V, H) and bias: (V,) (optional), the same dtype as
     hidden (under torch.autocast all three are cast to the autocast dtype, as F.linear does, and
     the gradients come back in their own dtypes). target: hidden's leading shape, int64 or int32.
-    ignore_index, reduction, label_smoothing, lse_square_scale, return_z_loss: as cross_entropy.
+    ignore_index, reduction, label_smoothing, lse_square_scale, return_z_loss, check_targets: as
+    cross_entropy.
     chunk_size: tokens per chunk (default: the largest power of two <= H, clamped to
     [256, 8192], so the (chunk, V) logits buffer is no larger than the weight).
     fp32_accumulation: accumulate grad_weight across chunks in fp32 (accurate; an fp32 (V, H)
     buffer when the weight is bf16/fp16) or in the weight's dtype (less memory, one rounding per
     chunk, as Liger-Kernel).
     Returns the loss (and the z-loss) in hidden's dtype, or in fp32 under torch.autocast (as
-    F.cross_entropy there). A non-ignored target outside [0, V) raises ValueError (one host
-    synchronization, after the chunks are queued: the GPU is not left idle by it).
+    F.cross_entropy there).
     """
     check_tensor("hidden", hidden)
     check_tensor("weight", weight)
@@ -399,7 +438,7 @@ def linear_cross_entropy(
     loss, z_loss, *_ = _linear_cross_entropy_apply(
         hidden_2d, weight, bias, target.reshape(-1), ignore_index, label_smoothing, lse_square_scale, reduction,
         return_z_loss, compute_grad, chunk, fp32_accumulation, compute_dtype,
-        loss_dtype_for(compute_dtype, hidden.device.type),
+        loss_dtype_for(compute_dtype, hidden.device.type), check_bool("check_targets", check_targets),
     )  # fmt: skip
     if reduction == "none":
         loss = loss.view(target.shape)
