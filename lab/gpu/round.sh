@@ -10,8 +10,9 @@ export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 TRITONFORMER_BENCH_ROWS="$O
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 if ls .carry/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/*.whl
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
+  # A folder of its own: /tmp/site may hold other packages from earlier calls on this machine.
+  rm -rf /tmp/round-site && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/round-site .carry/*.whl
+  export PYTHONPATH=/tmp/round-site:$PYTHONPATH
 fi
 for stage in ${@:-tests host norms model}; do
   echo "== $stage $(date +%T)"
