@@ -46,6 +46,12 @@ if DIRECT_LAUNCH:
     _current_stream = torch._C._cuda_getCurrentRawStream
 
 
+def _make_context_current(device: int) -> None:
+    """Make `device`'s primary CUDA context current on this thread: a stream query is a runtime
+    call, and the runtime makes the context current before it answers."""
+    torch.cuda.current_stream(device).query()
+
+
 def _hooks_installed() -> bool:
     enter, leave = _runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook
     return (enter is not None and bool(getattr(enter, "calls", True))) or (
@@ -124,9 +130,18 @@ class Launch:
         entry = self._compiled.get(key)
         if entry is not None and not _hooks_installed():
             run, function, metadata = entry
-            grid = self.grid
-            run(grid[0], grid[1], grid[2], _current_stream(key[0]), function, metadata, None, None, None, *args)
+            grid, stream = self.grid, _current_stream(key[0])
+            try:
+                run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args)
+            except RuntimeError:
+                # A thread's first launch may find no CUDA context current (torch's caching allocator
+                # need not have called the driver on it), which TMA descriptor arguments need: make
+                # the device's context current and try once more; a real launch error raises again.
+                _make_context_current(key[0])
+                run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args)
             return
+        if key is not None:
+            _make_context_current(key[0])
         compiled = self.kernel[self.grid](*args, **self.options)
         if entry is None and key is not None:
             self._keep(key, compiled)

@@ -101,6 +101,8 @@ def direct(monkeypatch):
     monkeypatch.setattr(launch_module, "_current_device", lambda: state["device"], raising=False)
     monkeypatch.setattr(launch_module, "_current_stream", lambda device: 0, raising=False)
     monkeypatch.setattr(launch_module, "_hooks_installed", lambda: False)
+    state["contexts"] = []
+    monkeypatch.setattr(launch_module, "_make_context_current", state["contexts"].append)
     return state
 
 
@@ -171,3 +173,37 @@ def test_concurrent_calls_with_different_specializations_each_get_their_own_kern
     assert len(kernel.calls) == 200 * len(outs)
     for _, compiled_for, args in kernel.calls:
         assert compiled_for[1][0] == args[1].dtype, "a call ran a kernel compiled for another dtype"
+
+
+def test_a_direct_launch_that_finds_no_context_makes_it_current_and_retries_once(direct):
+    kernel = _Kernel(fill_kernel)
+    launch = Launch(kernel, (1,), BLOCK=8)
+    out = torch.zeros(16)
+    launch(1.0, out)
+    failures = iter([RuntimeError("Failed to create tensor map descriptor: invalid device context")])
+
+    def run_once(*args):
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        kernel.calls.append(("direct", args[4], args[9:]))
+
+    entry = next(iter(launch._compiled.values()))
+    launch._compiled = {key: (run_once, entry[1], entry[2]) for key in launch._compiled}
+    launch(1.0, out)
+    assert direct["contexts"] == [0, 0]  # once before the JIT's first launch, once for the retry
+    assert [c[0] for c in kernel.calls] == ["jit", "direct"]
+
+
+def test_a_launch_error_that_persists_is_raised(direct):
+    kernel = _Kernel(fill_kernel)
+    launch = Launch(kernel, (1,), BLOCK=8)
+    out = torch.zeros(16)
+    launch(1.0, out)
+
+    def always_fails(*args):
+        raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+    launch._compiled = {key: (always_fails, *entry[1:]) for key, entry in launch._compiled.items()}
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        launch(1.0, out)
