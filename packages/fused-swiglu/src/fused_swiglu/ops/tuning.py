@@ -102,6 +102,7 @@ class TunedKernel:
 
     @staticmethod
     def run(entry: Tuned, tensors: Sequence) -> None:
+        """Launches a published entry: its descriptors made over `tensors` from their templates."""
         if entry.descriptors is None:
             entry.launch(*tensors)
         else:
