@@ -19,12 +19,12 @@ import sys
 
 import torch
 from attn_config_sweep import attention_problem
-from lab import load_package_copy
 
 from fused_attention import alibi_slopes
 from fused_attention.ops import launch
 from fused_attention.ops.configs import KernelConfig
 from fused_gemm.ops import tuning
+from lab import load_package_copy
 
 # (B, H, S, D): forward configs, backward (dK/dV, dQ) config pairs, as (BM, BN, warps, stages)
 POINTS = {

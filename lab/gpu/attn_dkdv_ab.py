@@ -17,11 +17,11 @@ import statistics
 import sys
 
 from attn_config_sweep import attention_problem, own_plans
-from lab import load_module_as
 
 from fused_attention.ops import configs, launch
 from fused_attention.ops.configs import KernelConfig
 from fused_gemm.ops import tuning
+from lab import load_module_as
 
 SHAPES = [(8, 16, 2048), (4, 16, 4096)]  # (B, H, S); D = 64, causal
 DKDV = [KernelConfig(32, 128, 8, 2, True), KernelConfig(64, 128, 8, 2, True), KernelConfig(32, 64, 4, 2, True),

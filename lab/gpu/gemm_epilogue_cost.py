@@ -17,10 +17,10 @@ from __future__ import annotations
 import statistics
 
 import torch.nn.functional as F
-from lab import gemm_config_name, gemm_operands
 
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops import launch, tuning
+from lab import gemm_config_name, gemm_operands
 
 PRODUCTS = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 2048, 6144)]
 # (label, bias, activation, store z)

@@ -17,11 +17,11 @@ import statistics
 import sys
 
 import torch
-from lab import gemm_operands, load_module_as
 
 from fused_gemm.kernels import matmul_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops import launch, tuning
+from lab import gemm_operands, load_module_as
 
 PRODUCTS = [(16384, 2048, 8192), (16384, 8192, 2048), (16384, 2048, 6144)]
 EPILOGUES = [("plain", False, None, False), ("+bias", True, None, False), ("+bias relu", True, "relu", False),

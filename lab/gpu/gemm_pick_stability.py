@@ -19,12 +19,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from lab import gemm_config_name, gemm_operands
 
 from fused_gemm._compat import multiprocessor_count
 from fused_gemm.kernels.configs import tma_candidates
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
 from fused_gemm.ops import launch, tuning
+from lab import gemm_config_name, gemm_operands
 
 REPEATS = 6
 TUNINGS = 4

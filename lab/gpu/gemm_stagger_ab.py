@@ -25,11 +25,11 @@ import sys
 import torch
 import torch.nn.functional as F
 from gemm_kernel_ab import EPILOGUES, PRODUCTS, _config, _pinned_launch
-from lab import gemm_operands, load_module_as
 
 from fused_gemm.kernels import matmul_tma
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops import launch, tuning
+from lab import gemm_operands, load_module_as
 
 PING_PONG = [(128, 128, 4, 3, 2), (128, 128, 4, 2, 2), (128, 128, 8, 3, 2)]
 ONE_PROGRAM = (128, 256, 8, 3, 1)

@@ -15,11 +15,11 @@ import statistics
 import sys
 
 import torch.nn.functional as F
-from lab import gemm_config_name, gemm_operands
 
 from fused_gemm.kernels.configs import tma_configs
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
 from fused_gemm.ops import launch, tuning
+from lab import gemm_config_name, gemm_operands
 
 PRODUCTS = {
     "16384x2048x8192": (16384, 2048, 8192),

@@ -9,6 +9,7 @@ links it in as its private `_runtime` subpackage, and the build copies it into e
     validation   argument checks that name the argument, before any launch
     launch       Launch: a kernel's launch fixed by a plan, direct after its first call
     cache        thread-safe publish-once caches for plans and tuned choices
+    tuning       triton.autotune kernels tuned once per plan, then launched through a Launch
     registration custom ops (torch.compile) and autograd Functions (eager) from one set of launchers
 
 Everything here is relative-imported: the folder is imported under each package's name.

@@ -39,6 +39,10 @@ class PublishedCache:
             value = self.publish(key, build())
         return value
 
+    def values(self) -> tuple:
+        """The published values, in publication order (a snapshot)."""
+        return tuple(self._values.values())
+
     def clear(self) -> None:
         with self._lock:
             self._values = {}

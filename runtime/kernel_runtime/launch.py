@@ -46,6 +46,15 @@ if DIRECT_LAUNCH:
     _current_stream = torch._C._cuda_getCurrentRawStream
 
 
+def launch_options(config) -> dict:
+    """The compile options of a triton.Config, as Launch takes them."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    for name in ("num_ctas", "maxnreg"):
+        if getattr(config, name, None) is not None:
+            options[name] = getattr(config, name)
+    return options
+
+
 def _make_context_current(device: int) -> None:
     """Make `device`'s primary CUDA context current on this thread: a stream query is a runtime
     call, and the runtime makes the context current before it answers."""
@@ -78,13 +87,19 @@ class Launch:
     __slots__ = ("kernel", "grid", "options", "_template", "_slots", "_tensor_slots", "_scalar_slots", "_prefix",
                  "_tail", "_compiled")  # fmt: skip
 
-    def __init__(self, kernel, grid, *, num_warps: int = 4, num_stages: int = None, **fixed: Any) -> None:
-        """kernel: a @triton.jit function; grid: 1 to 3 ints; fixed: arguments by parameter name."""
+    def __init__(
+        self, kernel, grid, *, num_warps: int = 4, num_stages: int = None, num_ctas: int = 1, maxnreg: int = None,
+        **fixed: Any,
+    ) -> None:  # fmt: skip
+        """kernel: a @triton.jit function; grid: 1 to 3 ints; the compile options; fixed: arguments by
+        parameter name. `launch_options(config)` gives a triton.Config's compile options."""
         self.kernel = kernel
         self.grid = (*grid, 1, 1)[:3]
         self.options = {"num_warps": num_warps}
-        if num_stages is not None:
-            self.options["num_stages"] = num_stages
+        for name, value, default in (("num_stages", num_stages, None), ("num_ctas", num_ctas, 1),
+                                     ("maxnreg", maxnreg, None)):  # fmt: skip
+            if value != default:
+                self.options[name] = value
         params = _parameters(kernel)
         unknown = set(fixed) - {name for name, _, _ in params}
         if unknown:

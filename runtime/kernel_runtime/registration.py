@@ -21,6 +21,12 @@ from .compat import HAS_CUSTOM_OP, custom_bwd, custom_fwd, is_compiling
 CUSTOM_OP_TAGS = HAS_CUSTOM_OP and "tags" in inspect.signature(torch.library.custom_op).parameters
 
 
+def needs_autograd(*tensors) -> bool:
+    """Whether a call on `tensors` (None entries skipped) must record an autograd node: grad mode
+    is on and one of them requires grad. Without one, the forward runs with no Function at all."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def custom_op(name: str, fake: Callable, mutates_args: Tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorator: register launcher `fn` as the operator `name` ("library::op"), fake `fake`.
 
@@ -107,7 +113,7 @@ def differentiable_op(
     Function.__name__ = Function.__qualname__ = "".join(part.title() for part in name.split("_")) + "Function"
 
     def eager_apply(*args):
-        if torch.is_grad_enabled() and any(args[i] is not None and args[i].requires_grad for i in differentiable_args):
+        if needs_autograd(*(args[i] for i in differentiable_args)):
             return Function.apply(*args)
         return forward(*args)
 

@@ -6,7 +6,7 @@ Each launcher looks up a plan, an lru_cache'd function of what specializes its l
 strides, dtypes, flags, device) that fixes every argument and grid and knows whether the Hopper
 TMA kernel suits the layout; per call it checks the 16-byte alignment of the operands the TMA
 kernel would read (only where it suits), allocates its outputs and launches. Autotuned kernels
-launch through ops/tuning.py: the autotuner chooses on a plan's first call, a Launch of its choice
+launch through the runtime's tuning module: the autotuner chooses on a plan's first call, a Launch of its choice
 runs the later ones.
 
 Shapes: x (M, K) any strides; w_gate, w_up (K, N) any strides; biases (N,); g, u, h and the
@@ -23,6 +23,7 @@ import triton
 from .._compat import HOPPER_TMA, INTERPRETING, is_hopper, multiprocessor_count
 from .._runtime.launch import Launch
 from .._runtime.registration import custom_op
+from .._runtime.tuning import TunedKernel, TunedPlan
 from ..kernels.backward import (
     _mlp_down_grad_kernel,
     _mlp_down_grad_tma_kernel,
@@ -35,7 +36,6 @@ from ..kernels.backward import (
 )
 from ..kernels.configs import weight_grad_split
 from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
-from .tuning import TunedKernel, TunedPlan
 
 Tensor = torch.Tensor
 

@@ -23,9 +23,9 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 import triton
 from triton.runtime.autotuner import Heuristics
 
-from .._runtime.cache import PublishedCache
-from .._runtime.compat import descriptor_like, tensor_descriptor
-from .._runtime.launch import Launch
+from .cache import PublishedCache
+from .compat import descriptor_like, tensor_descriptor
+from .launch import Launch, launch_options
 
 # Entries kept per kernel before its table starts over (a training run meets a handful of plans).
 MAX_ENTRIES = 1024
@@ -157,7 +157,7 @@ class TunedKernel:
             if config.pre_hook is not None:
                 config.pre_hook({**meta, **by_name})
             templates = tuple(by_name.get(name) for name in plan.tensors)
-        launch = Launch(self.jit, plan.grid(meta), num_warps=config.num_warps, num_stages=config.num_stages, **fixed)
+        launch = Launch(self.jit, plan.grid(meta), **launch_options(config), **fixed)
         return Tuned(config, launch, templates, plan.follow(meta) if plan.follow is not None else None)
 
     def entries(self) -> Tuple[Tuned, ...]:
