@@ -120,6 +120,14 @@ def test_rows_wider_than_a_block(helpers, norm, device):
     check(helpers, x, residual, *_params(9000, torch.float32, device, norm), 0.2, norm=norm)
 
 
+@pytest.mark.parametrize("norm", KINDS)
+def test_rows_over_several_backward_programs(helpers, norm, device):
+    """Enough rows that the backward spreads over several programs, whose partial sums a second
+    kernel reduces into the weight and bias gradients, beside the residual's gradient."""
+    x, residual = torch.randn(48, 600, device=device).to(torch.bfloat16), torch.randn(48, 600, device=device)
+    check(helpers, x, residual, *_params(600, torch.float32, device, norm), 0.2, norm=norm)
+
+
 def test_without_parameters_and_p_1(helpers, device):
     x, residual = torch.randn(5, 40, device=device), torch.randn(5, 40, device=device)
     check(helpers, x, residual, None, None, 0.5, norm="layernorm")

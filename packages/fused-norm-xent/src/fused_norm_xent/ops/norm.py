@@ -58,6 +58,10 @@ BWD_WARPS_PER_SM = 32
 BWD_WIDE_ROW = 1024
 # The parameter-gradient reduction: (partials, cols) per step of a program.
 PARAM_GRAD_BLOCK = (64, 32)
+# A backward over at most this many elements (of rows held whole in one block) runs as one
+# program, whose register sums are the parameter gradients: no partial buffer, no second launch,
+# for shapes whose time is the host's anyway.
+ONE_PROGRAM_ELEMENTS = 16384
 # int32 words after the statistics when there is dropout: the seed's two words and the offset.
 RNG_WORDS = 3
 NORMS = ("layernorm", "rmsnorm")
@@ -86,6 +90,8 @@ def norm_config(n_cols: int, backward: bool) -> NormConfig:
 
 def _bwd_programs(n_rows: int, n_cols: int, device: torch.device) -> int:
     cfg = norm_config(n_cols, True)
+    if not cfg.chunked and n_rows * n_cols <= ONE_PROGRAM_ELEMENTS:
+        return 1
     per_sm = 1 if cfg.chunked else max(1, BWD_WARPS_PER_SM // cfg.num_warps)
     return max(1, min(-(-n_rows // cfg.block_m), multiprocessor_count(device) * per_sm))
 
@@ -427,13 +433,18 @@ def _backward_plan(
     )
 
 
+def _empty_contiguous_like(t: Tensor, strided: bool) -> Tensor:
+    """empty_like(t), contiguous; strided: a parameter may not be contiguous."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format) if strided else torch.empty_like(t)
+
+
 def _launch_backward(
     plan: BackwardPlan, before: Tuple, after: Tuple, weight: Optional[Tensor], bias: Optional[Tensor], device
 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """Launch the backward kernel with its tensors before dw, db and after them, then the
     parameter-gradient reduction; returns (dw, db)."""
-    dw = None if weight is None else torch.empty_like(weight, memory_format=torch.contiguous_format)
-    db = None if bias is None else torch.empty_like(bias, memory_format=torch.contiguous_format)
+    dw = None if weight is None else _empty_contiguous_like(weight, plan.flat_params)
+    db = None if bias is None else _empty_contiguous_like(bias, plan.flat_params)
     if plan.launch is None:
         for grad in (dw, db):
             if grad is not None:
