@@ -12,8 +12,9 @@ launcher picks the kernel:
 - the persistent TMA kernel (kernels.matmul_tma) on a Hopper GPU with Triton >= 3.4 when every
   operand is fp16/bf16, 16-byte aligned, and has a unit stride in one of its two matrix dims
   (row-major, or the transpose of row-major);
-- the portable kernel (kernels.matmul) otherwise: any GPU, any Triton, any strides, fp32; and
-  under the interpreter (tests force the emulated TMA kernel with path="tma"), with a tile that
+- the portable kernel (kernels.matmul) otherwise: any GPU, any Triton, any strides, fp32; small
+  products, which it runs as fast and launches with less host time (SMALL_MACS); and under the
+  interpreter (tests force the emulated TMA kernel with path="tma"), with a tile that
   follows the problem's size (configs.interpreter_config).
 
 Host path: what depends only on shapes, strides, dtypes, options and the device (the kernel
@@ -67,6 +68,12 @@ TMA_DTYPES = (torch.float16, torch.bfloat16)
 # kernels.matmul_ws's tile, and when the launcher prefers it: K of at least WS_MIN_K and at least
 # WS_MIN_WAVES tiles per SM (its epilogue hides behind the next tile's MMAs).
 WS_BLOCK_M, WS_BLOCK_N, WS_MIN_K, WS_MIN_WAVES = 128, 256, 512, 2
+# Products the launcher leaves to the portable kernel even where the TMA kernel runs: under
+# SMALL_MACS multiply-adds and at most SMALL_K deep (32 K steps of 64 on a program's path), a
+# product is bound by launch latency on the GPU, and the TMA kernel's launch costs more host time:
+# Triton encodes its tensor descriptors at every launch (H200, Triton 3.6, a 64x64x64 bf16 product:
+# 31 us per launch_matmul against 18 us for the portable kernel).
+SMALL_MACS, SMALL_K = 2**27, 2048
 
 # Each plan's chosen config, by (id(plan), id(the kernel's config list)). An entry holds both
 # objects, so neither id can name another object while the entry exists.
@@ -440,7 +447,8 @@ def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype,
             return _MatmulPlan("ws", _launch_ws, (activation, num_sms))
         if path == "ws":
             raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
-    if path == "tma" or (path is None and not INTERPRETING):
+    small = batch * m * n * k < SMALL_MACS and k <= SMALL_K
+    if path == "tma" or (path is None and not INTERPRETING and not small):
         tma_args = (a_shape, a_stride, b_shape, b_stride)
         if ab_aligned and bias_stride is None and not activation and not has_z:  # a plain product may split K
             if split is None:
