@@ -62,6 +62,12 @@ def check_normalized(x_shape: Sequence[int], normalized_shape: Tuple[int, ...]) 
     return math.prod(normalized_shape)
 
 
+def stand_in(shape, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor of `shape` and `dtype`, for the shared checks where a plan has a tensor's
+    properties, not the tensor."""
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
 class _Placed:
     """A stand-in holding only a device, for check_device where a plan has devices, not tensors."""
 

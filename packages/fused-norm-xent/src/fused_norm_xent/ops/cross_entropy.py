@@ -41,6 +41,7 @@ from .._validation import (
     check_shape,
     check_target,
     check_tensor,
+    stand_in,
 )
 from ..kernels.cross_entropy import _cross_entropy_kernel, _loss_finalize_kernel, _scale_kernel
 
@@ -192,11 +193,6 @@ def check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scal
     return label_smoothing, lse_square_scale
 
 
-def _stand_in(shape, dtype) -> Tensor:
-    """A meta tensor of the given shape and dtype, for the shared checks at plan time."""
-    return torch.empty(tuple(shape), dtype=dtype, device="meta")
-
-
 # Forward --------------------------------------------------------------------------------------
 
 
@@ -219,15 +215,15 @@ def _forward_plan(
     label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace, prefetch,
 ) -> ForwardPlan:  # fmt: skip
     """The plan of a forward call; raises on invalid arguments (never cached then)."""
-    check_tensor("logits", _stand_in((), dtype))
-    check_target("target", _stand_in((), target_dtype))
+    check_tensor("logits", stand_in((), dtype))
+    check_target("target", stand_in((), target_dtype))
     label_smoothing, lse_square_scale = check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale)
     if len(shape) not in (1, 2) or shape[-1] == 0:
         raise ValueError(
             f"logits has shape {tuple(shape)}; expected (N, V) or (V,) with V >= 1 (flatten leading dims; "
             "torch's (N, V, d1, ...) layout is not supported)"
         )
-    check_shape("target", _stand_in(target_shape, target_dtype), shape[:-1], "logits' shape without the class dim")
+    check_shape("target", stand_in(target_shape, target_dtype), shape[:-1], "logits' shape without the class dim")
     check_devices(logits=device, target=target_device)
     n_rows, n_cols, *logits_strides = rows_and_strides(shape, strides)
     reduce = reduction != "none"

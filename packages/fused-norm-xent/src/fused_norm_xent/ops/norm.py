@@ -30,6 +30,7 @@ from .._validation import (
     check_shape,
     check_tensor,
     normalized_shape_tuple,
+    stand_in,
 )
 from ..kernels.norm import (
     _norm_bwd_chunked_kernel,
@@ -177,18 +178,13 @@ class ForwardPlan(NamedTuple):
     dropout: bool
 
 
-def _stand_in(shape, dtype) -> Tensor:
-    """A meta tensor of the given shape and dtype, for the shared checks at plan time."""
-    return torch.empty(tuple(shape), dtype=dtype, device="meta")
-
-
 def _device_of(key, index: int):
     return None if key is None else key[index]
 
 
 def _check_param(name: str, key, shape: Tuple[int, ...]) -> None:
     if key is not None:
-        param = check_tensor(name, _stand_in(key[0], key[1]))
+        param = check_tensor(name, stand_in(key[0], key[1]))
         check_shape(name, param, shape, "normalized_shape")
 
 
@@ -202,7 +198,7 @@ def _forward_plan(
     weight, bias: _param_key of each; residual: (shape, strides, dtype, device) or None;
     normalized_shape None: x's last dim (add_dropout_norm).
     """
-    check_tensor("x", _stand_in((), dtype))
+    check_tensor("x", stand_in((), dtype))
     fused = normalized_shape is None
     normalized = tuple(shape[-1:]) if fused else normalized_shape_tuple(normalized_shape)
     if fused and not shape:
@@ -211,7 +207,7 @@ def _forward_plan(
     _check_param("weight", weight, normalized)
     _check_param("bias", bias, normalized)
     if residual is not None:
-        check_shape("residual", check_tensor("residual", _stand_in(residual[0], residual[2])), shape, "x's shape")
+        check_shape("residual", check_tensor("residual", stand_in(residual[0], residual[2])), shape, "x's shape")
     eps = torch.finfo(dtype).eps if eps is None else check_float("eps", eps, 0.0)
     weight_offset = check_float("offset", weight_offset)
     dropout_p = check_float("p", dropout_p, 0.0, 1.0)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .._runtime.launch import Launch
 from .._runtime.registration import differentiable_op
-from .._validation import cached_plan, check_devices, check_dim, check_tensor
+from .._validation import cached_plan, check_devices, check_dim, check_tensor, stand_in
 from ..kernels.softmax import (
     _softmax_bwd_chunked_kernel,
     _softmax_bwd_kernel,
@@ -97,7 +97,7 @@ def _rows(t: Tensor, plan: SoftmaxPlan) -> Tensor:
 @functools.lru_cache(maxsize=1024)
 def _forward_plan(shape, strides, dtype, device, dim, log) -> SoftmaxPlan:
     """The plan of a forward call; raises on invalid arguments (never cached then)."""
-    check_tensor("x", torch.empty(0, dtype=dtype, device="meta"))
+    check_tensor("x", stand_in((), dtype))
     dim = check_dim("dim", dim, len(shape))
     check_devices(x=device)
     n_cols = shape[dim]
