@@ -178,6 +178,19 @@ def _autograd_node_names(tensor):
     return names
 
 
+def test_autograd_records_one_node(device):
+    """The views between matmul's operands (x (..., n), w (n, k)) and the kernels' 3-D ones are
+    taken inside GemmFunction: its node and the leaves' are the whole graph (each view node would
+    add host time to the forward and the backward)."""
+    x = torch.randn(2, 5, 32, device=device, requires_grad=True)
+    w = torch.randn(32, 24, device=device, requires_grad=True)
+    b = torch.randn(24, device=device, requires_grad=True)
+    y = matmul(x, w, b, "gelu")
+    assert sorted(_autograd_node_names(y)) == ["AccumulateGrad"] * 3 + ["GemmFunctionBackward"]
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), torch.ones_like(y))
+    assert dx.shape == x.shape and dw.shape == w.shape and db.shape == b.shape
+
+
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_autocast_multiplies_like_f_linear_with_fp32_gradients(activation, device):
     """Under autocast, fp32 operands are multiplied in its dtype, and the gradients of x, w and

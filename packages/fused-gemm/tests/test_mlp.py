@@ -59,6 +59,21 @@ def test_no_grad_matches_the_training_forward(device):
     assert torch.equal(y_no_grad, y.detach())
 
 
+def test_autograd_records_one_node(device):
+    """x's (1, M, d_in) view and the output's view back are taken inside MLPFunction: its node and
+    the leaves' are the whole graph."""
+    x, w1, b1, w2, b2 = _operands((2, 3), (8, 16, 4), torch.float32, device, True)
+    y = mlp(x, w1, b1, w2, b2)
+    names = []
+    stack = [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None:
+            names.append(type(node).__name__)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    assert sorted(names) == ["AccumulateGrad"] * 5 + ["MLPFunctionBackward"]
+
+
 def test_module_matches_two_linears(device):
     """MLP (one mlp call) gives the values of fc2(fc1(x)) through matmul, with the same parameters."""
     torch.manual_seed(0)

@@ -27,8 +27,21 @@ from .custom_ops import gemm_backward_op, gemm_forward_op
 from .gemm import SAVES_Z
 
 
+def _as_3d(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """a and b as the kernels take them, in `dtype`: 3-D as given, or for matmul (b 2-D) a (..., K)
+    as a (1, M, K) view (a copy only when its leading dims cannot be flattened into one stride)
+    and b (K, N) as (1, K, N)."""
+    a, b = _cast(a, dtype), _cast(b, dtype)
+    if b.dim() == 3:
+        return a, b
+    a_shape = a.shape
+    return a.reshape(1, math.prod(a_shape[:-1]), a_shape[-1]), b.unsqueeze(0)
+
+
 class GemmFunction(torch.autograd.Function):
-    """c = act(a @ b + bias) for a (batch, M, K), b (batch, K, N), bias (N,) or None.
+    """c = act(a @ b + bias) for a (batch, M, K), b (batch, K, N), bias (N,) or None; or, as matmul
+    calls it, for a (..., K) and b (K, N) with c (..., N): the views between those shapes and the
+    kernels' 3-D ones are taken inside the Function, so that autograd records one node.
 
     Saves a (when b needs a gradient), b, and what the backward needs for act'(Z): the
     pre-activation (GELU), the output (ReLU) or nothing; see ops.gemm.
@@ -37,25 +50,33 @@ class GemmFunction(torch.autograd.Function):
     @staticmethod
     @custom_fwd
     def forward(ctx, a, b, bias, activation: Optional[str], allow_tf32: bool, dtype: torch.dtype):
-        # Gradients come back in each operand's own dtype (the module docstring).
+        # Gradients come back in each operand's own dtype and shape (the module docstring).
         ctx.grad_dtypes = (a.dtype, b.dtype, dtype if bias is None else bias.dtype)
-        a, b = _cast(a, dtype), _cast(b, dtype)
+        ctx.shapes = (a.shape, b.shape)
+        a_shape = a.shape
+        a, b = _as_3d(a, b, dtype)
         c, z = gemm_forward_op(a, b, bias, activation, True, allow_tf32)
         saved = z if activation in SAVES_Z else (c if activation == "relu" else None)
         # a only for db; b always (a weight, alive anyway; its layout shapes db).
         ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b, saved)
         ctx.activation = activation
         ctx.allow_tf32 = allow_tf32
-        return c
+        return c if len(ctx.shapes[1]) == 3 else c.view(*a_shape[:-1], c.shape[2])
 
     @staticmethod
     @custom_bwd
     def backward(ctx, dc):
         a, b, saved = ctx.saved_tensors
         need_da, need_db, need_dbias = ctx.needs_input_grad[:3]
+        a_shape, b_shape = ctx.shapes
+        if len(b_shape) == 2:
+            dc = dc.reshape(1, math.prod(a_shape[:-1]), b_shape[1])
         da, db, dbias = gemm_backward_op(
             dc, a, b, saved, ctx.activation, need_da, need_db, need_dbias, ctx.allow_tf32, *ctx.grad_dtypes
         )
+        if len(b_shape) == 2:
+            da = da.view(a_shape) if need_da else None
+            db = db[0] if need_db else None
         return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None, None)
 
 
@@ -120,10 +141,14 @@ def _compute_dtype(**operands: Optional[torch.Tensor]) -> torch.dtype:
 
 def _apply(a, b, bias, activation, allow_tf32, dtype):
     """The forward through autograd when it must save for backward (grad mode on and an operand
-    requiring grad), else the launcher alone; a and b in any dtype, multiplied in `dtype`."""
+    requiring grad), else the launcher alone; a and b in any dtype, multiplied in `dtype`, shaped
+    as GemmFunction takes them."""
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
         return GemmFunction.apply(a, b, bias, activation, allow_tf32, dtype)
-    return gemm_forward_op(_cast(a, dtype), _cast(b, dtype), bias, activation, False, allow_tf32)[0]
+    a_shape, linear = a.shape, b.dim() == 2
+    a, b = _as_3d(a, b, dtype)
+    c = gemm_forward_op(a, b, bias, activation, False, allow_tf32)[0]
+    return c.view(*a_shape[:-1], c.shape[2]) if linear else c
 
 
 def matmul(
@@ -150,12 +175,8 @@ def matmul(
     """
     check_linear_operands(x, w, bias)
     _check_options(activation, allow_tf32)
-    x_shape, w_shape = x.shape, w.shape
     dtype = _compute_dtype(x=x, w=w, bias=bias)
-    # (1, M, n) view of x (a copy only when its leading dims cannot be flattened into one stride).
-    a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
-    c = _apply(a, w.unsqueeze(0), bias, activation, _tf32(allow_tf32, dtype), dtype)
-    return c.view(*x_shape[:-1], w_shape[1])
+    return _apply(x, w, bias, activation, _tf32(allow_tf32, dtype), dtype)
 
 
 def bmm(

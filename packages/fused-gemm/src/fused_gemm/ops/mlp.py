@@ -17,7 +17,6 @@ Autocast, gradient dtypes and torch.compile: as ops.matmul (custom ops while com
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -29,7 +28,7 @@ from ..kernels.common import ACTIVATION_CODES
 from .custom_ops import gemm_forward_op
 from .gemm import SAVES_Z, _empty, _or_empty, gemm_backward, gemm_bwd_fake
 from .launch import launch_activation_grad, launch_matmul_activation_grad
-from .matmul import _cast, _check_bias, _check_options, _compute_dtype, _tf32, check_linear_operands
+from .matmul import _as_3d, _cast, _check_bias, _check_options, _compute_dtype, _tf32, check_linear_operands
 
 
 def mlp_bwd(
@@ -100,7 +99,8 @@ def _forward(x, w1, b1, w2, b2, activation, save_z: bool, allow_tf32: bool):
 
 
 class MLPFunction(torch.autograd.Function):
-    """y = act(x @ w1 + b1) @ w2 + b2 for x (1, M, d_in), w1 (d_in, d_hidden), w2 (d_hidden, d_out)."""
+    """y = act(x @ w1 + b1) @ w2 + b2 for x (..., d_in), w1 (d_in, d_hidden), w2 (d_hidden, d_out),
+    y (..., d_out); the kernels' 3-D views are taken inside, so that autograd records one node."""
 
     @staticmethod
     @custom_fwd
@@ -108,23 +108,27 @@ class MLPFunction(torch.autograd.Function):
         ctx.grad_dtypes = tuple(
             dtype if t is None else t.dtype for t in (x, w1, b1, w2, b2)
         )  # gradients in each operand's own dtype (ops.matmul)
-        x, w1, w2 = _cast(x, dtype), _cast(w1, dtype).unsqueeze(0), _cast(w2, dtype).unsqueeze(0)
+        ctx.x_shape = x_shape = x.shape
+        x, w1 = _as_3d(x, w1, dtype)
+        w2 = _cast(w2, dtype).unsqueeze(0)
         y, h, z = _forward(x, w1, b1, w2, b2, activation, True, allow_tf32)
         saved = z if activation in SAVES_Z else h
         ctx.save_for_backward(x, w1, saved if activation else None, h, w2)
         ctx.activation, ctx.allow_tf32 = activation, allow_tf32
-        return y
+        return y.view(*x_shape[:-1], y.shape[2])
 
     @staticmethod
     @custom_bwd
     def backward(ctx, dy):
         x, w1, saved, h, w2 = ctx.saved_tensors
         need = ctx.needs_input_grad
+        dy = dy.reshape(x.shape[0], x.shape[1], dy.shape[-1])  # (1, M, d_out), as the kernels multiplied
         dx, dw1, db1, dw2, db2 = mlp_bwd_op(
             dy, x, w1, saved if saved is not None else h, h, w2, ctx.activation,
             need[0], need[1], need[2], need[3], need[4], ctx.allow_tf32, *ctx.grad_dtypes,
         )  # fmt: skip
-        grads = (dx, dw1[0] if need[1] else None, db1, dw2[0] if need[3] else None, db2)
+        grads = (dx.view(ctx.x_shape) if need[0] else None, dw1[0] if need[1] else None, db1,
+                 dw2[0] if need[3] else None, db2)  # fmt: skip
         return (*(g if n else None for g, n in zip(grads, need[:5])), None, None, None)
 
 
@@ -158,12 +162,10 @@ def mlp(
     _check_options(activation, allow_tf32)
     dtype = _compute_dtype(x=x, w1=w1, b1=b1, w2=w2, b2=b2)
     tf32 = _tf32(allow_tf32, dtype)
-    x_shape = x.shape
-    a = x.reshape(1, math.prod(x_shape[:-1]), x_shape[-1])
-    operands = (a, w1, b1, w2, b2)
+    operands = (x, w1, b1, w2, b2)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
-        y = MLPFunction.apply(*operands, activation, tf32, dtype)
-    else:
-        w1_3d, w2_3d = _cast(w1, dtype).unsqueeze(0), _cast(w2, dtype).unsqueeze(0)
-        y, _, _ = _forward(_cast(a, dtype), w1_3d, b1, w2_3d, b2, activation, False, tf32)
-    return y.view(*x_shape[:-1], w2.shape[1])
+        return MLPFunction.apply(*operands, activation, tf32, dtype)
+    x_shape = x.shape
+    a, w1_3d = _as_3d(x, w1, dtype)
+    y, _, _ = _forward(a, w1_3d, b1, _cast(w2, dtype).unsqueeze(0), b2, activation, False, tf32)
+    return y.view(*x_shape[:-1], y.shape[2])
