@@ -2,8 +2,10 @@
 
 Host path per call: the checks read each attribute once; without grad (inference, or no input
 requiring grad) the forward launcher runs directly, with no autograd node; otherwise one
-autograd.Function, whose backward enters torch's autocast context only when the forward ran
-under autocast (`_runtime.compat.custom_bwd`).
+autograd.Function (the views to and from the kernels' 3-D operands taken inside it), whose
+backward enters torch's autocast context only when the forward ran under autocast
+(`_runtime.compat.custom_bwd`). The launchers then look up the problem's plan (ops.launch),
+allocate the outputs and launch.
 
 Autocast: operands of another dtype (fp32 parameters) enter GemmFunction as they are and are cast
 inside it, so that each gradient is written in its operand's dtype by the kernel that computes
