@@ -49,3 +49,12 @@ class PublishedCache:
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+def cached_plan(plan_fn: Callable, key: tuple) -> Any:
+    """plan_fn(*key) through its functools.lru_cache; uncached where an argument cannot be hashed
+    (a list where a tuple belongs), so that the plan's own checks get to name it."""
+    try:
+        return plan_fn(*key)
+    except TypeError:
+        return plan_fn.__wrapped__(*key)

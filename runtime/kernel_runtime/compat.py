@@ -21,18 +21,42 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Interpreted kernels take CPU tensors; compiled kernels take CUDA tensors.
 KERNEL_DEVICE_TYPE = "cpu" if INTERPRETING else "cuda"
 
-# autocast decorators for autograd Functions: torch.amp.custom_fwd (torch >= 2.4) or the older
-# torch.cuda.amp one (torch 2.2, the pair of Triton 2.2).
+# autocast decorators for autograd Functions: torch.amp's (torch >= 2.4) or the older torch.cuda.amp ones
+# (torch 2.2, the pair of Triton 2.2).
 if hasattr(torch.amp, "custom_fwd"):
-    custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+    _torch_custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
     _torch_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type="cuda")
 else:  # pragma: no cover - torch < 2.4
-    custom_fwd = torch.cuda.amp.custom_fwd
+    _torch_custom_fwd = torch.cuda.amp.custom_fwd
     _torch_custom_bwd = torch.cuda.amp.custom_bwd
 
 # True while torch.compile traces (torch >= 2.3 spells it torch.compiler.is_compiling; older torch
 # cannot trace these Functions without a graph break, so it always runs them eagerly).
 is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
+def _cuda_autocast_enabled() -> bool:
+    try:
+        return torch.is_autocast_enabled("cuda")
+    except TypeError:  # pragma: no cover - torch < 2.4 takes no device (CUDA)
+        return torch.is_autocast_enabled()
+
+
+def custom_fwd(fwd: Callable) -> Callable:
+    """torch's custom_fwd (records the autocast state for custom_bwd), entered only when autocast
+    is on or torch.compile traces; otherwise the same record is made directly, which saves most
+    of the decorator's cost on a grad-enabled eager forward."""
+    with_autocast = _torch_custom_fwd(fwd)
+
+    @functools.wraps(fwd)
+    def call(ctx, *args, **kwargs):
+        if _cuda_autocast_enabled() or is_compiling():
+            return with_autocast(ctx, *args, **kwargs)
+        ctx._fwd_used_autocast = False
+        ctx._dtype = None
+        return fwd(ctx, *args, **kwargs)
+
+    return call
 
 
 def custom_bwd(bwd: Callable) -> Callable:

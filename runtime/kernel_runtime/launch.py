@@ -27,6 +27,7 @@ compile through the JIT themselves.
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import Any, Dict, Tuple
 
 import torch
@@ -35,6 +36,8 @@ import triton
 from .compat import INTERPRETING, TRITON_VERSION
 
 DIRECT_LAUNCH = not INTERPRETING and (3, 4) <= TRITON_VERSION <= (3, 9) and hasattr(torch._C, "_cuda_getDevice")
+
+_INTERPRETER_LOCK = threading.RLock()
 
 # Compiled kernels kept per Launch before its table is cleared (alignments times devices).
 MAX_ENTRIES = 64
@@ -89,17 +92,17 @@ class Launch:
 
     def __init__(
         self, kernel, grid, *, num_warps: int = 4, num_stages: int = None, num_ctas: int = 1, maxnreg: int = None,
-        **fixed: Any,
+        enable_fp_fusion: bool = None, **fixed: Any,
     ) -> None:  # fmt: skip
         """kernel: a @triton.jit function; grid: 1 to 3 ints; the compile options; fixed: arguments by
         parameter name. `launch_options(config)` gives a triton.Config's compile options."""
         self.kernel = kernel
         self.grid = (*grid, 1, 1)[:3]
         self.options = {"num_warps": num_warps}
-        for name, value, default in (("num_stages", num_stages, None), ("num_ctas", num_ctas, 1),
-                                     ("maxnreg", maxnreg, None)):  # fmt: skip
-            if value != default:
-                self.options[name] = value
+        optional = {"num_stages": num_stages, "maxnreg": maxnreg, "enable_fp_fusion": enable_fp_fusion}
+        self.options.update({name: value for name, value in optional.items() if value is not None})
+        if num_ctas != 1:
+            self.options["num_ctas"] = num_ctas
         params = _parameters(kernel)
         unknown = set(fixed) - {name for name, _, _ in params}
         if unknown:
@@ -139,7 +142,12 @@ class Launch:
     def __call__(self, *per_call) -> None:
         args = self.arguments(per_call)
         if not DIRECT_LAUNCH:
-            self.kernel[self.grid](*args, **self.options)
+            if INTERPRETING:
+                # The interpreter patches triton.language for the kernel it runs: one at a time.
+                with _INTERPRETER_LOCK:
+                    self.kernel[self.grid](*args, **self.options)
+            else:
+                self.kernel[self.grid](*args, **self.options)
             return
         key = self._key(per_call)
         entry = self._compiled.get(key)

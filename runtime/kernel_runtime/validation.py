@@ -52,8 +52,9 @@ def check_same_dtype(reference_name: str, reference: torch.Tensor, **tensors: Op
             )
 
 
-def check_device(**tensors: Optional[torch.Tensor]) -> None:
-    """Each tensor (None skipped) is on the device the kernels run on, all on the same one.
+def check_device(**tensors) -> None:
+    """Each tensor (or torch.device, for checks made from a plan's key; None skipped) is on the
+    device the kernels run on, all on the same one.
 
     Called after the dtype and shape checks, so those errors read the same on any machine.
     """
@@ -61,7 +62,7 @@ def check_device(**tensors: Optional[torch.Tensor]) -> None:
     for name, value in tensors.items():
         if value is None:
             continue
-        device = value.device
+        device = value if isinstance(value, torch.device) else value.device
         if device.type != KERNEL_DEVICE_TYPE:
             raise ValueError(f"{name} is on {device}; the kernels run on {_WHERE}")
         if first_name is None:

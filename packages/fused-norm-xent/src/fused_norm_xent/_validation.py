@@ -7,6 +7,7 @@ from typing import Sequence, Tuple, Union
 
 import torch
 
+from ._runtime.cache import cached_plan  # noqa: F401 - re-exported for the package's modules
 from ._runtime.validation import (  # noqa: F401 - re-exported for the package's modules
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -66,26 +67,3 @@ def stand_in(shape, dtype: torch.dtype) -> torch.Tensor:
     """A meta tensor of `shape` and `dtype`, for the shared checks where a plan has a tensor's
     properties, not the tensor."""
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
-
-
-class _Placed:
-    """A stand-in holding only a device, for check_device where a plan has devices, not tensors."""
-
-    __slots__ = ("device",)
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-
-def check_devices(**devices) -> None:
-    """check_device for devices (None skipped) given by the name of the tensor on each."""
-    check_device(**{name: None if device is None else _Placed(device) for name, device in devices.items()})
-
-
-def cached_plan(plan_fn, key: tuple):
-    """plan_fn(*key) through its functools.lru_cache; uncached where an argument cannot be hashed,
-    so that the plan's checks name it."""
-    try:
-        return plan_fn(*key)
-    except TypeError:
-        return plan_fn.__wrapped__(*key)

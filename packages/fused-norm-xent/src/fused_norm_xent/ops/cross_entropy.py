@@ -35,7 +35,7 @@ from .._validation import (
     cached_plan,
     check_bool,
     check_choice,
-    check_devices,
+    check_device,
     check_float,
     check_int,
     check_shape,
@@ -224,7 +224,7 @@ def _forward_plan(
             "torch's (N, V, d1, ...) layout is not supported)"
         )
     check_shape("target", stand_in(target_shape, target_dtype), shape[:-1], "logits' shape without the class dim")
-    check_devices(logits=device, target=target_device)
+    check_device(logits=device, target=target_device)
     n_rows, n_cols, *logits_strides = rows_and_strides(shape, strides)
     reduce = reduction != "none"
     grad_in_forward = compute_grad and reduce

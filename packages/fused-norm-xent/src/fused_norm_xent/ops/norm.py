@@ -23,7 +23,7 @@ from .._runtime.registration import differentiable_op
 from .._validation import (
     cached_plan,
     check_choice,
-    check_devices,
+    check_device,
     check_float,
     check_int,
     check_normalized,
@@ -40,6 +40,9 @@ from ..kernels.norm import (
     _norm_param_grad_kernel,
 )
 
+# The norm kernels compile without FMA contraction (enable_fp_fusion=False): a quantity and the mean
+# it is compared with round alike, so a width-1 or constant row normalizes to exactly 0.
+FMA_CONTRACTION = False
 # Widest row one block holds (x, dy, w, dw, db of a row stay in registers in the backward).
 MAX_SINGLE_BLOCK_COLS = 8192
 # Rows per program when rows are narrow: about this many elements per tile.
@@ -211,7 +214,7 @@ def _forward_plan(
     eps = torch.finfo(dtype).eps if eps is None else check_float("eps", eps, 0.0)
     weight_offset = check_float("offset", weight_offset)
     dropout_p = check_float("p", dropout_p, 0.0, 1.0)
-    check_devices(x=device, weight=_device_of(weight, 2), bias=_device_of(bias, 2), residual=_device_of(residual, 3))
+    check_device(x=device, weight=_device_of(weight, 2), bias=_device_of(bias, 2), residual=_device_of(residual, 3))
 
     n_rows = math.prod(shape) // n_cols
     x_strides = _rows_strides(shape, strides, n_cols)
@@ -234,9 +237,8 @@ def _forward_plan(
             n_rows=n_rows, n_cols=n_cols, eps=float(eps), weight_offset=weight_offset, dropout_scale=scale,
             dropout_threshold=threshold, IS_RMS_NORM=is_rms_norm, HAS_RESIDUAL=residual is not None,
             HAS_DROPOUT=dropout, STORE_RESIDUAL=fused, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, enable_fp_fusion=FMA_CONTRACTION,
         )  # fmt: skip
-        _exact_rounding(launch)
     return ForwardPlan(
         launch=launch,
         shape=torch.Size(shape),
@@ -249,12 +251,6 @@ def _forward_plan(
         residual_out_dtype=residual_out_dtype,
         dropout=dropout,
     )
-
-
-def _exact_rounding(launch: Launch) -> None:
-    """Compile without FMA contraction: a quantity and the mean it is compared with round alike, so
-    a width-1 or constant row normalizes to exactly 0 (the launch is not yet shared)."""
-    launch.options["enable_fp_fusion"] = False
 
 
 def _rows(t: Tensor, rows: Optional[Tuple[int, int]]) -> Tensor:
@@ -406,9 +402,8 @@ def _backward_plan(
             dropout_threshold=dropout_threshold_and_scale(dropout_p)[0], IS_RMS_NORM=is_rms_norm,
             HAS_DRES_OUT=dres_out_strides is not None, STORE_DRES=store_dres, HAS_DROPOUT=dropout_p > 0.0,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            num_warps=cfg.num_warps,
+            num_warps=cfg.num_warps, enable_fp_fusion=FMA_CONTRACTION,
         )  # fmt: skip
-        _exact_rounding(launch)
         if partial_numel:
             block_p, block_n = PARAM_GRAD_BLOCK
             param_launch = Launch(

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .._runtime.launch import Launch
 from .._runtime.registration import differentiable_op
-from .._validation import cached_plan, check_devices, check_dim, check_tensor, stand_in
+from .._validation import cached_plan, check_device, check_dim, check_tensor, stand_in
 from ..kernels.softmax import (
     _softmax_bwd_chunked_kernel,
     _softmax_bwd_kernel,
@@ -99,7 +99,7 @@ def _forward_plan(shape, strides, dtype, device, dim, log) -> SoftmaxPlan:
     """The plan of a forward call; raises on invalid arguments (never cached then)."""
     check_tensor("x", stand_in((), dtype))
     dim = check_dim("dim", dim, len(shape))
-    check_devices(x=device)
+    check_device(x=device)
     n_cols = shape[dim]
     n_rows = math.prod(shape) // n_cols if n_cols else 0
     out_strides = _dim_last_strides(shape, dim)
