@@ -2,7 +2,8 @@
 
 Offsets past the packed tokens, decreasing or negative, and max_seqlen below or far above the real
 lengths give unspecified values in the rows they describe, but every kernel keeps its reads and
-writes inside its tensors, and the sequences whose offsets are valid come out right.
+writes inside its tensors (a sequence outside the packed rows is empty), and the sequences whose
+offsets are valid come out right.
 
 Two witnesses: every allocation of a call sits between guard bands whose bytes must be unchanged
 afterwards (any device); and under the interpreter each load, store and atomic of every launch is
@@ -170,7 +171,8 @@ def _offsets(values, device):
 
 
 # name: (rows of q, rows of k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, the valid sequences)
-# The valid sequences' rows are disjoint from what the others clamp to, so their results are defined.
+# The valid sequences' rows are disjoint from the other sequences' (those within the packed rows
+# run), so their results are defined.
 CASES = {
     "end-past-tokens": (30, 30, [0, 10, 25, 4000], None, 20, 20, [0, 1]),
     "end-near-int32-max": (30, 30, [0, 10, 25, 2**31 - 1], None, 20, 20, [0, 1]),

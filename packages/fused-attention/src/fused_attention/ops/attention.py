@@ -302,10 +302,10 @@ def flash_attention_varlen(
         max_seqlen arguments (one device sync per call; skipped while torch.compile traces).
         Unchecked offsets that are wrong (past the packed length, negative, decreasing, or a
         sequence longer than max_seqlen) never make the kernels read or write outside the
-        tensors: each sequence is clipped to the packed rows, one that ends before it starts
-        is empty, and rows past max_seqlen are not computed. The values of every output and
-        gradient row that such a sequence covers, or that no sequence covers, are unspecified;
-        the other sequences' rows are exact.
+        tensors: a sequence that does not lie within the packed rows is treated as empty, and
+        rows past max_seqlen are not computed. The values of every output and gradient row
+        that such a sequence covers, or that no sequence covers, are unspecified; the rows of
+        the other sequences are exact.
     deterministic: as flash_attention.
 
     Returns out (total_q, H, D), or (out, lse).
@@ -328,8 +328,8 @@ def flash_attention_varlen(
     batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if batch_k != batch:
         raise ValueError(f"cu_seqlens_q holds {batch} sequences but cu_seqlens_k holds {batch_k}")
-    # No sequence is longer than its packed tensor (the kernels clip them to it): a larger bound
-    # would only add empty programs to the grid.
+    # No sequence is longer than its packed tensor (the kernels empty one that would be): a larger
+    # bound would only add empty programs to the grid.
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, total_q), min(max_seqlen_k, total_k)
     scale = check_softmax_scale(softmax_scale, head_dim)
     window_left, window_right = check_window(window_size, causal, max_seqlen_q, max_seqlen_k)

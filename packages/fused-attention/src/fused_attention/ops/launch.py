@@ -132,8 +132,8 @@ def _dq_accum_strides(dq_accum: torch.Tensor, spec: AttentionSpec) -> Tuple[int,
 
 
 def _packed_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor) -> Tuple[int, int]:
-    """(total_q, total_k): the rows of a packed varlen batch, which bound every sequence the kernels
-    address whatever cu_seqlens holds (int32 offsets cannot pass 2^31 - 1); 0 for dense batches."""
+    """(total_q, total_k): the rows of a packed varlen batch, within which the kernels keep every
+    sequence whatever cu_seqlens holds (int32 offsets cannot pass 2^31 - 1); 0 for dense batches."""
     if not spec.varlen:
         return 0, 0
     return min(q.shape[0], 2**31 - 1), min(k.shape[0], 2**31 - 1)
