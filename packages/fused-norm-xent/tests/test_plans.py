@@ -1,16 +1,12 @@
 """The launch plans of the norms and softmax: one cached lookup per call, and concurrent calls from
 several threads (each building and sharing plans) all get correct results."""
 
-import threading
-
 import pytest
 import torch
 import torch.nn.functional as F
-from tritonformer_testkit import assert_close_to_reference
+from tritonformer_testkit import assert_close_to_reference, run_in_threads
 
 import fused_norm_xent as nx
-from fused_norm_xent._compat import INTERPRETING
-from fused_norm_xent._runtime.launch import Launch
 from fused_norm_xent.ops import norm as norm_ops
 from fused_norm_xent.ops import softmax as softmax_ops
 
@@ -85,23 +81,6 @@ def _softmax_case(n_rows, n_cols, device):
     return ours, expected
 
 
-@pytest.fixture
-def one_interpreted_kernel_at_a_time(monkeypatch):
-    """Triton's interpreter patches triton.language globally while it runs a kernel, so two
-    interpreted kernels at once interfere: there, kernel runs take turns (plan lookups and builds,
-    allocations and autograd stay concurrent). Compiled launches are left as they are."""
-    if not INTERPRETING:
-        return
-    lock = threading.Lock()
-    call = Launch.__call__
-
-    def locked(self, *args):
-        with lock:
-            call(self, *args)
-
-    monkeypatch.setattr(Launch, "__call__", locked)
-
-
 @pytest.mark.usefixtures("one_interpreted_kernel_at_a_time")
 def test_concurrent_calls_with_different_shapes_are_correct(device):
     """Threads start together on empty plan caches, each with its own shapes (distinct plans and
@@ -112,22 +91,13 @@ def test_concurrent_calls_with_different_shapes_are_correct(device):
     softmax_ops._backward_plan.cache_clear()
     cases = [_norm_case(3, 40, device), _norm_case(9, 40, device), _norm_case(1, 130, device),
              _softmax_case(4, 33, device), _softmax_case(7, 33, device), _softmax_case(2, 5, device)]  # fmt: skip
-    barrier = threading.Barrier(len(cases))
-    results, errors = {}, []
+    results = {}
 
-    def work(index, ours):
-        try:
-            barrier.wait()
-            results[index] = [ours() for _ in range(3)]
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
+    def work(index):
+        results[index] = [cases[index][0]() for _ in range(3)]
 
-    threads = [threading.Thread(target=work, args=(i, ours)) for i, (ours, _) in enumerate(cases)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    errors = run_in_threads(work, len(cases))
+    assert errors == [None] * len(cases), errors
     for index, (_, expected) in enumerate(cases):
         reference = expected()
         for run in results[index]:

@@ -10,7 +10,7 @@ same kernel's tuning (`_Meeting`), so that the calls are inside the autotuner to
 nothing keeps them apart.
 
 Triton's interpreter runs every kernel on one global builder (its program ids, its patched
-language): interpreted kernels cannot run at once, so the fixture `one_kernel_at_a_time`
+language): interpreted kernels cannot run at once, so the test kit's fixture `one_interpreted_kernel_at_a_time`
 serializes the kernels themselves; everything on the host (checks, plans, tuning, launches)
 runs concurrently.
 """
@@ -20,7 +20,7 @@ import threading
 import pytest
 import torch
 import triton
-from tritonformer_testkit import assert_close_to_reference, interpreting, poisoned_allocations
+from tritonformer_testkit import assert_close_to_reference, poisoned_allocations, run_in_threads
 
 from fused_swiglu import swiglu, swiglu_mlp
 from fused_swiglu._compat import multiprocessor_count
@@ -40,21 +40,6 @@ SECOND_BLOCKS = (16, 64, 32)
 # How long a thread in the tuning waits for the other (tuning under a lock lets in one at a time).
 MEETING_SECONDS = 0.5
 REFERENCES = {swiglu: swiglu_reference, swiglu_mlp: swiglu_mlp_reference}
-
-
-@pytest.fixture
-def one_kernel_at_a_time(monkeypatch):
-    if interpreting():
-        from triton.runtime import interpreter
-
-        lock = threading.Lock()
-        run = interpreter.GridExecutor.__call__
-
-        def locked(self, *args, **kwargs):
-            with lock:
-                return run(self, *args, **kwargs)
-
-        monkeypatch.setattr(interpreter.GridExecutor, "__call__", locked)
 
 
 def _second_config(config: triton.Config) -> triton.Config:
@@ -108,7 +93,7 @@ def test_the_configs_split_the_weight_gradient_differently(sw, device, monkeypat
 
 
 @pytest.mark.parametrize("op", [swiglu, swiglu_mlp], ids=["swiglu", "swiglu_mlp"])
-def test_concurrent_calls_of_different_shapes(op, device, sw, monkeypatch, one_kernel_at_a_time):
+def test_concurrent_calls_of_different_shapes(op, device, sw, monkeypatch, one_interpreted_kernel_at_a_time):
     _two_configs_chosen_by_rows(monkeypatch, sw)
     work = []
     for rows in ROWS:
@@ -116,24 +101,16 @@ def test_concurrent_calls_of_different_shapes(op, device, sw, monkeypatch, one_k
         if op is swiglu_mlp:
             inputs.append(sw.linear_weight(D_INTERMEDIATE, D_MODEL, device, torch.bfloat16).requires_grad_())
         work.append((op, inputs))
-    start = threading.Barrier(len(work))
-    results, errors = {}, []
+    results = {}
 
-    def call(index, op, inputs):
-        try:
-            start.wait()
-            for repeat in range(2):  # tuned on the first call, through the published Launch on the second
-                results[index, repeat] = sw.outputs_and_grads(op, inputs)
-        except Exception as error:  # noqa: BLE001 - reported below, in the main thread
-            errors.append(error)
+    def call(index):
+        op, inputs = work[index]
+        for repeat in range(2):  # tuned on the first call, through the published Launch on the second
+            results[index, repeat] = sw.outputs_and_grads(op, inputs)
 
-    threads = [threading.Thread(target=call, args=(i, op, inputs)) for i, (op, inputs) in enumerate(work)]
     with poisoned_allocations():  # entered once, here: patching torch.empty is not thread-safe
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    assert not errors, errors
+        errors = run_in_threads(call, len(work))
+    assert errors == [None] * len(work), errors
     for index, (op, inputs) in enumerate(work):
         for repeat in range(2):
             y, grads, dy = results[index, repeat]

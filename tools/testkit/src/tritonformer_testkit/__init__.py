@@ -10,6 +10,7 @@ from .runtime import (
     kernel_device,
     triton_version,
 )
+from .threads import run_in_threads
 from .tolerance import assert_close_to_reference, assert_rms_close_to_reference
 
 __version__ = "0.1.0"
@@ -26,5 +27,6 @@ __all__ = [
     "interpreting",
     "kernel_device",
     "poisoned_allocations",
+    "run_in_threads",
     "triton_version",
 ]

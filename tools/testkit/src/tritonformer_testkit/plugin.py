@@ -26,6 +26,7 @@ from .runtime import (
     torch_compile_blocker,
     torch_dynamo_blocker,
 )
+from .threads import one_interpreted_kernel_at_a_time  # noqa: F401 - a fixture for every suite
 
 MARKERS = {
     "kernels": "launches Triton kernels: runs on a CUDA GPU, or on a CPU under Triton 3.x's interpreter",
