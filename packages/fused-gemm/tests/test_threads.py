@@ -2,9 +2,9 @@
 never sees another's half-built entry, and every call gets its own correct result.
 
 Under the interpreter, Triton keeps the running program's id and its patched `triton.language` in
-process-wide state, so two interpreted kernels cannot overlap: the `serial_kernels` fixture runs
-kernel bodies one at a time while everything around them (checks, plans, tuning, caches, launch
-assembly) runs concurrently. Compiled, kernels launch concurrently as they are.
+process-wide state, so two interpreted kernels cannot overlap: the test kit's fixture
+`one_interpreted_kernel_at_a_time` runs kernel bodies one at a time while everything around them
+(checks, plans, tuning, caches, launch assembly) runs concurrently. Compiled, kernels launch concurrently as they are.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 import torch
-from tritonformer_testkit import assert_close_to_reference, interpreting
+from tritonformer_testkit import assert_close_to_reference, run_in_threads
 
 from fused_gemm import matmul
 from fused_gemm._compat import supports_tma
@@ -28,44 +28,6 @@ pytestmark = pytest.mark.kernels
 TIMEOUT_S = 120
 
 
-@pytest.fixture
-def serial_kernels(monkeypatch):
-    """Interpreted kernel bodies run one at a time (see the module docstring); compiled, nothing changes."""
-    if not interpreting():
-        return
-    from triton.runtime import interpreter
-
-    lock = threading.Lock()
-    run = interpreter.GridExecutor.__call__
-
-    def serialized(self, *args, **kwargs):
-        with lock:
-            return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__", serialized)
-
-
-def _run_threads(work, count: int) -> list:
-    """work(i) in `count` threads started together; returns what each raised (None where nothing)."""
-    barrier = threading.Barrier(count)
-    errors = [None] * count
-
-    def target(i):
-        try:
-            barrier.wait(timeout=TIMEOUT_S)
-            work(i)
-        except BaseException as error:  # noqa: BLE001 - reported by the caller
-            errors[i] = error
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(TIMEOUT_S)
-    assert not any(thread.is_alive() for thread in threads), "a thread did not finish"
-    return errors
-
-
 def _operands(m, k, n, dtype, device):
     x = torch.randn(m, k, device=device).to(dtype)
     w = (torch.randn(n, k, device=device) * k**-0.5).to(dtype).t()
@@ -73,7 +35,8 @@ def _operands(m, k, n, dtype, device):
     return x, w, b
 
 
-def test_threads_with_different_shapes_all_get_their_results(device, serial_kernels):
+@pytest.mark.usefixtures("one_interpreted_kernel_at_a_time")
+def test_threads_with_different_shapes_all_get_their_results(device):
     """Four threads, each its own shape (new plans, tuned concurrently), forward and backward twice
     (the second call reuses what the first published)."""
     shapes = [(9, 24, 16), (17, 40, 24), (33, 16, 40), (5, 48, 8)]
@@ -89,7 +52,7 @@ def test_threads_with_different_shapes_all_get_their_results(device, serial_kern
             grads = torch.autograd.grad(y, leaves, dy)
         results[i] = (leaves, dy, y.detach(), grads)
 
-    assert _run_threads(work, len(shapes)) == [None] * len(shapes)
+    assert run_in_threads(work, len(shapes)) == [None] * len(shapes)
     for leaves, dy, y, grads in results:
         ref = [t.detach().double().requires_grad_() for t in leaves]
         y_ref = matmul_reference(*ref, "gelu")
@@ -103,7 +66,9 @@ def test_threads_with_different_shapes_all_get_their_results(device, serial_kern
 
 
 @pytest.mark.parametrize("path", ["portable", "tma"])
-def test_a_thread_arriving_while_another_tunes_the_same_plan(path, device, serial_kernels, monkeypatch):
+def test_a_thread_arriving_while_another_tunes_the_same_plan(
+    path, device, one_interpreted_kernel_at_a_time, monkeypatch
+):
     """The first thread is held inside its tuning (while it turns the chosen config into a launch);
     a second thread launches the same problem meanwhile. It must not find a half-tuned entry
     (a plan whose config was set but not yet its grid or launch): it tunes for itself, and both
@@ -114,7 +79,7 @@ def test_a_thread_arriving_while_another_tunes_the_same_plan(path, device, seria
     monkeypatch.setattr(kernel, "configs", list(kernel.configs))  # a fresh list: this problem tunes anew
     inside, finished = threading.Event(), threading.Event()
     held = []
-    real = launch.config_launch_kwargs
+    real = launch.launch_options
 
     def held_once(config):
         if not held:
@@ -123,7 +88,7 @@ def test_a_thread_arriving_while_another_tunes_the_same_plan(path, device, seria
             finished.wait(TIMEOUT_S)
         return real(config)
 
-    monkeypatch.setattr(launch, "config_launch_kwargs", held_once)
+    monkeypatch.setattr(launch, "launch_options", held_once)
     m, k, n, dtype = 20, 32, 24, torch.bfloat16
     a = torch.randn(1, m, k, device=device).to(dtype)
     b = (torch.randn(1, n, k, device=device) * k**-0.5).to(dtype).transpose(1, 2)
@@ -139,7 +104,7 @@ def test_a_thread_arriving_while_another_tunes_the_same_plan(path, device, seria
             if i == 1:
                 finished.set()
 
-    assert _run_threads(work, 2) == [None, None]
+    assert run_in_threads(work, 2) == [None, None]
     assert held, "the tuning step was never reached"
     z64 = torch.bmm(a.double(), b.double()) + bias.double()
     expected = torch.nn.functional.gelu(z64)

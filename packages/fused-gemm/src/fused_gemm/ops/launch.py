@@ -43,12 +43,11 @@ from .._compat import HAS_GLUON_WS, supports_tma
 from .._runtime.cache import PublishedCache
 from .._runtime.compat import (
     INTERPRETING,
-    config_launch_kwargs,
     descriptor_like,
     multiprocessor_count,
     tensor_descriptor,
 )
-from .._runtime.launch import Launch
+from .._runtime.launch import Launch, launch_options
 from ..kernels.configs import (
     grad_rows,
     grad_tile,
@@ -122,10 +121,7 @@ def _tuned_key(plan, configs) -> Tuple[int, int]:
 
 def _config_launch(kernel, grid, config, **fixed) -> Launch:
     """A Launch of `kernel` (a JIT function) over `grid` with `config`'s meta-parameters and compile options."""
-    meta = config_launch_kwargs(config)
-    options = {name: meta.pop(name) for name in ("num_warps", "num_stages") if name in meta}
-    meta.pop("num_ctas", None)  # one CTA per program: every config here, and Launch's default
-    return Launch(kernel, grid, **options, **meta, **fixed)
+    return Launch(kernel, grid, **launch_options(config), **config.kwargs, **fixed)
 
 
 def _fastest(choices: list, calls: Callable) -> object:
