@@ -130,8 +130,8 @@ def test_tile_heights_and_warps_are_powers_of_two():
     for heads, d2, head_dim, element_size, in_place in itertools.product(
         [1, 8, 64, 200], [8, 48, 96, 128], [128, 160], [2, 4], [False, True]
     ):
-        plan = rope_qk_ops.launch_plan(heads, heads // 4, d2, head_dim, element_size, in_place, False)
-        assert _power_of_2(plan.meta["BLOCK_R"]) and _power_of_2(plan.num_warps), (heads, d2, head_dim, plan)
+        choice = rope_qk_ops.kernel_config(heads, heads // 4, d2, head_dim, element_size, in_place, False)
+        assert _power_of_2(choice.constexprs["BLOCK_R"]) and _power_of_2(choice.num_warps), (heads, d2, choice)
 
 
 @pytest.mark.parametrize("interleaved", PAIRS)
@@ -147,7 +147,7 @@ def test_non_contiguous_inputs(interleaved, device, rope_checks):
     # q of a fused qkv projection: (B, S, H, D) slice with gaps between tokens.
     qkv = torch.randn(2, 5, 3, 4, 16, device=device)
     rope_checks.check_rope(qkv[:, :, 0], rope_checks.make_freqs(5, 16, device), "bshd", interleaved)
-    # sbhd view of bshd memory, and thd tokens with a strided head dim (copied for the kernel).
+    # sbhd view of bshd memory, and thd tokens with a strided head dim (read with its column stride).
     bshd = torch.randn(2, 5, 3, 16, device=device)
     rope_checks.check_rope(bshd.transpose(0, 1), rope_checks.make_freqs(6, 10, device), "sbhd", interleaved)
     strided_last = torch.randn(6, 2, 16, 2, device=device)[..., 0]
@@ -270,7 +270,7 @@ def test_autocast_keeps_input_dtype():
 
 
 def test_backward_of_a_sum_gets_an_expanded_gradient(device):
-    """y.sum().backward() hands the backward a stride-0 gradient (copied for the kernel)."""
+    """y.sum().backward() hands the backward a stride-0 gradient (read as it is: column stride 0)."""
     t = torch.randn(4, 2, 3, 16, device=device, requires_grad=True)
     freqs = torch.rand(4, 1, 1, 12, device=device) * 10
     apply_rotary_pos_emb(t, freqs, "sbhd", True).sum().backward()

@@ -74,8 +74,8 @@ def test_head_counts(q_heads, k_heads, head_dim, together, device, rope_checks):
     """GQA with several row blocks for q (or k) (32-row tiles at head_dim 512), q and k in one
     program (every head in one tile of at least 4 KiB), in separate ones (smaller tiles),
     single heads, and a k with no heads."""
-    plan = rope_qk_ops.launch_plan(q_heads, k_heads, head_dim, head_dim, 2, False, False)
-    assert plan.meta["QK_TOGETHER"] == together
+    choice = rope_qk_ops.kernel_config(q_heads, k_heads, head_dim, head_dim, 2, False, False)
+    assert choice.constexprs["QK_TOGETHER"] == together
     q = bhsd(1, q_heads, 2, head_dim, torch.bfloat16, device)
     k = bhsd(1, k_heads, 2, head_dim, torch.bfloat16, device)
     rope_checks.check_rope_qk(q, k, *make_tables(1, 2, head_dim, device))

@@ -1,48 +1,12 @@
-"""Input checks that run before any launch and name the offending argument."""
+"""This package's own input checks; the shared ones (check_tensor, check_device, ...) are in
+`_runtime.validation`."""
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
-
 import torch
 
-from ._compat import INTERPRETING
+from ._runtime.compat import INTERPRETING
 from .ops._layout import overlaps_itself, share_memory
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
-
-
-def check_tensor(name: str, value, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> torch.Tensor:
-    """`value` must be a tensor of one of `dtypes` (its device is checked by check_device)."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    dtypes = tuple(dtypes)
-    if value.dtype not in dtypes:
-        raise TypeError(f"{name} has dtype {value.dtype}; supported: {_dtype_names(dtypes)}")
-    return value
-
-
-def check_optional_index(name: str, value) -> Optional[torch.Tensor]:
-    """None, or an int32/int64 tensor."""
-    return None if value is None else check_tensor(name, value, INDEX_DTYPES)
-
-
-def check_ndim(name: str, value: torch.Tensor, ndims: Iterable[int], what: str) -> None:
-    ndims = tuple(ndims)
-    if value.dim() not in ndims:
-        expected = " or ".join(str(n) for n in ndims)
-        raise ValueError(f"{name} must have {expected} dims, {what}; got shape {tuple(value.shape)}")
-
-
-def check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 def check_rotary_dim(name: str, d2: int, head_dim: int, head_dim_name: str) -> None:
@@ -54,26 +18,9 @@ def check_rotary_dim(name: str, d2: int, head_dim: int, head_dim_name: str) -> N
 
 
 def on_kernel_device(value: torch.Tensor) -> bool:
-    """value is on the device kernels run on (is_cuda / is_cpu: several times cheaper than .device)."""
+    """value is on the device kernels run on (is_cuda / is_cpu: several times cheaper than .device);
+    the public functions call the shared check_device, which names the argument, only when this fails."""
     return value.is_cpu if INTERPRETING else value.is_cuda
-
-
-def check_device(**tensors: Optional[torch.Tensor]) -> None:
-    """Each tensor (None skipped) must be on the device kernels run on, all on the same one.
-
-    Called after the dtype and shape checks, so those errors read the same on any machine.
-    """
-    first = None
-    for name, value in tensors.items():
-        if value is None:
-            continue
-        if not on_kernel_device(value):
-            where = "the CPU (TRITON_INTERPRET=1 is set)" if INTERPRETING else "a CUDA device"
-            raise ValueError(f"{name} is on {value.device}; the kernels run on {where}")
-        if first is None:
-            first = (name, value.device)
-        elif value.device != first[1]:
-            raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
 
 
 def check_overwritable(a: torch.Tensor, b: torch.Tensor, names=("q", "k")) -> None:

@@ -66,41 +66,45 @@ def _rotate(x1, x2, cos1, sin_a, cos2, sin_b):
 
 
 @triton.jit
-def _pass_offsets(rows, row_mask, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    """Offsets and mask of the pass-through columns 2 * HALF .. HEAD_DIM of each row."""
+def _pass_offsets(rows, row_mask, stride_d, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    """Offsets and mask of the pass-through columns 2 * HALF .. HEAD_DIM of each row (columns stride_d apart)."""
     offs_c = 2 * HALF + tl.arange(0, BLOCK_PASS)
-    return rows[:, None] + offs_c[None, :], row_mask[:, None] & (offs_c < HEAD_DIM)[None, :]
+    return rows[:, None] + offs_c[None, :] * stride_d, row_mask[:, None] & (offs_c < HEAD_DIM)[None, :]
 
 
 @triton.jit
-def _load_pass(x_ptr, x_rows, row_mask, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr):
+def _load_pass(
+    x_ptr, x_rows, row_mask, stride_x_d, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr
+):
     """(BLOCK_R, BLOCK_PASS) pass-through tile, in x's dtype."""
-    offs, mask = _pass_offsets(x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+    offs, mask = _pass_offsets(x_rows, row_mask, stride_x_d, HALF, HEAD_DIM, BLOCK_PASS)
     return tl.load(x_ptr + offs, mask=mask)
 
 
 @triton.jit
 def _store_pass(y_ptr, y_rows, row_mask, x_pass, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    offs, mask = _pass_offsets(y_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+    offs, mask = _pass_offsets(y_rows, row_mask, 1, HALF, HEAD_DIM, BLOCK_PASS)
     tl.store(y_ptr + offs, x_pass, mask=mask)
 
 
 @triton.jit
-def _pair_offsets(rows, row_mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Offsets of the first and second pair members of each row, and their mask."""
+def _pair_offsets(rows, row_mask, stride_d, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Offsets of the first and second pair members of each row (columns stride_d apart), and their mask."""
     offs_p = tl.arange(0, BLOCK_P)
     col1, col2 = _pair_columns(offs_p, HALF, INTERLEAVED)
     mask = row_mask[:, None] & (offs_p < HALF)[None, :]
-    return rows[:, None] + col1[None, :], rows[:, None] + col2[None, :], mask
+    return rows[:, None] + col1[None, :] * stride_d, rows[:, None] + col2[None, :] * stride_d, mask
 
 
 @triton.jit
-def _load_pairs(x_ptr, x_rows, row_mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
+def _load_pairs(
+    x_ptr, x_rows, row_mask, stride_x_d, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr
+):
     """(BLOCK_R, BLOCK_P) tiles of the first and second pair members, fp32.
 
     x_rows: (BLOCK_R,) int64 offsets of each row's first element; row_mask: rows that exist.
     """
-    offs1, offs2, mask = _pair_offsets(x_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
+    offs1, offs2, mask = _pair_offsets(x_rows, row_mask, stride_x_d, HALF, INTERLEAVED, BLOCK_P)
     x1 = tl.load(x_ptr + offs1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + offs2, mask=mask, other=0.0).to(tl.float32)
     return x1, x2
@@ -109,27 +113,28 @@ def _load_pairs(x_ptr, x_rows, row_mask, HALF: tl.constexpr, INTERLEAVED: tl.con
 @triton.jit
 def _store_pairs(y_ptr, y_rows, row_mask, y1, y2, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_P: tl.constexpr):
     """Round y1, y2 (fp32) to y's dtype once and store them where _load_pairs read."""
-    offs1, offs2, mask = _pair_offsets(y_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
+    offs1, offs2, mask = _pair_offsets(y_rows, row_mask, 1, HALF, INTERLEAVED, BLOCK_P)
     tl.store(y_ptr + offs1, y1.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(y_ptr + offs2, y2.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rotary_offsets(rows, row_mask, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
+def _rotary_offsets(rows, row_mask, stride_d, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
     offs_d = tl.arange(0, 2 * BLOCK_P)
-    return rows[:, None] + offs_d[None, :], row_mask[:, None] & (offs_d < 2 * HALF)[None, :]
+    return rows[:, None] + offs_d[None, :] * stride_d, row_mask[:, None] & (offs_d < 2 * HALF)[None, :]
 
 
 @triton.jit
-def _load_rotary(x_ptr, x_rows, row_mask, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
-    """(BLOCK_R, 2 * BLOCK_P) tile of the rotary columns 0 .. 2 * HALF, one contiguous load, fp32."""
-    offs, mask = _rotary_offsets(x_rows, row_mask, HALF, BLOCK_P)
+def _load_rotary(x_ptr, x_rows, row_mask, stride_x_d, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
+    """(BLOCK_R, 2 * BLOCK_P) tile of the rotary columns 0 .. 2 * HALF, one load (contiguous when
+    stride_x_d is 1), fp32."""
+    offs, mask = _rotary_offsets(x_rows, row_mask, stride_x_d, HALF, BLOCK_P)
     return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _store_rotary(y_ptr, y_rows, row_mask, y, HALF: tl.constexpr, BLOCK_P: tl.constexpr):
-    offs, mask = _rotary_offsets(y_rows, row_mask, HALF, BLOCK_P)
+    offs, mask = _rotary_offsets(y_rows, row_mask, 1, HALF, BLOCK_P)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

@@ -57,10 +57,11 @@ def _rope_kernel(
     out_ptr,
     start_ptr,
     cu_seqlens_ptr,
-    # strides, in elements (the head dim of t, out and freqs is contiguous)
+    # strides, in elements (the head dim of out and freqs is contiguous; t's columns are stride_t_d apart)
     stride_t_s,
     stride_t_b,
     stride_t_h,
+    stride_t_d,
     stride_out_s,
     stride_out_b,
     stride_out_h,
@@ -106,11 +107,11 @@ def _rope_kernel(
     # flight while the position is found (a binary search for thd) and while the cos/sin of
     # the position's angles are computed (fp32, accurate, once per angle, shared by the rows).
     if COPY_PASS:
-        t_pass = _load_pass(t_ptr, t_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
+        t_pass = _load_pass(t_ptr, t_rows, row_mask, stride_t_d, HALF, HEAD_DIM, BLOCK_PASS)
     if SPLIT_PAIRS:
-        x = _load_rotary(t_ptr, t_rows, row_mask, HALF, BLOCK_P)
+        x = _load_rotary(t_ptr, t_rows, row_mask, stride_t_d, HALF, BLOCK_P)
     else:
-        x1, x2 = _load_pairs(t_ptr, t_rows, row_mask, HALF, INTERLEAVED, BLOCK_P)
+        x1, x2 = _load_pairs(t_ptr, t_rows, row_mask, stride_t_d, HALF, INTERLEAVED, BLOCK_P)
 
     if IS_THD:
         seq = _find_sequence(cu_seqlens_ptr, pid_g, n_seqs, search_steps)

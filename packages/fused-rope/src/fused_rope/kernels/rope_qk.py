@@ -27,6 +27,7 @@ def _rope_qk_head_block(
     stride_x_b,
     stride_x_h,
     stride_x_s,
+    stride_x_d,
     stride_y_b,
     stride_y_h,
     stride_y_s,
@@ -49,8 +50,8 @@ def _rope_qk_head_block(
     x_rows = batch * stride_x_b + index_s * stride_x_s + heads * stride_x_h
     y_rows = batch * stride_y_b + index_s * stride_y_s + heads * stride_y_h
     if COPY_PASS:
-        x_pass = _load_pass(x_ptr, x_rows, row_mask, HALF, HEAD_DIM, BLOCK_PASS)
-    x1, x2 = _load_pairs(x_ptr, x_rows, row_mask, HALF, False, BLOCK_P)
+        x_pass = _load_pass(x_ptr, x_rows, row_mask, stride_x_d, HALF, HEAD_DIM, BLOCK_PASS)
+    x1, x2 = _load_pairs(x_ptr, x_rows, row_mask, stride_x_d, HALF, False, BLOCK_P)
     y1, y2 = _rotate(x1, x2, cos1, sin_a, cos2, sin_b)
     _store_pairs(y_ptr, y_rows, row_mask, y1, y2, HALF, False, BLOCK_P)
     if COPY_PASS:
@@ -67,14 +68,17 @@ def _rope_qk_kernel(
     position_ids_ptr,
     q_out_ptr,
     k_out_ptr,
-    # strides, in elements (the head dim of every tensor is contiguous; cos and sin share theirs;
-    # position_ids is contiguous (batch or 1, seq))
+    # strides, in elements (the columns of q and k are stride_q_d / stride_k_d apart, the head dim of
+    # the outputs and tables is contiguous; cos and sin share their strides; position_ids is
+    # contiguous (batch or 1, seq))
     stride_q_b,
     stride_q_h,
     stride_q_s,
+    stride_q_d,
     stride_k_b,
     stride_k_h,
     stride_k_s,
+    stride_k_d,
     stride_q_out_b,
     stride_q_out_h,
     stride_q_out_s,
@@ -128,13 +132,13 @@ def _rope_qk_kernel(
         k_block = pid_r - n_q_blocks
     if (pid_r < n_q_blocks) | QK_TOGETHER:
         _rope_qk_head_block(
-            q_ptr, q_out_ptr, batch, index_s, pid_r, stride_q_b, stride_q_h, stride_q_s,
+            q_ptr, q_out_ptr, batch, index_s, pid_r, stride_q_b, stride_q_h, stride_q_s, stride_q_d,
             stride_q_out_b, stride_q_out_h, stride_q_out_s, n_q_heads, cos1, sin_a, cos2, sin_b,
             HALF, HEAD_DIM, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
         )  # fmt: skip
     if (pid_r >= n_q_blocks) | QK_TOGETHER:
         _rope_qk_head_block(
-            k_ptr, k_out_ptr, batch, index_s, k_block, stride_k_b, stride_k_h, stride_k_s,
+            k_ptr, k_out_ptr, batch, index_s, k_block, stride_k_b, stride_k_h, stride_k_s, stride_k_d,
             stride_k_out_b, stride_k_out_h, stride_k_out_s, n_k_heads, cos1, sin_a, cos2, sin_b,
             HALF, HEAD_DIM, COPY_PASS, BLOCK_R, BLOCK_P, BLOCK_PASS,
         )  # fmt: skip

@@ -8,9 +8,13 @@ from typing import Dict, List, Tuple
 import torch
 
 
-def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
-    """x itself when its last dim is contiguous (what the kernels index), else a contiguous copy."""
-    return x if x.stride(-1) == 1 else x.contiguous()
+def contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The strides of a contiguous tensor of `shape`."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def empty_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -22,12 +26,18 @@ def output_like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialized tensor for the result of transforming x (also the fake implementation).
 
     x's own strides when x is dense with a contiguous last dim (a (B, H, S, D) view of
-    (B, S, H, D) memory stays one), else contiguous: the layout the launcher's input has after
-    unit_last_stride, so the real and the fake implementations agree.
+    (B, S, H, D) memory stays one), else contiguous (an expanded gradient, a strided last dim),
+    so the real and the fake implementations agree.
     """
     if x.stride(-1) == 1:
         return torch.empty_like(x)
     return empty_contiguous(x)
+
+
+def output_strides(shape: Tuple[int, ...], stride: Tuple[int, ...], dtype: torch.dtype) -> Tuple[int, ...]:
+    """The strides output_like gives a tensor of this shape, strides and dtype (torch's empty_like
+    decides them from the layout alone: a meta tensor stands in)."""
+    return output_like(torch.empty_strided(shape, stride, dtype=dtype, device="meta")).stride()
 
 
 # Steps the exact overlap search below may take before it gives up and answers "may overlap";

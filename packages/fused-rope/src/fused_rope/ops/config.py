@@ -20,16 +20,16 @@ per SM to cover DRAM latency at 3 TB/s):
   program has threads (Triton treats such a load as too expensive to replicate); with more
   threads every thread row would recompute the sin/cos of its columns. So those launches use
   at most (number of angles per row) / 32 warps, and their threads carry more rows each.
-Configurations are cached per shape (and each launcher caches its whole launch plan), so the
-host pays for this once per shape.
+Configurations are cached per shape, and each launcher caches its whole plan (the Launch objects
+with their grid and every argument the shape fixes), so the host pays for this once per shape.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import dataclass
-from typing import Any, Dict, NamedTuple, Tuple
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
 
 import triton
 
@@ -80,17 +80,24 @@ def launch_config(
     return LaunchConfig(block_r, block_p, block_pass, num_warps, row_bytes)
 
 
-class LaunchPlan(NamedTuple):
-    """Everything about one launch that the shape decides (the launchers cache one per shape)."""
+class KernelChoice(NamedTuple):
+    """The tile policy's pick for one shape: the grid's row blocks, the warps and the kernel's
+    compile-time arguments (read-only, by name)."""
 
-    n_row_blocks: int  # the grid's second dim
-    meta: Dict[str, Any]  # the compile-time arguments and num_warps, by name
-    constexprs: Tuple[Any, ...]  # the compile-time arguments in the kernel's parameter order
+    n_row_blocks: int
     num_warps: int
+    constexprs: Mapping[str, Any]
 
 
-def launch_plan_for(kernel, n_row_blocks: int, meta: Dict[str, Any]) -> LaunchPlan:
-    """The plan of `kernel` with these meta-parameters; the launch passes them positionally
-    (Triton binds positional arguments faster than keywords)."""
-    names = [name for name in inspect.signature(kernel.fn).parameters if name in meta]
-    return LaunchPlan(n_row_blocks, meta, tuple(meta[name] for name in names), meta["num_warps"])
+def kernel_choice(n_row_blocks: int, num_warps: int, **constexprs: Any) -> KernelChoice:
+    return KernelChoice(n_row_blocks, num_warps, MappingProxyType(constexprs))
+
+
+# Column offsets are int32 in the kernels (an int32 arange times the column stride): an input whose
+# last column lies further than this from its first is copied to a contiguous last dim first.
+MAX_COLUMN_SPAN = 2**31 - 1
+
+
+def reads_columns(stride_d: int, head_dim: int) -> bool:
+    """Whether the kernels read a head of `head_dim` columns `stride_d` elements apart in place."""
+    return stride_d == 1 or (head_dim - 1) * stride_d <= MAX_COLUMN_SPAN

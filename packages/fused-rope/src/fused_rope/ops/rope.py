@@ -8,29 +8,28 @@ through `RoPEFunction` without a graph break.
 """
 
 import functools
-from typing import Optional
+import math
+from typing import NamedTuple, Optional
 
 import torch
 
 from .. import _compat
-from .._compat import custom_bwd, custom_fwd, custom_op
-from .._validation import (
+from .._runtime.compat import custom_bwd, custom_fwd
+from .._runtime.launch import Launch
+from .._runtime.registration import custom_op
+from .._runtime.validation import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_bool,
     check_device,
     check_ndim,
-    check_optional_index,
-    check_rotary_dim,
+    check_optional_tensor,
     check_tensor,
-    on_kernel_device,
 )
+from .._validation import check_rotary_dim, on_kernel_device
 from ..kernels.rope import _rope_kernel
-from ._layout import empty_contiguous, unit_last_stride
-from .config import LaunchPlan, launch_config, launch_plan_for
-from .launch import KernelLaunches
-
-_rope_launches = KernelLaunches(_rope_kernel)
+from ._layout import contiguous_strides, empty_contiguous
+from .config import KernelChoice, kernel_choice, launch_config, reads_columns
 
 TENSOR_FORMATS = ("sbhd", "bshd", "thd")
 # Dims of t holding (sequence, batch, heads) per format (thd: tokens, -, heads).
@@ -42,19 +41,70 @@ SPLIT_INTERLEAVED_PAIRS = _compat.HAS_SPLIT_JOIN
 
 
 @functools.cache
-def launch_plan(
+def kernel_config(
     is_thd: bool, n_rows: int, d2: int, head_dim: int, element_size: int, interleaved: bool, split_pairs: bool,
     has_start: bool,
-) -> LaunchPlan:  # fmt: skip
-    """Everything about one _rope_kernel launch that the shape decides (cached per shape; the
-    forward and the backward share it, and their compiled kernel)."""
+) -> KernelChoice:  # fmt: skip
+    """The tiles, warps and compile-time arguments of _rope_kernel for rows of this shape (the forward
+    and the backward share them, and their compiled kernel: the direction is a runtime argument)."""
     cfg = launch_config(n_rows, d2 // 2, head_dim - d2, element_size, True, 2 if split_pairs else 1)
-    meta = dict(
-        HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=is_thd, HAS_START=has_start, INTERLEAVED=interleaved,
-        SPLIT_PAIRS=split_pairs, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
-        BLOCK_PASS=cfg.block_pass, num_warps=cfg.num_warps,
+    return kernel_choice(
+        -(-n_rows // cfg.block_r), cfg.num_warps, HALF=d2 // 2, HEAD_DIM=head_dim, IS_THD=is_thd,
+        HAS_START=has_start, INTERLEAVED=interleaved, SPLIT_PAIRS=split_pairs, BLOCK_R=cfg.block_r,
+        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass,
     )  # fmt: skip
-    return launch_plan_for(_rope_kernel, -(-n_rows // cfg.block_r), meta)
+
+
+class RopePlan(NamedTuple):
+    """One _rope_kernel call for one key of layouts and options: the launch, with its grid and every
+    stride, size and compile-time argument fixed, and the copies its inputs need first."""
+
+    launch: Optional[Launch]  # None when t is empty
+    copy_t: bool  # t's columns are too far apart for the kernel's int32 column offsets
+    copy_freqs: bool  # freqs' last dim is strided (the kernel reads it contiguous)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(
+    tensor_format: str, t_shape: torch.Size, t_stride: tuple, dtype: torch.dtype, d2: int, freqs_stride: tuple,
+    interleaved: bool, has_start: bool, n_cu_seqlens: Optional[int], transpose: int,
+) -> RopePlan:  # fmt: skip
+    """The plan of a call on t of this shape, strides and dtype (checked by the caller) into a new
+    contiguous tensor; n_cu_seqlens: cu_seqlens' length (thd), transpose: 1 for the backward."""
+    if math.prod(t_shape) == 0:
+        return RopePlan(None, False, False)
+    head_dim = t_shape[-1]
+    copy_t = not reads_columns(t_stride[-1], head_dim)
+    if copy_t:
+        t_stride = contiguous_strides(t_shape)
+    copy_freqs = freqs_stride[-1] != 1
+    stride_freqs_s = d2 if copy_freqs else freqs_stride[0]  # a contiguous (s2, 1, 1, d2) or (s2, d2) copy
+    out_stride = contiguous_strides(t_shape)
+    seq_dim, batch_dim, head_dim_index = _SEQ_BATCH_HEAD_DIMS[tensor_format]
+    n_heads = t_shape[head_dim_index]
+    if batch_dim is None:  # thd: one program per token, rows are its heads
+        n_seqs = n_cu_seqlens - 1
+        n_groups, n_batch_groups, n_rows = t_shape[0], 1, n_heads
+        stride_t_b = stride_out_b = 0
+    else:
+        batch, n_seqs = t_shape[batch_dim], 0
+        # With start positions each batch entry has its own angles: one batch entry per program.
+        n_batch_groups = batch if has_start else 1
+        n_groups, n_rows = t_shape[seq_dim] * n_batch_groups, n_heads * (batch // n_batch_groups)
+        stride_t_b, stride_out_b = t_stride[batch_dim], out_stride[batch_dim]
+    choice = kernel_config(
+        batch_dim is None, n_rows, d2, head_dim, dtype.itemsize, interleaved, interleaved and SPLIT_INTERLEAVED_PAIRS,
+        has_start,
+    )  # fmt: skip
+    launch = Launch(
+        _rope_kernel, (n_groups, choice.n_row_blocks), num_warps=choice.num_warps,
+        stride_t_s=t_stride[seq_dim], stride_t_b=stride_t_b, stride_t_h=t_stride[head_dim_index],
+        stride_t_d=t_stride[-1], stride_out_s=out_stride[seq_dim], stride_out_b=stride_out_b,
+        stride_out_h=out_stride[head_dim_index], stride_freqs_s=stride_freqs_s, n_batch_groups=n_batch_groups,
+        n_heads=n_heads, n_rows=n_rows, n_seqs=n_seqs, search_steps=(n_seqs - 1).bit_length() if n_seqs else 0,
+        transpose=transpose, **choice.constexprs,
+    )  # fmt: skip
+    return RopePlan(launch, copy_t, copy_freqs)
 
 
 def _launch(
@@ -68,39 +118,25 @@ def _launch(
 ) -> torch.Tensor:
     """One launch of _rope_kernel over t (checked by the caller); returns a new contiguous tensor
     (TransformerEngine's fused kernel allocates its output and its gradient contiguous, whatever
-    the input's strides; the kernel writes any strides, so this costs nothing).
+    the input's strides; the kernel reads any strides, so this costs nothing).
 
     freqs: (s2, 1, 1, d2) or (s2, d2) (the kernel steps by its stride(0) from one position to
     the next; a strided last dim is copied).
     """
+    plan = _plan(
+        tensor_format, t.shape, t.stride(), t.dtype, freqs.shape[-1], freqs.stride(), interleaved,
+        start_positions is not None, None if cu_seqlens is None else cu_seqlens.shape[0], transpose,
+    )  # fmt: skip
     out = empty_contiguous(t)
-    if out.numel() == 0:
-        return out
-    t, freqs = unit_last_stride(t), unit_last_stride(freqs)
-    t_shape, t_stride, out_stride = t.shape, t.stride(), out.stride()
-    seq_dim, batch_dim, head_dim_index = _SEQ_BATCH_HEAD_DIMS[tensor_format]
-    n_heads = t_shape[head_dim_index]
-    if batch_dim is None:  # thd: one program per token, rows are its heads
-        n_seqs = cu_seqlens.shape[0] - 1
-        n_groups, n_batch_groups, n_rows = t_shape[0], 1, n_heads
-        stride_t_b = stride_out_b = 0
-    else:
-        batch, n_seqs = t_shape[batch_dim], 0
-        # With start positions each batch entry has its own angles: one batch entry per program.
-        n_batch_groups = batch if start_positions is not None else 1
-        n_groups, n_rows = t_shape[seq_dim] * n_batch_groups, n_heads * (batch // n_batch_groups)
-        stride_t_b, stride_out_b = t_stride[batch_dim], out_stride[batch_dim]
-    plan = launch_plan(
-        batch_dim is None, n_rows, freqs.shape[-1], t_shape[-1], t.element_size(), interleaved,
-        interleaved and SPLIT_INTERLEAVED_PAIRS, start_positions is not None,
-    )  # fmt: skip
-    _rope_launches(
-        plan, (n_groups, plan.n_row_blocks),
-        (t, freqs, out, t if start_positions is None else start_positions, t if cu_seqlens is None else cu_seqlens),
-        (t_stride[seq_dim], stride_t_b, t_stride[head_dim_index], out_stride[seq_dim], stride_out_b,
-         out_stride[head_dim_index], freqs.stride(0)),
-        (n_batch_groups, n_heads, n_rows, n_seqs, (n_seqs - 1).bit_length() if n_seqs else 0, transpose),
-    )  # fmt: skip
+    if plan.launch is not None:
+        if plan.copy_t:
+            t = t.contiguous()
+        if plan.copy_freqs:
+            freqs = freqs.contiguous()
+        # A pointer the kernel does not read (no start positions, not thd) is given t.
+        plan.launch(
+            t, freqs, out, t if start_positions is None else start_positions, t if cu_seqlens is None else cu_seqlens
+        )
     return out
 
 
@@ -217,7 +253,7 @@ def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_pos
         check_bool("interleaved", interleaved)
     for name, index in (("cu_seqlens", cu_seqlens), ("start_positions", start_positions)):
         if index is not None and (not isinstance(index, torch.Tensor) or index.dtype not in INDEX_DTYPES):
-            check_optional_index(name, index)
+            check_optional_tensor(name, index, INDEX_DTYPES)
     thd = tensor_format == "thd"
     t_shape, freqs_shape = t.shape, freqs.shape
     if len(t_shape) != (3 if thd else 4):

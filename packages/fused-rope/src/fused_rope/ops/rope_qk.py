@@ -4,34 +4,26 @@
 for k) from precomputed tables, q and k of one token in the same launch, optionally in place.
 
 The eager path is kept short because a RoPE launch is a few hundred microseconds of GPU time
-at most and the host path of a forward plus backward was once longer than both kernels:
-the checks read each attribute once, each launch looks its whole plan up in one cached call,
-and eager calls reach the launchers without the operator dispatcher.
+at most: the checks read each attribute once; each launch looks its plan up in one cached call
+(the Launch with its grid and every argument fixed, which calls the compiled kernel directly
+after its first launch), allocates its outputs and launches; gradients are read in the layout
+they arrive in (an expanded one is not copied); eager calls reach the launchers without the
+operator dispatcher.
 """
 
 import functools
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .._compat import custom_bwd, custom_fwd, custom_op, is_compiling
-from .._validation import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_bool,
-    check_device,
-    check_ndim,
-    check_overwritable,
-    check_rotary_dim,
-    check_tensor,
-    on_kernel_device,
-)
+from .._runtime.compat import custom_bwd, custom_fwd, is_compiling
+from .._runtime.launch import Launch
+from .._runtime.registration import custom_op
+from .._runtime.validation import FLOAT_DTYPES, INDEX_DTYPES, check_bool, check_device, check_ndim, check_tensor
+from .._validation import check_overwritable, check_rotary_dim, on_kernel_device
 from ..kernels.rope_qk import _rope_qk_kernel
-from ._layout import output_like, unit_last_stride
-from .config import LaunchPlan, launch_config, launch_plan_for
-from .launch import KernelLaunches
-
-_rope_qk_launches = KernelLaunches(_rope_qk_kernel)
+from ._layout import contiguous_strides, empty_contiguous, output_like, output_strides
+from .config import KernelChoice, kernel_choice, launch_config, reads_columns
 
 # Tiles of the HF-style kernel (H100, Triton 3.6, bf16 q, k (4, 4096, H, D) forward): whole token
 # rows do best, q's and k's in one program: (H, D) = (32, 512) takes 0.728 ms with 32-row tiles
@@ -46,11 +38,11 @@ QK_TOGETHER_MIN_BYTES = 4096
 
 
 @functools.cache
-def launch_plan(
+def kernel_config(
     n_q_heads: int, n_k_heads: int, d2: int, head_dim: int, element_size: int, in_place: bool, has_position_ids: bool,
-) -> LaunchPlan:  # fmt: skip
-    """Everything about one _rope_qk_kernel launch that the shape decides (cached per shape; the
-    forward into new tensors and the backward share it, and their compiled kernel).
+) -> KernelChoice:  # fmt: skip
+    """The tiles, warps and compile-time arguments of _rope_qk_kernel for heads of this shape (the
+    forward into new tensors and the backward share them, and their compiled kernel).
 
     One BLOCK_R for q and k, from the larger head count; q and k in one program (with twice the
     warps: twice the tile) when each fits one tile of at least QK_TOGETHER_MIN_BYTES.
@@ -64,60 +56,126 @@ def launch_plan(
         n_row_blocks, num_warps = 1, min(QK_MAX_WARPS, 2 * cfg.num_warps)
     else:
         n_row_blocks, num_warps = -(-n_q_heads // cfg.block_r) - (-n_k_heads // cfg.block_r), cfg.num_warps
-    meta = dict(
-        HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids, BLOCK_R=cfg.block_r,
-        BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, QK_TOGETHER=together, num_warps=num_warps,
+    return kernel_choice(
+        n_row_blocks, num_warps, HALF=d2 // 2, HEAD_DIM=head_dim, HAS_POSITION_IDS=has_position_ids,
+        BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, BLOCK_PASS=cfg.block_pass, QK_TOGETHER=together,
     )  # fmt: skip
-    return launch_plan_for(_rope_qk_kernel, n_row_blocks, meta)
 
 
-def table_strides(cos: torch.Tensor) -> Tuple[int, int]:
+def table_strides(shape: Tuple[int, ...], stride: Tuple[int, ...]) -> Tuple[int, int]:
     """(batch, position) strides of a (P, d2) or (Bc, P, d2) table; batch 0 where it broadcasts."""
-    stride = cos.stride()
-    if len(stride) == 2 or cos.shape[0] == 1:
+    if len(stride) == 2 or shape[0] == 1:
         return 0, stride[-2]
     return stride[0], stride[1]
 
 
-def _launch(q, k, cos, sin, position_ids, q_out, k_out, transpose: int) -> None:
-    """One launch of _rope_qk_kernel: q_out, k_out (which may be q, k) <- transform of q, k.
+class QKPlan(NamedTuple):
+    """One _rope_qk_kernel call for one key of layouts and options: the launch, with its grid and
+    every stride, size and compile-time argument fixed, how the outputs are allocated and the
+    copies the inputs need first."""
 
-    q, k: last dim contiguous. k and k_out may be None: q alone (the in-place backward treats q
-    and k one at a time). The kernel indexes cos and sin with one set of strides and
-    position_ids as contiguous: unusual layouts of these small tensors are copied here, at run
-    time (under torch.compile only here are the strides the real ones).
-    """
-    cos_stride = cos.stride()
-    if cos_stride[-1] != 1 or sin.stride() != cos_stride:
-        cos, sin = cos.contiguous(), sin.contiguous()
-    batch, n_q_heads, seq_len, head_dim = q.shape
-    n_tokens = batch * seq_len
-    if k is None:
-        k = k_out = q
-        n_k_heads = 0
+    launch: Optional[Launch]  # None when there are no tokens or no heads
+    # New outputs as output_like: empty_like of q (k) where its last dim is contiguous, else contiguous.
+    q_out_like_q: bool
+    k_out_like_k: bool
+    copies: bool  # an input needs a copy first (see _copy_inputs); rare
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(
+    q_shape: torch.Size, q_stride: tuple, k_shape: Optional[torch.Size], k_stride: Optional[tuple],
+    dtype: torch.dtype, table_shape: torch.Size, table_stride: tuple, sin_stride: tuple,
+    position_batch: Optional[int], in_place: bool, transpose: int,
+) -> QKPlan:  # fmt: skip
+    """The plan of a call on q, k (checked by the caller; k None: q alone, as the in-place path's
+    backward) with tables cos, sin of these layouts; position_batch: position_ids' dim 0 or None;
+    in_place: the outputs are q and k themselves; transpose: 1 for the backward."""
+    batch, n_q_heads, seq_len, head_dim = q_shape
+    n_k_heads = 0 if k_shape is None else k_shape[1]
+    q_out_like_q, k_out_like_k = q_stride[-1] == 1, k_stride is None or k_stride[-1] == 1
+    if batch * seq_len == 0 or n_q_heads + n_k_heads == 0:
+        return QKPlan(None, q_out_like_q, k_out_like_k, False)
+    if in_place:
+        if q_stride[-1] != 1 or (k_stride is not None and k_stride[-1] != 1):
+            raise ValueError("inplace=True needs q and k with a contiguous last dim (stride 1)")
+        q_out_stride, k_out_stride = q_stride, k_stride
     else:
-        n_k_heads = k.shape[1]
-    if n_tokens == 0 or n_q_heads + n_k_heads == 0:
-        return
-    plan = launch_plan(
-        n_q_heads, n_k_heads, cos.shape[-1], head_dim, q.element_size(), q_out is q, position_ids is not None
+        q_out_stride = output_strides(q_shape, q_stride, dtype)
+        k_out_stride = None if k_shape is None else output_strides(k_shape, k_stride, dtype)
+    copy_q = not reads_columns(q_stride[-1], head_dim)
+    copy_k = k_stride is not None and not reads_columns(k_stride[-1], head_dim)
+    copy_tables = table_stride[-1] != 1 or sin_stride != table_stride
+    if copy_q:
+        q_stride = contiguous_strides(q_shape)
+    if copy_k:
+        k_stride = contiguous_strides(k_shape)
+    if copy_tables:
+        table_stride = contiguous_strides(table_shape)
+    if k_shape is None:  # q stands in for k and its output (no k program runs)
+        k_stride, k_out_stride = q_stride, q_out_stride
+    choice = kernel_config(
+        n_q_heads, n_k_heads, table_shape[-1], head_dim, dtype.itemsize, in_place, position_batch is not None
     )
-    if position_ids is None:
-        position_ids, stride_pos_b = q, 0
-    else:
-        position_ids = position_ids.contiguous()
-        stride_pos_b = 0 if position_ids.shape[0] == 1 else seq_len
-    stride_q, stride_k, stride_q_out, stride_k_out = q.stride(), k.stride(), q_out.stride(), k_out.stride()
-    _rope_qk_launches(
-        plan, (n_tokens, plan.n_row_blocks), (q, k, cos, sin, position_ids, q_out, k_out),
-        (*stride_q[:3], *stride_k[:3], *stride_q_out[:3], *stride_k_out[:3], *table_strides(cos), stride_pos_b),
-        (seq_len, n_q_heads, n_k_heads, transpose),
+    stride_table_b, stride_table_s = table_strides(table_shape, table_stride)
+    launch = Launch(
+        _rope_qk_kernel, (batch * seq_len, choice.n_row_blocks), num_warps=choice.num_warps,
+        stride_q_b=q_stride[0], stride_q_h=q_stride[1], stride_q_s=q_stride[2], stride_q_d=q_stride[3],
+        stride_k_b=k_stride[0], stride_k_h=k_stride[1], stride_k_s=k_stride[2], stride_k_d=k_stride[3],
+        stride_q_out_b=q_out_stride[0], stride_q_out_h=q_out_stride[1], stride_q_out_s=q_out_stride[2],
+        stride_k_out_b=k_out_stride[0], stride_k_out_h=k_out_stride[1], stride_k_out_s=k_out_stride[2],
+        stride_table_b=stride_table_b, stride_table_s=stride_table_s,
+        stride_pos_b=0 if position_batch is None or position_batch == 1 else seq_len,
+        seq_len=seq_len, n_q_heads=n_q_heads, n_k_heads=n_k_heads, transpose=transpose, **choice.constexprs,
     )  # fmt: skip
+    return QKPlan(launch, q_out_like_q, k_out_like_k, copy_q or copy_k or copy_tables)
 
 
-def _launch_new(q, k, cos, sin, position_ids, transpose: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    q_out, k_out = output_like(q), output_like(k)
-    _launch(unit_last_stride(q), unit_last_stride(k), cos, sin, position_ids, q_out, k_out, transpose)
+def _copy_inputs(q, k, cos, sin):
+    """The copies a plan with `copies` asks for: q or k whose columns are too far apart for the
+    kernel's int32 column offsets, cos and sin with a strided last dim or different strides."""
+    head_dim = q.shape[-1]
+    if not reads_columns(q.stride(-1), head_dim):
+        q = q.contiguous()
+    if k is not None and not reads_columns(k.stride(-1), head_dim):
+        k = k.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return q, k, cos, sin
+
+
+def _launch(
+    q: torch.Tensor,
+    k: Optional[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: Optional[torch.Tensor],
+    in_place: bool,
+    transpose: int,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One launch of _rope_qk_kernel: (q_out, k_out) <- transform of q, k; q and k themselves when
+    in_place, else new tensors (output_like). k may be None: q alone (k_out None).
+
+    The kernel indexes cos and sin with one set of strides and position_ids as contiguous:
+    unusual layouts of these small tensors are copied here, at run time (under torch.compile
+    only here are the strides the real ones).
+    """
+    plan = _plan(
+        q.shape, q.stride(), None if k is None else k.shape, None if k is None else k.stride(), q.dtype, cos.shape,
+        cos.stride(), sin.stride(), None if position_ids is None else position_ids.shape[0], in_place, transpose,
+    )  # fmt: skip
+    if in_place:
+        q_out, k_out = q, k
+    else:
+        q_out = torch.empty_like(q) if plan.q_out_like_q else empty_contiguous(q)
+        k_out = None if k is None else torch.empty_like(k) if plan.k_out_like_k else empty_contiguous(k)
+    if plan.launch is not None:
+        if plan.copies:
+            q, k, cos, sin = _copy_inputs(q, k, cos, sin)
+        position_ids = q if position_ids is None else position_ids.contiguous()
+        if k is None:
+            plan.launch(q, q, cos, sin, position_ids, q_out, q_out)
+        else:
+            plan.launch(q, k, cos, sin, position_ids, q_out, k_out)
     return q_out, k_out
 
 
@@ -143,7 +201,7 @@ def rope_qk_fwd(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward launcher into new tensors (position_ids' values checked first)."""
     _check_position_values(position_ids, cos)
-    return _launch_new(q, k, cos, sin, position_ids, 0)
+    return _launch(q, k, cos, sin, position_ids, False, 0)
 
 
 def _fake_in_place(q, k, *args) -> None:
@@ -156,7 +214,7 @@ def rope_qk_fwd_(
 ) -> None:
     """Forward launcher in place: q and k (last dim contiguous) are overwritten."""
     _check_position_values(position_ids, cos)
-    _launch(q, k, cos, sin, position_ids, q, k, 0)
+    _launch(q, k, cos, sin, position_ids, True, 0)
 
 
 @custom_op("fused_rope::rope_qk_bwd", fake=_fake_new)
@@ -164,7 +222,7 @@ def rope_qk_bwd(
     dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: Optional[torch.Tensor]
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Backward launcher: the transposed transform of both gradients, into new tensors."""
-    return _launch_new(dq, dk, cos, sin, position_ids, 1)
+    return _launch(dq, dk, cos, sin, position_ids, False, 1)
 
 
 def _fake_one(dx, *args):
@@ -176,9 +234,7 @@ def rope_qk_bwd_one(
     dx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: Optional[torch.Tensor]
 ) -> torch.Tensor:
     """Backward launcher for one of q, k (the in-place path's gradients arrive one at a time)."""
-    dx_in = output_like(dx)
-    _launch(unit_last_stride(dx), None, cos, sin, position_ids, dx_in, None, 1)
-    return dx_in
+    return _launch(dx, None, cos, sin, position_ids, False, 1)[0]
 
 
 class RoPEQKFunction(torch.autograd.Function):
