@@ -120,6 +120,26 @@ def test_in_place_on_views_of_one_buffer_updates_it_and_its_gradient(device):
     assert_close_to_reference(qkv_weight.grad, w64.grad, name="weight grad through the in-place rotation")
 
 
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+def test_backward_of_a_sum_gets_expanded_gradients(rotary_percent, device):
+    """(q_out.sum() + k_out.sum()).backward() hands the backward stride-0 gradients (read as they are:
+    column stride 0), the pass-through columns included."""
+    q, k = bhsd(2, 3, 5, 16, torch.float32, device), bhsd(2, 1, 5, 16, torch.float32, device)
+    cos, sin = make_tables(1, 5, int(16 * rotary_percent), device)
+    leaves = [x.detach().requires_grad_(True) for x in (q, k)]
+    q_out, k_out = apply_rotary_qk(*leaves, cos, sin)
+    (q_out.sum() + k_out.sum()).backward()
+
+    def reference_grads(dtype):
+        refs = [x.detach().to(dtype).requires_grad_(True) for x in (q, k)]
+        q_ref, k_ref = rotary_qk_reference(*refs, cos.to(dtype), sin.to(dtype))
+        (q_ref.sum() + k_ref.sum()).backward()
+        return [x.grad for x in refs]
+
+    for name, got, ref, twin in zip(("dq", "dk"), leaves, reference_grads(torch.float64), reference_grads(q.dtype)):
+        assert_close_to_reference(got.grad, ref, twin, name=name)
+
+
 def test_output_keeps_the_input_layout(device):
     q, k = bhsd(2, 3, 5, 16, torch.float32, device), bhsd(2, 1, 5, 16, torch.float32, device)
     q_out, k_out = apply_rotary_qk(q, k, *make_tables(1, 5, 16, device))
@@ -128,7 +148,7 @@ def test_output_keeps_the_input_layout(device):
 
 def test_non_contiguous_tables_and_strided_head_dim(device, rope_checks):
     cos, sin = make_tables(1, 10, 16, device)
-    q = torch.randn(2, 3, 5, 16, 2, device=device)[..., 0]  # last dim stride 2: copied for the kernel
+    q = torch.randn(2, 3, 5, 16, 2, device=device)[..., 0]  # last dim stride 2: read with its column stride
     k = torch.randn(2, 5, 2, 16, device=device).transpose(1, 2)
     rope_checks.check_rope_qk(q, k, cos[:, ::2], sin[:, ::2])
     # cos and sin with different strides (the kernel indexes both with one set: copied)

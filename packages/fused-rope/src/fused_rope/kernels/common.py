@@ -31,7 +31,10 @@ kernel's angle arithmetic overlaps the loads in flight). Two ways to gather pair
   2 * HALF rotary columns, pairs split and joined in registers with tl.split / tl.join
   (Triton >= 3: vector loads and stores for interleaved pairs).
 Columns past 2 * HALF pass through (`_load_pass` / `_store_pass`): copied when the output is a
-new tensor, untouched in place.
+new tensor, untouched in place. Inputs are read with their column stride (`stride_x_d`: 0 for the
+expanded gradient of a sum, 2 for every other column of a wider buffer), so no layout needs a copy
+first; a stride of 1 is what the JIT then compiles as a constant, to the same contiguous vector
+loads as a kernel without the argument. Outputs are written with unit column stride.
 """
 
 import triton

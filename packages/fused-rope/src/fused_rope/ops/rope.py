@@ -4,7 +4,9 @@
 (formats sbhd / bshd / thd, partial rotary, interleaved pairs, start positions) in one fused
 kernel for the forward and one for the backward (the transposed transform). The launchers
 are registered as torch custom operators where torch has them, so torch.compile traces
-through `RoPEFunction` without a graph break.
+through `RoPEFunction` without a graph break. A launch looks up the plan of its key (t's shape,
+strides and dtype, freqs' layout, the options and the direction) once per call: an immutable
+value holding the Launch with its grid and every argument fixed.
 """
 
 import functools
