@@ -213,15 +213,13 @@ def _first_config_only(request, monkeypatch):
         return
     original = configs.candidate_configs
     monkeypatch.setattr(configs, "candidate_configs", lambda *args: original(*args)[:1])
-    monkeypatch.setattr(launch, "candidate_configs", configs.candidate_configs)
     _forget_configs()
     yield
     _forget_configs()
 
 
 def _forget_configs():
-    """Drop the autotuners and the launch plans (which keep the configs they chose)."""
-    configs.autotuned_kernel.cache_clear()
+    """Drop the plans, the autotuners and their choices."""
     launch.clear_plans()
 
 

@@ -12,8 +12,8 @@ from fused_attention import (
     flash_attention_varlen,
 )
 from fused_attention._compat import HAS_CUSTOM_OP
-from fused_attention.ops.attention import _MAX_POSITION_STRIDE, _addressable
-from fused_attention.ops.launch import AttentionSpec
+from fused_attention.ops.attention import AttentionOpFunction, _addressable
+from fused_attention.ops.launch import MAX_POSITION_STRIDE, AttentionSpec, forward_plan
 
 pytestmark = pytest.mark.kernels
 
@@ -34,10 +34,11 @@ def _assert_identical(actual, expected):
 
 @pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
 @pytest.mark.torch_dynamo  # a custom op's autograd path imports torch._dynamo
-def test_autograd_function_path_matches_custom_op(attn, device):
-    """FlashAttentionFunction (eager, and torch < 2.4) and the custom op (what torch.compile traces)
-    run the same launchers: identical results, through both outputs (deterministic backward: the
-    default one's dQ may differ in the last bits from run to run on a GPU)."""
+def test_autograd_function_paths_match_the_custom_op(attn, device):
+    """The eager Function on a plan (what flash_attention runs), the custom ops' Function (torch <
+    2.4 under torch.compile) and the custom op itself (what torch.compile traces) run the same
+    launchers: identical results, through both outputs (deterministic backward: the default one's
+    dQ may differ in the last bits from run to run on a GPU)."""
     q, k, v = attn.random_qkv(2, 23, 30, 4, 2, 64, BF16, device)
     slopes = alibi_slopes(4, device=device)
     dout = torch.randn(q.shape, device=device).to(BF16)
@@ -45,17 +46,30 @@ def test_autograd_function_path_matches_custom_op(attn, device):
     spec = AttentionSpec(2, 4, 2, 64, 23, 30, 0.125, -1, 0, True, False, False, True)
 
     def through_function(q, k, v):
-        return FlashAttentionFunction.apply(q, k, v, slopes, None, None, spec)
+        return FlashAttentionFunction.apply(q, k, v, slopes, None, None, forward_plan(q, k, v, slopes, spec))
+
+    def through_op_function(q, k, v):
+        return AttentionOpFunction.apply(q, k, v, slopes, None, None, *spec.to_op_args())
 
     def through_custom_op(q, k, v):
-        return torch.ops.fused_attention.fwd(q, k, v, slopes, None, None, *spec.to_op_args())
+        return torch.ops.fused_attention.attention_fwd(q, k, v, slopes, None, None, *spec.to_op_args())
 
     def through_api(q, k, v):
         return flash_attention(q, k, v, causal=True, alibi_slopes=slopes, return_lse=True, deterministic=True)
 
     expected = _outputs_and_grads(through_api, q, k, v, dout, dlse)
-    _assert_identical(_outputs_and_grads(through_function, q, k, v, dout, dlse), expected)
-    _assert_identical(_outputs_and_grads(through_custom_op, q, k, v, dout, dlse), expected)
+    for path in (through_function, through_op_function, through_custom_op):
+        _assert_identical(_outputs_and_grads(path, q, k, v, dout, dlse), expected)
+
+
+def test_double_backward_raises(attn, device):
+    """The kernels' gradients are not differentiable: a backward with create_graph=True hands back
+    gradients whose own backward raises, rather than gradients that silently lack that dependence."""
+    q, k, v = (t.requires_grad_(True) for t in attn.random_qkv(1, 9, 9, 2, 2, 32, BF16, device))
+    dout = torch.randn(q.shape, device=device).to(BF16).requires_grad_(True)
+    (dq,) = torch.autograd.grad(flash_attention(q, k, v), q, dout, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.float().sum().backward()
 
 
 @pytest.mark.torch_compile
@@ -122,7 +136,7 @@ def test_far_apart_positions_are_copied(attn, device):
     """The kernels add a tile's row offsets in int32: an input whose positions lie more than 2^24
     elements apart (where 127 rows pass 2^31) is copied to a packed layout first; others are not."""
     _, k, v = attn.random_qkv(1, 2, 2, 1, 1, 16, BF16, device)
-    stride = _MAX_POSITION_STRIDE + 16
+    stride = MAX_POSITION_STRIDE + 16
     buffer = torch.randn(stride + 16, device=device).to(BF16)  # two rows, one per end
     far = buffer.as_strided((1, 2, 1, 16), (2 * stride, stride, 16, 1))
     near = buffer.as_strided((1, 2, 1, 16), (2 * stride, stride - 16, 16, 1))

@@ -18,8 +18,9 @@ import pytest
 import torch
 from tritonformer_testkit import triton_version
 
-from fused_attention import _compat, alibi_slopes, flash_attention
-from fused_attention.ops import configs, launch
+from fused_attention import alibi_slopes, flash_attention
+from fused_attention._runtime.launch import DIRECT_LAUNCH, Launch
+from fused_attention.ops import configs
 from fused_attention.ops.configs import candidate_configs, dq_atomic
 from fused_attention.ops.launch import AttentionSpec, _tma_by_default, attention_bwd, attention_fwd
 
@@ -110,25 +111,17 @@ def test_grouped_query_heads(n_heads, n_kv_heads, causal, seqlen, attn):
 
 @pytest.mark.gpu(reason="direct launches need the compiled kernels")
 def test_direct_launches_repeat_the_jit_launch(attn, monkeypatch):
-    """A plan's first call launches through Triton's JIT, later ones through the compiled kernel's
-    launcher (_compat.direct_launcher, every grid dim passed): the second call of a forward and
-    backward gives the first call's results bit for bit (the default backward has no atomics)."""
-    direct_calls = []
-    original = launch.direct_launcher
+    """A plan's Launches go through Triton's JIT on their first call and, on Triton 3.4-3.9, call
+    the compiled kernel directly after: the second call of a forward and backward gives the first
+    call's results bit for bit (the default backward has no atomics on the GPU)."""
+    launched = []
+    call = Launch.__call__
 
-    def counting(compiled):
-        run = original(compiled)
-        if run is None:
-            return None
+    def recording(self, *args):
+        launched.append(self)
+        return call(self, *args)
 
-        def counted(*args):
-            launched = run(*args)
-            direct_calls.append(launched)
-            return launched
-
-        return counted
-
-    monkeypatch.setattr(launch, "direct_launcher", counting)
+    monkeypatch.setattr(Launch, "__call__", recording)
     q, k, v = attn.random_qkv(2, 300, 300, 4, 2, 64, BF16, "cuda")
     dout = torch.randn_like(q)
     results = []
@@ -139,8 +132,33 @@ def test_direct_launches_repeat_the_jit_launch(attn, monkeypatch):
         results.append([out, *(t.grad for t in leaves)])
     for first, second in zip(*results):
         assert torch.equal(first, second)
-    if _compat.DIRECT_LAUNCH:
-        assert direct_calls and all(direct_calls), "the second call did not launch directly"
+    assert len(launched) == 8  # forward, pre-pass, dK/dV and dQ kernels, twice: the same Launches
+    assert launched[:4] == launched[4:]
+    if DIRECT_LAUNCH:  # each Launch keeps the compiled kernel it calls directly
+        assert all(launch._compiled for launch in launched)
+
+
+@pytest.mark.gpu(reason="autotuning times several configs, which happens only compiled")
+def test_an_autotuned_plan_launches_its_choice(attn, monkeypatch, full_autotune):
+    """With several candidate configs the autotuner chooses on a plan's first call; the plan's later
+    calls launch that choice (the runtime's tuning publishes it whole) with the same results."""
+    original = configs.candidate_configs
+    monkeypatch.setattr(configs, "candidate_configs", lambda *args: original(*args)[:2])
+    q, k, v = attn.random_qkv(2, 300, 300, 4, 2, 64, BF16, "cuda")
+    dout = torch.randn_like(q)
+    results = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, causal=True, deterministic=True)
+        out.backward(dout)
+        results.append([out, *(t.grad for t in leaves)])
+    for first, second in zip(*results):
+        assert torch.equal(first, second)
+    tma = _tma_by_default(q.device)
+    for kind in ("fwd", "dkdv", "dq"):
+        (entry,) = configs.tuned_kernel(kind, 64, tma, 10).entries()
+        assert entry.config in configs.autotuned_kernel(kind, 64, tma, 10).configs
+    attn.check_attention(q, k, v, causal=True, deterministic=True)
 
 
 @pytest.mark.gpu(reason="the atomic dQ path at real sizes needs the compiled kernels")

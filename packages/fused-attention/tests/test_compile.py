@@ -15,7 +15,7 @@ import pytest
 import triton
 from tritonformer_testkit.aot import compile_to_cubin
 
-from fused_attention._compat import HAS_TENSOR_DESCRIPTOR
+from fused_attention._compat import HAS_TENSOR_DESCRIPTORS
 from fused_attention.kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
 from fused_attention.ops.configs import (
     DQ_ATOMIC,
@@ -83,7 +83,7 @@ def _cases():
 
 @pytest.mark.parametrize("kind, config, head_dim, dtype, flags, tma, arch, dq_atomic", list(_cases()))
 def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, arch, dq_atomic):
-    if tma and not HAS_TENSOR_DESCRIPTOR:
+    if tma and not HAS_TENSOR_DESCRIPTORS:
         pytest.skip("TMA descriptors need Triton >= 3.4: the launchers never choose these configs here")
     block_d = triton.next_power_of_2(head_dim)
     rows = getattr(config, DESCRIPTOR_ROWS[kind])

@@ -15,7 +15,7 @@ from fused_attention.ops.configs import (
     candidate_configs,
     length_class,
 )
-from fused_attention.ops.launch import DESCRIPTOR_POSITION, AttentionSpec, _descriptor_view, _tma_layout
+from fused_attention.ops.launch import DESCRIPTOR_POSITION, AttentionSpec, _descriptor_view, _tma_views
 
 TUNED = ["BLOCK_M", "BLOCK_N", "USE_TMA"]
 
@@ -54,31 +54,41 @@ def test_tables(kind, tma, full_autotune):
         assert len(tuned) == len(candidate_configs(kind, block_d, tma))
 
 
+def _view(t, spec):
+    return _descriptor_view(t.shape, t.stride(), t.element_size(), spec)
+
+
+def _heads_outer(spec, *tensors, aligned=True):
+    views = _tma_views(spec, [(t.shape, t.stride()) for t in tensors], tensors[0].element_size(), aligned)
+    return None if views is None else views[0][2]
+
+
 def test_tma_views_follow_memory_order():
     """Descriptor dims follow the memory order (strides non-increasing); what TMA cannot address is refused."""
     spec = AttentionSpec(2, 4, 4, 64, 128, 128, 0.125, -1, -1, False, False, False)
     sdpa = AttentionSpec(2, 4, 4, 64, 128, 128, 0.125, -1, -1, False, False, True)
     bshd = torch.empty(2, 128, 4, 64, dtype=torch.bfloat16)
-    assert _descriptor_view(bshd, spec) == ([2, 128, 4, 64], [128 * 4 * 64, 4 * 64, 64, 1], False)
+    assert _view(bshd, spec) == ([2, 128, 4, 64], [128 * 4 * 64, 4 * 64, 64, 1], False)
     bhsd = torch.empty(2, 4, 128, 64, dtype=torch.bfloat16)
-    assert _descriptor_view(bhsd, sdpa) == ([2, 4, 128, 64], [4 * 128 * 64, 128 * 64, 64, 1], True)
+    assert _view(bhsd, sdpa) == ([2, 4, 128, 64], [4 * 128 * 64, 128 * 64, 64, 1], True)
     # Size-1 dims take packed strides; a packed varlen batch is batch 1.
     one = torch.empty(1, 128, 1, 64, dtype=torch.bfloat16)[:, :, :, :]
-    assert _descriptor_view(one, spec) == ([1, 128, 1, 64], [128 * 64, 64, 64, 1], False)
+    assert _view(one, spec) == ([1, 128, 1, 64], [128 * 64, 64, 64, 1], False)
     packed = AttentionSpec(3, 4, 4, 64, 50, 50, 0.125, -1, -1, False, True, False)
-    assert _descriptor_view(torch.empty(90, 4, 64, dtype=torch.bfloat16), packed) == (
+    assert _view(torch.empty(90, 4, 64, dtype=torch.bfloat16), packed) == (
         [1, 90, 4, 64],
         [90 * 256, 256, 64, 1],
         False,
     )
-    assert _tma_layout(spec, (bshd, bshd)) is False and _tma_layout(sdpa, (bhsd, bhsd)) is True
+    assert _heads_outer(spec, bshd, bshd) is False and _heads_outer(sdpa, bhsd, bhsd) is True
     # Not addressable: a head stride that is not a multiple of 16 bytes, an empty tensor, a zero
-    # stride, mixed orders for the two streamed tensors.
+    # stride, mixed orders for the two streamed tensors, a base that is not 16-byte aligned.
     odd = torch.empty(2, 128, 4, 65, dtype=torch.bfloat16)[..., :64]
-    assert _descriptor_view(odd, spec) is None
-    assert _descriptor_view(torch.empty(2, 0, 4, 64, dtype=torch.bfloat16), spec) is None
-    assert _descriptor_view(torch.empty(1, 128, 1, 64, dtype=torch.bfloat16).expand(2, 128, 4, 64), spec) is None
-    assert _tma_layout(spec, (bshd, bhsd.transpose(1, 2))) is None
+    assert _view(odd, spec) is None
+    assert _view(torch.empty(2, 0, 4, 64, dtype=torch.bfloat16), spec) is None
+    assert _view(torch.empty(1, 128, 1, 64, dtype=torch.bfloat16).expand(2, 128, 4, 64), spec) is None
+    assert _heads_outer(spec, bshd, bhsd.transpose(1, 2)) is None
+    assert _heads_outer(spec, bshd, bshd, aligned=False) is None
 
 
 def test_length_classes():

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from fused_attention import alibi_slopes
-from fused_attention._compat import HAS_TENSOR_DESCRIPTOR
+from fused_attention._compat import HAS_TENSOR_DESCRIPTORS
 from fused_attention.ops.configs import KernelConfig
 from fused_attention.ops.launch import AttentionSpec, attention_bwd, attention_fwd
 
 pytestmark = pytest.mark.kernels
 
 needs_descriptors = pytest.mark.skipif(
-    not HAS_TENSOR_DESCRIPTOR, reason="triton.tools.tensor_descriptor needs Triton >= 3.4"
+    not HAS_TENSOR_DESCRIPTORS, reason="triton.tools.tensor_descriptor needs Triton >= 3.4"
 )
 
 

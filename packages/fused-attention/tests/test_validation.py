@@ -16,7 +16,6 @@ from fused_attention import (
     flash_attention_varlen,
 )
 from fused_attention._compat import KERNEL_DEVICE_TYPE
-from fused_attention.ops.attention import _dense_spec
 
 BF16 = torch.bfloat16
 
@@ -103,16 +102,24 @@ def test_rejects_zero_kv_heads():
 
 
 @pytest.mark.kernels
-def test_cached_checks_still_reject(device):
-    """The checks' outcome is cached per argument combination; an equal-comparing argument of the
-    wrong type (1 for True, (True, 0) for (1, 0)) is still rejected after the valid one passed."""
-    q, k, v = qkv(device=device)
-    valid = dict(causal=True, softmax_scale=1.0, window_size=(1, 0), layout="bshd", deterministic=False)
-    spec = _dense_spec(q, k, v, alibi_slopes=None, **valid)
-    assert _dense_spec(q, k, v, alibi_slopes=None, **valid) is spec
+@pytest.mark.parametrize("packed", [False, True], ids=["flash_attention", "qkvpacked"])
+def test_cached_checks_still_reject(packed, device):
+    """The checks' outcome is cached with the plan of each argument combination; an equal-comparing
+    argument of the wrong type (1 for True, (True, 0) for (1, 0)) is still rejected after the valid
+    one passed."""
+    q, k, v = (t.normal_() for t in qkv(batch=1, seqlen=3, heads=2, kv_heads=2, head_dim=16, device=device))
+    valid = dict(causal=True, softmax_scale=1.0, window_size=(1, 0), deterministic=False)
+
+    def call(**options):
+        if packed:
+            return flash_attention_qkvpacked(torch.cat((q, k, v), dim=2), **options)
+        return flash_attention(q, k, v, layout="bshd", **options)
+
+    for _ in range(2):  # builds the plan, then finds it
+        call(**valid)
     for name, bad in [("causal", 1), ("softmax_scale", True), ("window_size", (True, 0)), ("deterministic", 0)]:
         with pytest.raises(TypeError, match=rf"^{name} must be"):
-            _dense_spec(q, k, v, alibi_slopes=None, **dict(valid, **{name: bad}))
+            call(**dict(valid, **{name: bad}))
 
 
 def test_rejects_bad_alibi_slopes():
@@ -220,13 +227,13 @@ def test_module_and_helper_arguments():
         FlashAttention(deterministic="yes")
     with pytest.raises(TypeError, match=r"^deterministic must be a bool"):
         MultiheadSelfAttention(128, 8, deterministic=None)
-    with pytest.raises(ValueError, match=r"^n_head must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^n_head=0 must be >= 1"):
         MultiheadSelfAttention(128, 0)
     with pytest.raises(TypeError, match=r"^n_head must be an int, got float"):
         MultiheadSelfAttention(128, 2.0)
-    with pytest.raises(ValueError, match=r"^d_model must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^d_model=0 must be >= 1"):
         MultiheadSelfAttention(0, 1)
-    with pytest.raises(ValueError, match=r"^n_kv_head must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^n_kv_head=0 must be >= 1"):
         MultiheadSelfAttention(128, 8, 0)
     with pytest.raises(ValueError, match=r"^head dim 8 is not supported"):
         MultiheadSelfAttention(64, 8)
@@ -238,7 +245,7 @@ def test_module_and_helper_arguments():
     for x in (torch.empty(8, 128, device="meta", dtype=BF16), torch.empty(2, 8, 64, device="meta", dtype=BF16)):
         with pytest.raises(ValueError, match=r"^x must be a \(B, S, d_model=128\) tensor, got \("):
             module(x)
-    with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^n_heads=0 must be >= 1"):
         alibi_slopes(0)
     with pytest.raises(TypeError, match=r"^n_heads must be an int"):
         alibi_slopes(4.0)

@@ -1,13 +1,20 @@
-"""Input checks that run before any launch and name the offending argument."""
+"""This package's own input checks; the shared ones (check_tensor, check_same_dtype, check_device,
+check_bool, check_int, ...) are in `_runtime.validation`, re-exported here for the package's modules."""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Tuple
+from typing import Tuple
 
 import torch
 
-from ._compat import INTERPRETING, KERNEL_DEVICE_TYPE
+from ._runtime.validation import (  # noqa: F401 - re-exported for the package's modules
+    check_bool,
+    check_device,
+    check_int,
+    check_same_dtype,
+    check_tensor,
+)
 
 # The kernels run their matmuls on 16-bit tensor cores; fp32 inputs are rejected, not silently
 # rounded (under torch.autocast they are cast to the autocast dtype first, as SDPA does).
@@ -16,47 +23,10 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 160, 192, 256)
 LAYOUTS = ("bshd", "bhsd")
 
 
-def _names(dtypes: Iterable[torch.dtype]) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
-
-
-def check_tensor(name: str, value, dtypes: Iterable[torch.dtype]) -> torch.Tensor:
-    """`value` must be a tensor of one of `dtypes` (its device is checked by check_device)."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    dtypes = tuple(dtypes)
-    if value.dtype not in dtypes:
-        hint = ""
-        if value.dtype == torch.float32 and torch.float32 not in dtypes:
-            hint = " (cast to fp16/bf16, or call under torch.autocast)"
-        raise TypeError(f"{name} has dtype {value.dtype}; supported: {_names(dtypes)}{hint}")
-    return value
-
-
-def check_device(**tensors) -> None:
-    """Each tensor (None entries are skipped) must be on the kernels' device, all on the same one.
-
-    Called after the dtype and shape checks, so those errors read the same on any machine.
-    """
-    first = None
-    for name, value in tensors.items():
-        if value is None:
-            continue
-        if value.device.type != KERNEL_DEVICE_TYPE:
-            where = "the CPU (TRITON_INTERPRET=1 is set)" if INTERPRETING else "a CUDA device"
-            raise ValueError(f"{name} is on {value.device}; the kernels run on {where}")
-        if first is None:
-            first = (name, value.device)
-        elif value.device != first[1]:
-            raise ValueError(f"{name} is on {value.device} but {first[0]} is on {first[1]}")
-
-
 def check_qkv_dtypes(q, k, v) -> None:
     for name, value in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, value, ATTENTION_DTYPES)
-    for name, value in (("k", k), ("v", v)):
-        if value.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {value.dtype} but q has {q.dtype}: q, k and v must share one dtype")
+    check_same_dtype("q", q, k=k, v=v)
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -75,20 +45,6 @@ def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int) -
             f"q has {n_heads} heads and k/v have {n_kv_heads}: the query heads must be a multiple of the "
             "key/value heads (GQA/MQA)"
         )
-
-
-def check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def check_layout(layout) -> bool:
@@ -151,14 +107,6 @@ def check_alibi_slopes(alibi_slopes, batch: int, n_heads: int) -> None:
         raise ValueError(
             f"alibi_slopes must have shape ({n_heads},) or ({batch}, {n_heads}), got {tuple(alibi_slopes.shape)}"
         )
-
-
-def check_seqlen_arg(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
 
 
 def check_cu_seqlens(name: str, cu_seqlens) -> int:

@@ -7,6 +7,8 @@ from typing import List
 
 import torch
 
+from ._validation import check_int
+
 
 def _slopes(n_heads: int) -> List[float]:
     if n_heads & (n_heads - 1) == 0:
@@ -24,8 +26,5 @@ def alibi_slopes(n_heads: int, device=None) -> torch.Tensor:
     For n_heads a power of two they are 2^(-8 i / n_heads), i = 1..n_heads; otherwise the slopes of
     the nearest lower power of two followed by every other slope of the next higher one.
     """
-    if isinstance(n_heads, bool) or not isinstance(n_heads, int):
-        raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
-    if n_heads < 1:
-        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+    check_int("n_heads", n_heads, 1)
     return torch.tensor(_slopes(n_heads), dtype=torch.float32, device=device)

@@ -10,8 +10,8 @@ from torch import nn
 from ._validation import (
     check_bool,
     check_head_dim,
+    check_int,
     check_layout,
-    check_positive_int,
     check_softmax_scale,
     check_window,
 )
@@ -80,9 +80,9 @@ class MultiheadSelfAttention(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("n_head", n_head)
-        n_kv_head = n_head if n_kv_head is None else check_positive_int("n_kv_head", n_kv_head)
+        check_int("d_model", d_model, 1)
+        check_int("n_head", n_head, 1)
+        n_kv_head = n_head if n_kv_head is None else check_int("n_kv_head", n_kv_head, 1)
         if d_model % n_head:
             raise ValueError(f"d_model={d_model} must be a multiple of n_head={n_head}")
         if n_head % n_kv_head:

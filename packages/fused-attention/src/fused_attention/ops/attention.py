@@ -1,24 +1,28 @@
 """Autograd and the public functional API: flash_attention, flash_attention_varlen.
 
-Where torch has `torch.library.custom_op` (torch >= 2.4) the forward and backward launchers are
-registered as the custom ops `fused_attention::fwd` and `fused_attention::bwd`, with fake
-implementations and registered autograd, so `torch.compile(fullgraph=True)` traces through them.
-Eager calls (and older torch) run the same launchers inside `FlashAttentionFunction`, or call
-the forward launcher directly when no input needs a gradient.
+Eager host path, per call: one plan lookup, keyed by everything the checks and the kernels'
+launches read (shapes, strides, dtypes, devices, 16-byte alignment, options and their types);
+building a plan runs the checks, so a cached plan stands for checks that passed. The plan holds
+the forward plan of that layout (ops/launch.py), which allocates O and the LSE and launches;
+`FlashAttentionFunction` runs it and, in the backward, the backward plan of the gradient's
+layout; without an input that needs a gradient the forward runs with no autograd node.
 
-The eager host path is kept short (it is paid per layer per step, and at short sequences it
-can exceed the kernels): the checks read each attribute once, and their outcome for a
-combination of shapes, dtypes, devices and options is cached (`_dense_spec`), so a repeated call
-costs one dictionary lookup before the launchers, which cache their launch plans likewise.
+While torch.compile traces, the checks run as they are and the launchers are reached through
+the custom ops `fused_attention::attention_fwd` and `fused_attention::attention_bwd` (fake
+implementations and registered autograd, the runtime's differentiable_op), so
+`torch.compile(fullgraph=True)` sees no graph break.
+
+(No typing-from-the-future import here: torch infers the custom ops' schemas from the
+annotations of their launchers.)
 """
 
-from __future__ import annotations
-
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from .._compat import HAS_CUSTOM_OP, autocast_dtype, custom_bwd, custom_fwd, is_compiling
+from .._compat import autocast_dtype, custom_bwd, custom_fwd, is_compiling
+from .._runtime.registration import differentiable_op
 from .._validation import (
     check_alibi_slopes,
     check_bool,
@@ -26,113 +30,142 @@ from .._validation import (
     check_cu_seqlens_values,
     check_device,
     check_heads,
+    check_int,
     check_layout,
     check_qkv_dtypes,
-    check_seqlen_arg,
     check_softmax_scale,
     check_window,
 )
-from .launch import AttentionSpec, attention_bwd, attention_fwd, lse_shape
+from .launch import (
+    AttentionSpec,
+    ForwardPlan,
+    addressable,
+    attention_bwd,
+    attention_fwd,
+    call_plan_cache,
+    contiguous_strides,
+    layout_plan,
+    lse_shape,
+)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd of the attention kernels: saves q, k, v, O and the fp32 LSE; differentiable in q, k, v
-    and through both outputs (a gradient of the LSE enters the backward as delta -= dLSE)."""
+    """Autograd of the attention kernels on inputs laid out as `plan` (ops.launch.forward_plan)
+    says: saves q, k, v, O and the fp32 LSE; differentiable in q, k, v and through both outputs (a
+    gradient of the LSE enters the backward as delta -= dLSE)."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
-        out, lse = attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, plan: ForwardPlan):
+        out, lse = plan.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
         ctx.save_for_backward(q, k, v, out, lse)
-        # Inputs without gradients, never modified by the kernels: kept on ctx directly (fewer
-        # saved-tensor unpacks in the backward).
-        ctx.extras = (alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+        # Inputs without gradients, never modified by the kernels, and the plan: kept on ctx
+        # directly (fewer saved-tensor unpacks in the backward).
+        ctx.extras = (alibi_slopes, cu_seqlens_q, cu_seqlens_k, plan)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     @custom_bwd
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(dout, dlse, q, k, v, out, lse, *ctx.extras)
-        return dq, dk, dv, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: a second backward through this one must raise
+            return _backward_once(ctx, dout, dlse)
+        return _backward(ctx, dout, dlse)
 
 
-def _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec):
-    dout = torch.zeros_like(out) if dout is None else _addressable(dout, _seq_dim(spec))
-    if dlse is not None and dlse.stride(-1) > _MAX_POSITION_STRIDE:  # positions are its last dim
-        dlse = dlse.contiguous()
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    alibi_slopes, cu_seqlens_q, cu_seqlens_k, plan = ctx.extras
+    dq, dk, dv = plan.backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    return dq, dk, dv, None, None, None, None
+
+
+_backward_once = once_differentiable(_backward)
+
+
+# The launchers as custom ops, for torch.compile: the spec travels as ints and a float.
+
+
+def _op_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    alibi_slopes: Optional[torch.Tensor],
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    spec_ints: List[int],
+    softmax_scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+    return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+
+
+def _op_forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale):
+    spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+    lse = q.new_empty(lse_shape(spec, q.shape[0]), dtype=torch.float32)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+
+
+def _op_backward(
+    dout: torch.Tensor,
+    dlse: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    alibi_slopes: Optional[torch.Tensor],
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    spec_ints: List[int],
+    softmax_scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
     return attention_bwd(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
 
 
-if HAS_CUSTOM_OP:
-
-    @torch.library.custom_op("fused_attention::fwd", mutates_args=())
-    def _fwd_op(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        alibi_slopes: Optional[torch.Tensor],
-        cu_seqlens_q: Optional[torch.Tensor],
-        cu_seqlens_k: Optional[torch.Tensor],
-        spec_ints: List[int],
-        softmax_scale: float,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
-        return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
-
-    @_fwd_op.register_fake
-    def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale):
-        spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
-        lse = q.new_empty(lse_shape(spec, q.shape[0]), dtype=torch.float32)
-        return torch.empty_like(q, memory_format=torch.contiguous_format), lse
-
-    @torch.library.custom_op("fused_attention::bwd", mutates_args=())
-    def _bwd_op(
-        dout: torch.Tensor,
-        dlse: Optional[torch.Tensor],
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        alibi_slopes: Optional[torch.Tensor],
-        cu_seqlens_q: Optional[torch.Tensor],
-        cu_seqlens_k: Optional[torch.Tensor],
-        spec_ints: List[int],
-        softmax_scale: float,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
-        return _backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
-
-    @_bwd_op.register_fake
-    def _bwd_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale):
-        return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-
-    def _setup_context(ctx, inputs, output):
-        q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale = inputs
-        ctx.save_for_backward(q, k, v, output[0], output[1], alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-        ctx.spec = (spec_ints, softmax_scale)
-        ctx.set_materialize_grads(False)
-
-    def _op_backward(ctx, dout, dlse):
-        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        dq, dk, dv = _bwd_op(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.spec)
-        return dq, dk, dv, None, None, None, None, None
-
-    torch.library.register_autograd("fused_attention::fwd", _op_backward, setup_context=_setup_context)
+def _op_backward_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, scale):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
-    """The custom op while torch.compile traces; in eager mode the autograd.Function, which runs
-    the same launchers without the custom-op dispatch (tens of microseconds a call), or the
-    forward launcher alone when no input needs a gradient (no autograd node)."""
-    if is_compiling():
-        if HAS_CUSTOM_OP:
-            return _fwd_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *spec.to_op_args())
-    elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
-    return FlashAttentionFunction.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+def _op_setup_context(ctx, inputs, output):
+    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    ctx.spec = (spec_ints, softmax_scale)
+
+
+def _op_backward_rule(ctx, grads, backward, eager):
+    dout, dlse = grads
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.spec)
+    return dq, dk, dv, None, None, None, None, None
+
+
+AttentionOpFunction, _attention_op = differentiable_op(
+    "fused_attention::attention",
+    forward=_op_forward,
+    fake_forward=_op_forward_fake,
+    backward=_op_backward,
+    fake_backward=_op_backward_fake,
+    setup_context=_op_setup_context,
+    backward_rule=_op_backward_rule,
+    n_differentiable_outputs=2,
+    differentiable_args=(0, 1, 2),
+)
+
+
+def _addressable(t: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """t, or a contiguous copy where the kernels cannot address t through its strides
+    (launch.addressable: a unit-stride head dim, positions at most 2^24 elements apart)."""
+    return t if addressable(t.stride(), seq_dim) else t.contiguous()
+
+
+def _traced(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
+    """(out, lse) through the custom op, while torch.compile traces (checks already run)."""
+    q, k, v = (_addressable(t, spec.seq_dim) for t in (q, k, v))
+    return _attention_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *spec.to_op_args())
 
 
 def _autocast_inputs(*tensors):
@@ -147,20 +180,71 @@ def _autocast_inputs(*tensors):
     return tensors
 
 
-# The kernels add the offsets of a tile's rows (up to 127 rows past a block's start, plus the head
-# dim's lanes) in int32: an input with a larger position stride is copied, as is one whose head dim
-# lacks unit stride. (Outputs and gradients are allocated packed: their strides are small.)
-_MAX_POSITION_STRIDE = (2**31 - 1 - 256) // 127
+class CallPlan(NamedTuple):
+    """What a public function's checks decided for one argument key: the forward plan, and which
+    inputs (q, k, v; or the packed qkv) are copied first (None: none; see launch.addressable)."""
+
+    forward: ForwardPlan
+    copies: Optional[Tuple[bool, ...]]
 
 
-def _addressable(t: torch.Tensor, seq_dim: int) -> torch.Tensor:
-    """t, or a contiguous copy where the kernels cannot address t through its strides."""
-    return t if t.stride(-1) == 1 and t.stride(seq_dim) <= _MAX_POSITION_STRIDE else t.contiguous()
+def call_plan(tensors, alibi_slopes, spec: AttentionSpec, shapes=None, strides=None) -> CallPlan:
+    """The CallPlan of validated q, k, v (`tensors`): the forward plan of their layout once each
+    tensor the kernels cannot address is copied. shapes, strides: the tensors' (views of a packed
+    tensor that is copied whole pass their shapes and the copy's strides)."""
+    shapes = shapes or [t.shape for t in tensors]
+    strides = strides or [t.stride() for t in tensors]
+    copies = tuple(not addressable(s, spec.seq_dim) for s in strides)
+    strides = [contiguous_strides(shape) if copy else s for shape, s, copy in zip(shapes, strides, copies)]
+    aligned = all(copy or t.data_ptr() % 16 == 0 for t, copy in zip(tensors, copies))
+    q = tensors[0]
+    plan = layout_plan(
+        spec, q.dtype, q.device, tuple(shapes[0]), tuple(shapes[1]), *strides,
+        None if alibi_slopes is None else alibi_slopes.stride(), aligned, None,
+    )  # fmt: skip
+    return CallPlan(plan, copies if any(copies) else None)
 
 
-def _seq_dim(spec: AttentionSpec) -> int:
-    """The position dim of q/k/v/O in the call's layout."""
-    return 0 if spec.varlen else 2 if spec.bhsd else 1
+def _copied(copies: Tuple[bool, ...], *tensors) -> tuple:
+    return tuple(t.contiguous() if copy else t for t, copy in zip(tensors, copies))
+
+
+def _option_key(causal, softmax_scale, window_size, deterministic) -> tuple:
+    """The options with their types (an equal value of the wrong type must reach the checks: 1 for
+    True, (True, 0) for (1, 0)); raises for options that no check would pass."""
+    return (
+        causal, causal.__class__, softmax_scale, softmax_scale.__class__, tuple(window_size),
+        window_size[0].__class__, window_size[1].__class__, deterministic, deterministic.__class__,
+    )  # fmt: skip
+
+
+def _slopes_key(alibi_slopes):
+    if alibi_slopes is None:
+        return None
+    return alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype, alibi_slopes.device
+
+
+def publish(cache, key, build_fn, *args):
+    """build_fn(*args) (which runs the checks), published in `cache` under `key` (None: a key could
+    not be made of the arguments, whose checks then raise; nothing is published)."""
+    plan = build_fn(*args)
+    return plan if key is None else cache.publish(key, plan)
+
+
+def lookup(cache, key_fn, build_fn, *args):
+    """cache's plan for key_fn(*args), or build_fn(*args) published there. Arguments that no key
+    can be made of (a non-tensor, an unhashable option) go straight to build_fn, whose checks name
+    them."""
+    try:
+        key = key_fn(*args)
+        plan = cache.get(key)
+    except Exception:
+        key = plan = None
+    return publish(cache, key, build_fn, *args) if plan is None else plan
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attention
 
 
 def flash_attention(
@@ -201,49 +285,43 @@ def flash_attention(
     if return_lse.__class__ is not bool:
         check_bool("return_lse", return_lse)
     q, k, v = _autocast_inputs(q, k, v)
-    spec = _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
-    seq_dim = 2 if spec.bhsd else 1
-    if (
-        q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
-        or max(q.stride(seq_dim), k.stride(seq_dim), v.stride(seq_dim)) > _MAX_POSITION_STRIDE
-    ):  # fmt: skip
-        q, k, v = (_addressable(t, seq_dim) for t in (q, k, v))
-    out, lse = _apply(q, k, v, alibi_slopes, None, None, spec)
+    if is_compiling():
+        spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
+        out, lse = _traced(q, k, v, alibi_slopes, None, None, spec)
+    else:
+        try:  # the plan key, built inline (the hot path): _dense_key's
+            key = (
+                q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+                k.device, v.device, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
+                None if alibi_slopes is None else _slopes_key(alibi_slopes), layout, causal, causal.__class__,
+                softmax_scale, softmax_scale.__class__, tuple(window_size), window_size[0].__class__,
+                window_size[1].__class__, deterministic, deterministic.__class__,
+            )  # fmt: skip
+            plan = _DENSE_PLANS.get(key)
+        except Exception:  # a non-tensor or an unhashable option: the checks name the culprit
+            key = plan = None
+        if plan is None:
+            plan = publish(_DENSE_PLANS, key, _dense_plan, q, k, v, causal, softmax_scale, alibi_slopes,
+                           window_size, layout, deterministic)  # fmt: skip
+        if plan.copies is not None:
+            q, k, v = _copied(plan.copies, q, k, v)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out, lse = FlashAttentionFunction.apply(q, k, v, alibi_slopes, None, None, plan.forward)
+        else:
+            out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None)
     return (out, lse) if return_lse else out
 
 
-# Specs of the argument combinations seen so far (bounded: cleared when full).
-_SPECS: dict = {}
-_MAX_SPECS = 4096
+_DENSE_PLANS = call_plan_cache()
 
 
-def _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> AttentionSpec:
-    """flash_attention's checks and spec, cached by everything they read (the option types too,
-    so that a bool where an int belongs is not let through by an equal cached key). While
-    torch.compile traces, the checks run as they are (traced once; Dynamo cannot key a dict on
-    types)."""
-    if is_compiling():
-        return _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
-    try:
-        key = (
-            q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-            causal, causal.__class__, softmax_scale, softmax_scale.__class__, window_size, window_size.__class__,
-            window_size[0].__class__, window_size[1].__class__, layout, deterministic, deterministic.__class__,
-            None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.dtype, alibi_slopes.device),
-        )  # fmt: skip
-        spec = _SPECS.get(key)
-    except Exception:  # a non-tensor or an unhashable option: the checks below name the culprit
-        key = spec = None
-    if spec is None:
-        spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
-        if key is not None:
-            if len(_SPECS) >= _MAX_SPECS:
-                _SPECS.clear()
-            _SPECS[key] = spec
-    return spec
+def _dense_plan(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> CallPlan:
+    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
+    return call_plan((q, k, v), alibi_slopes, spec)
 
 
 def _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> AttentionSpec:
+    """flash_attention's checks, in order (the device last); returns the call's spec."""
     check_qkv_dtypes(q, k, v)
     bhsd = check_layout(layout)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -269,6 +347,10 @@ def _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layo
         batch, n_heads, n_kv_heads, head_dim, seqlen_q, seqlen_k, scale, window_left, window_right,
         alibi_slopes is not None, False, bhsd, deterministic,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attention_varlen
 
 
 def flash_attention_varlen(
@@ -311,6 +393,66 @@ def flash_attention_varlen(
     Returns out (total_q, H, D), or (out, lse).
     """
     q, k, v = _autocast_inputs(q, k, v)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
+            window_size, return_lse, check_seqlens, deterministic)  # fmt: skip
+    if is_compiling():
+        spec = _check_varlen(*args)
+        out, lse = _traced(q, k, v, alibi_slopes, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), spec)
+        return (out, lse) if return_lse else out
+    plan = lookup(_VARLEN_PLANS, _varlen_key, _varlen_plan, *args)
+    forward = plan.forward
+    if check_seqlens:  # after every other check, the device's included
+        spec = forward.spec
+        check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, forward.q_shape[0], spec.max_seqlen_q)
+        check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, forward.k_shape[0], spec.max_seqlen_k)
+    # The kernels read the offsets as a contiguous array.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    if plan.copies is not None:
+        q, k, v = _copied(plan.copies, q, k, v)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = FlashAttentionFunction.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, forward)
+    else:
+        out, lse = forward.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    return (out, lse) if return_lse else out
+
+
+_VARLEN_PLANS = call_plan_cache()
+
+
+def _offsets_key(t) -> tuple:
+    return t.shape, t.dtype, t.device
+
+
+def _varlen_key(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
+    window_size, return_lse, check_seqlens, deterministic,
+) -> tuple:  # fmt: skip
+    return (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device,
+        v.device, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15, _offsets_key(cu_seqlens_q),
+        _offsets_key(cu_seqlens_k), max_seqlen_q, max_seqlen_q.__class__, max_seqlen_k, max_seqlen_k.__class__,
+        _slopes_key(alibi_slopes), return_lse.__class__, check_seqlens.__class__,
+        *_option_key(causal, softmax_scale, window_size, deterministic),
+    )  # fmt: skip
+
+
+def _varlen_plan(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
+    window_size, return_lse, check_seqlens, deterministic,
+) -> CallPlan:  # fmt: skip
+    spec = _check_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
+        window_size, return_lse, check_seqlens, deterministic,
+    )  # fmt: skip
+    return call_plan((q, k, v), alibi_slopes, spec)
+
+
+def _check_varlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
+    window_size, return_lse, check_seqlens, deterministic,
+) -> AttentionSpec:  # fmt: skip
+    """flash_attention_varlen's checks, in order (the device last; the offsets' values are read by
+    the caller after them); returns the call's spec."""
     check_qkv_dtypes(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
@@ -322,8 +464,8 @@ def flash_attention_varlen(
         raise ValueError(f"q has head dim {head_dim} but k has {k.shape[2]}")
     if v.shape != k.shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    max_seqlen_q = check_seqlen_arg("max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = check_seqlen_arg("max_seqlen_k", max_seqlen_k)
+    max_seqlen_q = check_int("max_seqlen_q", max_seqlen_q, 0)
+    max_seqlen_k = check_int("max_seqlen_k", max_seqlen_k, 0)
     batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
     batch_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if batch_k != batch:
@@ -337,15 +479,7 @@ def flash_attention_varlen(
     for name, flag in (("return_lse", return_lse), ("check_seqlens", check_seqlens), ("deterministic", deterministic)):
         check_bool(name, flag)
     check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
-    if check_seqlens and not is_compiling():
-        check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q)
-        check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)
-    # The kernels read the offsets as a contiguous array.
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    spec = AttentionSpec(
+    return AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
         alibi_slopes is not None, True, False, deterministic,
     )  # fmt: skip
-    q, k, v = (_addressable(t, 0) for t in (q, k, v))
-    out, lse = _apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
-    return (out, lse) if return_lse else out

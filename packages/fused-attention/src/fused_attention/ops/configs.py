@@ -12,8 +12,9 @@ short because each entry is a compile on first use.
 The autotuner keys on the head dim, the mask/bias specialization and the dQ mode (and the
 dtypes), not on exact sequence lengths, so a varlen batch never re-tunes; there is one autotuner
 per class of longest sequence (a power of two, clamped to 1024..8192), because the best tile
-depends on it. The launchers consult it once per launch plan. When interpreting, each kernel
-runs one small config instead, so that tiny test shapes span several blocks.
+depends on it. It runs once per launch plan, through the runtime's tuning (`tuned_kernel`): the
+plan's later calls launch its choice directly. When interpreting, each kernel runs one small
+config instead, so that tiny test shapes span several blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import triton
 
 from .._compat import INTERPRETING
+from .._runtime.tuning import TunedKernel
 from ..kernels.attention_bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from ..kernels.attention_fwd import _attn_fwd_kernel
 
@@ -200,12 +202,6 @@ DESCRIPTORS = {
 }
 
 
-def config_of(config: triton.Config) -> KernelConfig:
-    """The KernelConfig of an autotuner's triton.Config."""
-    kwargs = config.kwargs
-    return KernelConfig(kwargs["BLOCK_M"], kwargs["BLOCK_N"], config.num_warps, config.num_stages, kwargs["USE_TMA"])
-
-
 def length_class(max_seqlen: int) -> int:
     """The autotuner class of a longest sequence: its power of two, clamped to 2^10..2^13."""
     return min(max(max(max_seqlen - 1, 0).bit_length(), 10), 13)
@@ -216,11 +212,24 @@ def autotuned_kernel(kind: str, block_d: int, tma: bool, seq_class: int = 10):
     """`kind`'s kernel under an autotuner over candidate_configs (built on first use), one per
     seq_class (`length_class` of the longest sequence): a config tuned at one length can be far
     from the best at another (measured on an H100, D = 64 causal fwd+bwd at S = 4096: 236 TFLOP/s
-    with the dK/dV tile tuned at S = 512, 282 with the one tuned at 1024). The launchers run it
-    once per launch plan, to pick the config; later launches go around it."""
+    with the dK/dV tile tuned at S = 512, 282 with the one tuned at 1024). It runs through
+    `tuned_kernel`, once per launch plan."""
     hook = _descriptor_hook(*DESCRIPTORS[kind]) if tma else None
     configs = [
         triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
         for c in candidate_configs(kind, block_d, tma)
     ]
     return triton.autotune(configs=configs, key=AUTOTUNE_KEY[kind], reset_to_zero=RESET_TO_ZERO[kind])(KERNELS[kind])
+
+
+@functools.cache
+def tuned_kernel(kind: str, block_d: int, tma: bool, seq_class: int) -> TunedKernel:
+    """autotuned_kernel(...) tuned once per launch plan: the autotuner chooses under the kernel's
+    lock on a plan's first call, and a Launch of its choice runs the plan's later calls."""
+    return TunedKernel(autotuned_kernel(kind, block_d, tma, seq_class))
+
+
+def clear() -> None:
+    """Forget the autotuners and their choices (after a test changes the candidate configs)."""
+    autotuned_kernel.cache_clear()
+    tuned_kernel.cache_clear()

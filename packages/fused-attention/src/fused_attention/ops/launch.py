@@ -1,50 +1,54 @@
-"""Launchers of the attention kernels: allocate outputs, look up the launch plan, launch.
+"""Launch plans of the attention kernels: what a layout decides, fixed once in Launch objects.
 
 Inputs are already validated (see `attention.py`). Tensors are addressed through their strides
 as (batch, position, head, dim) with a unit-stride head dim; a packed varlen batch is a
-(total, heads, dim) tensor plus cu_seqlens. Nothing here copies an input.
+(total, heads, dim) tensor plus cu_seqlens. Nothing here copies an input, except a gradient
+that the kernels cannot address (`ForwardPlan.backward`).
 
-The host path is short because it is paid once per layer per step, and at short sequences it
-can take longer than the kernels. Everything a launch needs that the call's shapes, strides,
-dtype, pointer alignment and options decide is computed once and cached as a launch plan:
-the config (autotuned once per plan, then never consulted again), the grid, every integer
-argument, the constexprs, the TMA descriptor templates. A call then builds one key, allocates
-its outputs and launches. After a plan's first launch (through Triton's JIT, which compiles)
-the compiled kernel is launched directly where `_compat.direct_launch` allows it (Triton >= 3.4,
-no launch hooks installed): the JIT's per-call argument binding and specialization, which the
-plan key has already decided, are skipped.
+A forward plan (`forward_plan`) is an immutable value cached per spec, dtype, device, the
+inputs' shapes and strides and whether they start 16-byte aligned (what TMA needs). It fixes,
+in Launch objects of the shared runtime, every kernel argument that these decide: strides,
+sizes, constexprs, the config, the grid and the TMA descriptor templates. A call allocates O and
+the LSE and launches. Its backward plans (`ForwardPlan.backward`), cached per forward plan and
+the gradients' layouts, hold the pre-pass, the dK/dV kernel and the dQ conversion or kernel
+likewise. Where a kernel has several candidate configs, the runtime's tuning runs the autotuner
+on a plan's first call and publishes a Launch of its choice, which every later call of the plan
+runs (ops/configs.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Callable, List, NamedTuple, Optional, Tuple
+import inspect
+import math
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from .._compat import (
-    HAS_TENSOR_DESCRIPTOR,
+    HAS_TENSOR_DESCRIPTORS,
     INTERPRETING,
     UPCAST_DOTS,
-    TensorDescriptor,
-    current_device_index,
     descriptor_like,
     device_capability,
-    direct_launcher,
     multiprocessor_count,
+    tensor_descriptor,
 )
+from .._runtime.cache import PublishedCache
+from .._runtime.launch import Launch
+from .._runtime.tuning import TunedPlan
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
-from .configs import (
-    KERNELS,
-    PREPROCESS_WARPS,
-    KernelConfig,
-    autotuned_kernel,
-    candidate_configs,
-    config_of,
-    dq_atomic,
-    length_class,
-    preprocess_block_m,
-)
+from . import configs
+from .configs import KERNELS, PREPROCESS_WARPS, KernelConfig, dq_atomic, length_class, preprocess_block_m
+
+# Plans kept per cache (a training run meets a handful of layouts).
+PLANS = 1024
+
+# The kernels add the offsets of a tile's rows (up to 127 rows past a block's start, plus the head
+# dim's lanes) in int32: an input with a larger position stride is copied, as is one whose head dim
+# lacks unit stride. (Outputs and gradients are allocated packed: their strides are small.)
+MAX_POSITION_STRIDE = (2**31 - 1 - 256) // 127
 
 
 class AttentionSpec(NamedTuple):
@@ -87,25 +91,37 @@ class AttentionSpec(NamedTuple):
         """The head dim padded to a power of two (the tile's width)."""
         return 1 << (self.head_dim - 1).bit_length()
 
+    @property
+    def seq_dim(self) -> int:
+        """The position dim of q/k/v/O in the call's layout."""
+        return 0 if self.varlen else 2 if self.bhsd else 1
+
 
 _INT_FIELDS = tuple(name for name in AttentionSpec._fields if name != "softmax_scale")
 
 
-def _main_constexprs(spec: AttentionSpec) -> tuple:
-    """HEAD_DIM, BLOCK_D, IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI: the leading constexprs of the
-    three main kernels, in their parameter order."""
-    return (
-        spec.head_dim, spec.block_d, spec.varlen, spec.window_left >= 0, spec.window_right >= 0, spec.has_alibi,
-    )  # fmt: skip
+def contiguous_strides(shape) -> Tuple[int, ...]:
+    """The strides torch gives a contiguous tensor of `shape`."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
-def seq_strides(t: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int, int]:
-    """(batch, position, head) strides of q/k/v/o or their gradients."""
+def addressable(strides: Tuple[int, ...], seq_dim: int) -> bool:
+    """Whether the kernels address a tensor of these strides as it is: a unit-stride head dim and
+    positions at most MAX_POSITION_STRIDE elements apart."""
+    return strides[-1] == 1 and strides[seq_dim] <= MAX_POSITION_STRIDE
+
+
+def seq_strides(strides: Tuple[int, ...], spec: AttentionSpec) -> Tuple[int, int, int]:
+    """(batch, position, head) strides of q/k/v/O or their gradients, from their strides."""
     if spec.varlen:
-        return 0, t.stride(0), t.stride(1)
+        return 0, strides[0], strides[1]
     if spec.bhsd:
-        return t.stride(0), t.stride(2), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
+        return strides[0], strides[2], strides[1]
+    return strides[0], strides[1], strides[2]
 
 
 def lse_shape(spec: AttentionSpec, total_q: int) -> Tuple[int, ...]:
@@ -113,6 +129,12 @@ def lse_shape(spec: AttentionSpec, total_q: int) -> Tuple[int, ...]:
     if spec.varlen:
         return (spec.n_heads, total_q)
     return (spec.batch, spec.n_heads, spec.max_seqlen_q)
+
+
+def _lse_strides(spec: AttentionSpec, total_q: int) -> Tuple[int, int]:
+    """(batch, head) strides of the LSE (and of delta, allocated like it); positions have unit stride."""
+    strides = contiguous_strides(lse_shape(spec, total_q))
+    return (0, strides[0]) if spec.varlen else (strides[0], strides[1])
 
 
 def _dq_accum_shape(spec: AttentionSpec, total_q: int) -> Tuple[int, ...]:
@@ -124,25 +146,206 @@ def _dq_accum_shape(spec: AttentionSpec, total_q: int) -> Tuple[int, ...]:
     return (spec.batch, spec.n_heads, spec.head_dim, -(-spec.max_seqlen_q // 16) * 16)
 
 
-def _dq_accum_strides(dq_accum: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int, int]:
+def _dq_accum_strides(spec: AttentionSpec, total_q: int) -> Tuple[int, int, int]:
     """(batch, head, dim) strides of the dQ accumulator (positions have unit stride)."""
-    if spec.varlen:
-        return 0, dq_accum.stride(0), dq_accum.stride(1)
-    return dq_accum.stride(0), dq_accum.stride(1), dq_accum.stride(2)
+    strides = contiguous_strides(_dq_accum_shape(spec, total_q))
+    return (0, strides[0], strides[1]) if spec.varlen else strides[:3]
 
 
-def _packed_rows(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor) -> Tuple[int, int]:
+def _packed_rows(spec: AttentionSpec, total_q: int, total_k: int) -> Tuple[int, int]:
     """(total_q, total_k): the rows of a packed varlen batch, within which the kernels keep every
     sequence whatever cu_seqlens holds (int32 offsets cannot pass 2^31 - 1); 0 for dense batches."""
     if not spec.varlen:
         return 0, 0
-    return min(q.shape[0], 2**31 - 1), min(k.shape[0], 2**31 - 1)
+    return min(total_q, 2**31 - 1), min(total_k, 2**31 - 1)
 
 
-def _lse_strides(lse: torch.Tensor, spec: AttentionSpec) -> Tuple[int, int]:
+def _slope_strides(strides: Optional[Tuple[int, ...]]) -> Dict[str, int]:
+    if strides is None:
+        batch, head = 0, 0
+    elif len(strides) == 1:
+        batch, head = 0, strides[0]
+    else:
+        batch, head = strides
+    return {"stride_slope_b": batch, "stride_slope_h": head}
+
+
+def _strides(name: str, strides: Tuple[int, int, int]) -> Dict[str, int]:
+    """The (batch, position, head) stride arguments of tensor `name` (e.g. stride_qb, stride_qs, stride_qh)."""
+    return {f"stride_{name}b": strides[0], f"stride_{name}s": strides[1], f"stride_{name}h": strides[2]}
+
+
+def _sizes_and_options(spec: AttentionSpec, total_q: int, total_k: int) -> Dict[str, object]:
+    """The arguments the three main kernels share: sizes, options and mask/bias constexprs."""
+    return dict(
+        kv_group=spec.n_heads // spec.n_kv_heads, max_seqlen_q=spec.max_seqlen_q, max_seqlen_k=spec.max_seqlen_k,
+        total_q=total_q, total_k=total_k, softmax_scale=spec.softmax_scale, window_left=spec.window_left,
+        window_right=spec.window_right, HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, IS_VARLEN=spec.varlen,
+        HAS_LEFT=spec.window_left >= 0, HAS_RIGHT=spec.window_right >= 0, ALIBI=spec.has_alibi,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# TMA descriptors
+
+
+def _descriptor_view(
+    shape: Tuple[int, ...], strides: Tuple[int, ...], itemsize: int, spec: AttentionSpec
+) -> Optional[Tuple[List[int], List[int], bool]]:
+    """A tensor of this shape and strides as a 4-D TMA view (shape, strides, heads_outer), or None
+    when TMA cannot address it.
+
+    The dims follow the memory order, strides non-increasing: (batch, position, head, dim), or
+    (batch, head, position, dim) when the head stride is the larger (the SDPA layout). A packed
+    varlen batch is batch 1. Size-1 dims get the stride a packed tensor would have (any stride
+    addresses them). TMA needs a non-empty tensor, 16-byte multiples (and a 16-byte aligned base,
+    which the caller checks).
+    """
+    if math.prod(shape) == 0:
+        return None
+    stride_b, stride_s, stride_h = seq_strides(strides, spec)
     if spec.varlen:
-        return 0, lse.stride(0)
-    return lse.stride(0), lse.stride(1)
+        batch, positions, heads = 1, shape[0], shape[1]
+    elif spec.bhsd:
+        batch, heads, positions = shape[0], shape[1], shape[2]
+    else:
+        batch, positions, heads = shape[0], shape[1], shape[2]
+    heads_outer = stride_h > stride_s
+    dims = [[batch, stride_b], [heads, stride_h], [positions, stride_s]]
+    if not heads_outer:
+        dims[1], dims[2] = dims[2], dims[1]
+    inner_extent = shape[-1]  # the unit-stride head dim
+    for dim in reversed(dims):
+        if dim[0] == 1:
+            dim[1] = inner_extent
+        inner_extent = dim[0] * dim[1]
+    view_strides = [stride for _, stride in dims]
+    if (
+        any(stride * itemsize % 16 for stride in view_strides)
+        or view_strides != sorted(view_strides, reverse=True)
+        or view_strides[-1] < 1
+    ):
+        return None
+    return [n for n, _ in dims] + [shape[-1]], view_strides + [1], heads_outer
+
+
+def _tma_views(spec: AttentionSpec, layouts, itemsize: int, aligned: bool):
+    """The TMA views of a kernel's two streamed tensors, given as (shape, strides) pairs, or None
+    when they cannot both be described with the same dim order (or do not start 16-byte aligned)."""
+    if not aligned:
+        return None
+    views = [_descriptor_view(shape, strides, itemsize, spec) for shape, strides in layouts]
+    if any(view is None for view in views) or views[0][2] != views[1][2]:
+        return None
+    return views
+
+
+def _tma_by_default(device: torch.device) -> bool:
+    """The autotuned path loads through TMA on Hopper and newer with Triton >= 3.4."""
+    return HAS_TENSOR_DESCRIPTORS and not INTERPRETING and device_capability(device)[0] >= 9
+
+
+def _descriptor_block(heads_outer: bool, rows: int, block_d: int) -> List[int]:
+    return [1, 1, rows, block_d] if heads_outer else [1, rows, 1, block_d]
+
+
+# ---------------------------------------------------------------------------------------------
+# The main kernels' launches
+
+# Position of the two descriptor arguments in each kernel's argument list (the tensor arguments
+# before them and the two descriptors are what each launch takes per call).
+DESCRIPTOR_POSITION = {"fwd": 8, "dkdv": 12, "dq": 10}
+# The config field that splits each main kernel's grid rows, and the one its descriptors tile.
+_ROW_BLOCK = {"fwd": "block_m", "dkdv": "block_n", "dq": "block_m"}
+_DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
+
+
+@functools.cache
+def _tensor_parameters(kind: str) -> Tuple[str, ...]:
+    """The per-call parameters of main kernel `kind`: its tensors, then its two descriptors."""
+    names = tuple(inspect.signature(KERNELS[kind].fn).parameters)  # jitted or interpreted
+    return names[: DESCRIPTOR_POSITION[kind] + 2]
+
+
+class MainLaunch(NamedTuple):
+    """A main kernel's launch: a Launch of one config and the TMA descriptor templates of its two
+    streamed tensors (None: they are passed as plain pointers, which the kernel ignores); or, with
+    several candidate configs, the plan that the runtime's tuning resolves on its first call."""
+
+    launch: Optional[Launch]
+    templates: Optional[Tuple[object, object]]
+    tuned: Optional[TunedPlan]
+
+    def __call__(self, *tensors) -> None:
+        """Launch on the kernel's tensor arguments in order, the two streamed tensors (those the
+        descriptors address) last."""
+        launch, templates = self.launch, self.templates
+        if launch is None:
+            kernel = self.tuned.kernel
+            entry = kernel.entry(self.tuned)
+            if entry is None:  # the autotuner chooses, under the kernel's lock, and launches
+                kernel.tune(self.tuned, tensors)
+                return
+            launch, templates = entry.launch, entry.descriptors
+            if templates is not None:
+                templates = templates[-2:]
+        if templates is None:
+            launch(*tensors)
+        else:
+            a, b = tensors[-2:]
+            launch(*tensors[:-2], descriptor_like(templates[0], a), descriptor_like(templates[1], b))
+
+
+def _tuned_grid(n_rows: int, n_row_groups: int, block: str, meta: dict) -> Tuple[int]:
+    return (-(-n_rows // meta[block]) * n_row_groups,)
+
+
+def _main_launch(
+    kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
+    fixed: Dict[str, object], streamed, itemsize: int, aligned: bool, device: torch.device,
+) -> MainLaunch:  # fmt: skip
+    """Main kernel `kind`'s launch over n_rows positions (split in blocks) x n_row_groups (batch x
+    heads) programs, with the arguments `fixed` (all but the tensors, UPCAST, HEADS_OUTER and
+    the config's), streaming two tensors of the (shape, strides) layouts `streamed`.
+
+    config None: the candidates of `configs.candidate_configs` (TMA ones on Hopper, where the
+    streamed tensors allow it), the autotuner choosing among several on the plan's first call.
+    """
+    candidates = [config] if config is not None else configs.candidate_configs(
+        kind, spec.block_d, _tma_by_default(device)
+    )  # fmt: skip
+    views = _tma_views(spec, streamed, itemsize, aligned) if candidates[0].use_tma else None
+    if candidates[0].use_tma and views is None:
+        if config is not None:
+            raise ValueError(f"{config} asks for TMA, but these tensors cannot be described by TMA descriptors")
+        candidates = configs.candidate_configs(kind, spec.block_d, False)
+    fixed = dict(fixed, UPCAST=UPCAST_DOTS, HEADS_OUTER=views is not None and views[0][2])
+    row_block = _ROW_BLOCK[kind]
+    if len(candidates) > 1:
+        seq_class = length_class(max(spec.max_seqlen_q, spec.max_seqlen_k))
+        names = _tensor_parameters(kind)
+        descriptors = None
+        if views is not None:  # the autotuner's pre-hook gives them each config's block shape
+            descriptors = (None,) * (len(names) - 2) + tuple((tuple(shape), tuple(s)) for shape, s, _ in views)
+        tuned = TunedPlan(
+            configs.tuned_kernel(kind, spec.block_d, views is not None, seq_class), fixed=tuple(fixed.items()),
+            tensors=names, grid=functools.partial(_tuned_grid, n_rows, n_row_groups, row_block.upper()),
+            descriptors=descriptors,
+        )  # fmt: skip
+        return MainLaunch(None, None, tuned)
+    config = candidates[0]
+    templates = None
+    if views is not None:
+        rows = getattr(config, _DESCRIPTOR_ROWS[kind])
+        templates = tuple(
+            tensor_descriptor(None, shape, strides, _descriptor_block(heads_outer, rows, spec.block_d))
+            for shape, strides, heads_outer in views
+        )
+    grid = (-(-n_rows // getattr(config, row_block)) * n_row_groups,)
+    launch = Launch(
+        KERNELS[kind], grid, num_warps=config.num_warps, num_stages=config.num_stages, **fixed, **config.meta()
+    )
+    return MainLaunch(launch, templates, None)
 
 
 @functools.cache
@@ -151,195 +354,158 @@ def _placeholder_int32(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
-def _slope_strides(alibi_slopes: Optional[torch.Tensor]) -> Tuple[int, int]:
-    if alibi_slopes is None:
-        return 0, 0
-    if alibi_slopes.dim() == 1:
-        return 0, alibi_slopes.stride(0)
-    return alibi_slopes.stride(0), alibi_slopes.stride(1)
+def _sms(device: torch.device) -> int:
+    """Multiprocessors of `device` for the dQ mode choice; 0 when interpreting (no such limit)."""
+    return 0 if INTERPRETING else multiprocessor_count(device)
 
 
-def _aligned(*tensors: Optional[torch.Tensor]) -> bool:
-    """Every given tensor's data starts on a 16-byte boundary (what Triton specializes pointers
-    on, and what TMA needs)."""
+# ---------------------------------------------------------------------------------------------
+# Forward
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ForwardPlan:
+    """One layout's forward launch and what its backward plans are built from.
+
+    q_shape, k_shape (v has k's shape), *_strides: the inputs' layouts; slopes_strides: the ALiBi
+    slopes' strides (None without); aligned: q, k and v start 16-byte aligned. O is allocated
+    contiguous with q's shape, the LSE contiguous with lse_shape. main: the kernel's launch (None
+    when there is no query). Compared by identity (plans come from an lru_cache'd builder).
+    """
+
+    spec: AttentionSpec
+    dtype: torch.dtype
+    device: torch.device
+    q_shape: Tuple[int, ...]
+    k_shape: Tuple[int, ...]
+    q_strides: Tuple[int, ...]
+    k_strides: Tuple[int, ...]
+    v_strides: Tuple[int, ...]
+    slopes_strides: Optional[Tuple[int, ...]]
+    aligned: bool
+    lse_shape: Tuple[int, ...]
+    # Whether q, k and v are contiguous: O and the gradients are then allocated empty_like them.
+    contiguous: Tuple[bool, bool, bool]
+    main: Optional[MainLaunch]
+    placeholder: torch.Tensor
+
+    def _new(self, like: torch.Tensor, index: int, shape) -> torch.Tensor:
+        """A contiguous tensor of `shape` in the inputs' dtype: empty_like(like) where input `index`
+        (q, k or v, which `like` has the shape of) is contiguous, the faster allocation."""
+        if self.contiguous[index]:
+            return torch.empty_like(like)
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def forward(self, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(O, LSE): O like q (contiguous in the call's layout), LSE fp32 natural-log."""
+        o = self._new(q, 0, self.q_shape)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        main = self.main
+        if main is not None:
+            if cu_seqlens_q is None:
+                cu_seqlens_q = cu_seqlens_k = self.placeholder
+            main(q, k, v, o, lse, lse if alibi_slopes is None else alibi_slopes, cu_seqlens_q, cu_seqlens_k, k, v)
+        return o, lse
+
+    def backward(
+        self, do, dlse, q, k, v, o, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, grads=None, grad_strides=None,
+        dkdv_config=None, dq_config=None,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout, or written into
+        `grads` (tensors of q's, k's and v's shapes and dtypes and of the strides `grad_strides`,
+        unit-stride head dim: e.g. views of one packed gradient). o and lse: this plan's forward
+        outputs. do: any strides (copied where the kernels cannot address it); None: zero.
+        Deterministic (no atomics) when spec.deterministic or under
+        torch.use_deterministic_algorithms(True)."""
+        if do is None:
+            do = torch.zeros_like(o)
+        do_strides = do.stride()
+        if not addressable(do_strides, self.spec.seq_dim):
+            do = do.contiguous()
+            do_strides = do.stride()
+        dlse_strides = None
+        if dlse is not None:
+            dlse_strides = dlse.stride()
+            if dlse_strides[-1] > MAX_POSITION_STRIDE:  # positions are its last dim
+                dlse = dlse.contiguous()
+                dlse_strides = dlse.stride()
+        if grads is not None and grad_strides is None:
+            grad_strides = tuple(g.stride() for g in grads)
+        plan = _backward_plan(
+            self, do_strides, dlse_strides, self.spec.deterministic or torch.are_deterministic_algorithms_enabled(),
+            not do.data_ptr() & 15, grad_strides, dkdv_config, dq_config,
+        )  # fmt: skip
+        if grads is None:
+            dq, dk, dv = self._new(q, 0, self.q_shape), self._new(k, 1, self.k_shape), self._new(v, 2, self.k_shape)
+        else:
+            dq, dk, dv = grads
+        if plan.pre is None and plan.dkdv is None:  # no query and no key
+            return dq, dk, dv
+        delta = torch.empty_like(lse)  # the kernels index delta with the LSE's strides
+        # Without atomics the dK/dV kernel's dQ accumulator argument is only a stand-in (dK, which it
+        # overwrites anyway).
+        dq_accum = torch.empty(plan.dq_accum_shape, dtype=torch.float32, device=self.device) if plan.dq_atomic else dk
+        slopes = lse if alibi_slopes is None else alibi_slopes
+        if cu_seqlens_q is None:
+            cu_seqlens_q = cu_seqlens_k = self.placeholder
+        if plan.pre is not None:
+            plan.pre(o, do, lse if dlse is None else dlse, delta, dq_accum, cu_seqlens_q)
+        if plan.dkdv is not None:
+            plan.dkdv(q, k, v, do, dk, dv, dq_accum, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k, q, do)
+        if plan.post is not None:
+            if plan.dq_atomic:
+                plan.post(dq_accum, dq, cu_seqlens_q)
+            else:
+                plan.post(q, k, v, do, dq, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k, k, v)
+        return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=PLANS)
+def layout_plan(
+    spec: AttentionSpec, dtype: torch.dtype, device: torch.device, q_shape, k_shape, q_strides, k_strides, v_strides,
+    slopes_strides, aligned: bool, config: Optional[KernelConfig],
+) -> ForwardPlan:  # fmt: skip
+    """The forward plan of a layout (see ForwardPlan) of validated, addressable inputs; config: one
+    config instead of the candidates."""
+    total_q, total_k = _packed_rows(spec, q_shape[0], k_shape[0])
+    main = None
+    if math.prod(q_shape):
+        stride_lse_b, stride_lse_h = _lse_strides(spec, q_shape[0])
+        fixed = dict(
+            **_strides("q", seq_strides(q_strides, spec)), **_strides("k", seq_strides(k_strides, spec)),
+            **_strides("v", seq_strides(v_strides, spec)),
+            **_strides("o", seq_strides(contiguous_strides(q_shape), spec)),
+            stride_lse_b=stride_lse_b, stride_lse_h=stride_lse_h, **_slope_strides(slopes_strides),
+            n_heads=spec.n_heads, **_sizes_and_options(spec, total_q, total_k),
+        )  # fmt: skip
+        streamed = ((k_shape, k_strides), (k_shape, v_strides))
+        main = _main_launch(
+            "fwd", spec, config, spec.max_seqlen_q, spec.batch * spec.n_heads, fixed, streamed, dtype.itemsize,
+            aligned, device,
+        )  # fmt: skip
+    return ForwardPlan(
+        spec, dtype, device, tuple(q_shape), tuple(k_shape), q_strides, k_strides, v_strides, slopes_strides, aligned,
+        lse_shape(spec, q_shape[0]),
+        tuple(strides == contiguous_strides(shape) for shape, strides in
+              ((q_shape, q_strides), (k_shape, k_strides), (k_shape, v_strides))),
+        main, _placeholder_int32(device),
+    )  # fmt: skip
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """Every tensor's data starts on a 16-byte boundary (what TMA needs)."""
     bits = 0
     for t in tensors:
-        if t is not None:
-            bits |= t.data_ptr()
+        bits |= t.data_ptr()
     return bits % 16 == 0
 
 
-def _descriptor_view(t: torch.Tensor, spec: AttentionSpec) -> Optional[Tuple[List[int], List[int], bool]]:
-    """t as a 4-D TMA view (shape, strides, heads_outer), or None when TMA cannot address it.
-
-    The dims follow the memory order, strides non-increasing: (batch, position, head, dim), or
-    (batch, head, position, dim) when the head stride is the larger (the SDPA layout). A packed
-    varlen batch is batch 1. Size-1 dims get the stride a packed tensor would have (any stride
-    addresses them). TMA needs a non-empty tensor, a 16-byte aligned base and 16-byte multiples.
-    """
-    if t.numel() == 0 or t.data_ptr() % 16:
-        return None
-    stride_b, stride_s, stride_h = seq_strides(t, spec)
-    if spec.varlen:
-        batch, positions, heads = 1, t.shape[0], t.shape[1]
-    elif spec.bhsd:
-        batch, heads, positions = t.shape[0], t.shape[1], t.shape[2]
-    else:
-        batch, positions, heads = t.shape[0], t.shape[1], t.shape[2]
-    heads_outer = stride_h > stride_s
-    dims = [[batch, stride_b], [heads, stride_h], [positions, stride_s]]
-    if not heads_outer:
-        dims[1], dims[2] = dims[2], dims[1]
-    inner_extent = t.shape[-1]  # the unit-stride head dim
-    for dim in reversed(dims):
-        if dim[0] == 1:
-            dim[1] = inner_extent
-        inner_extent = dim[0] * dim[1]
-    strides = [stride for _, stride in dims]
-    size = t.element_size()
-    if any(stride * size % 16 for stride in strides) or strides != sorted(strides, reverse=True) or strides[-1] < 1:
-        return None
-    return [n for n, _ in dims] + [t.shape[-1]], strides + [1], heads_outer
-
-
-def _tma_layout(spec: AttentionSpec, tiled: Tuple[torch.Tensor, torch.Tensor]) -> Optional[bool]:
-    """heads_outer shared by the two streamed tensors' TMA views, or None when they cannot both be
-    described with the same dim order."""
-    views = [_descriptor_view(t, spec) for t in tiled]
-    if any(view is None for view in views) or views[0][2] != views[1][2]:
-        return None
-    return views[0][2]
-
-
-def _tma_by_default(device: torch.device) -> bool:
-    """The autotuned path loads through TMA on Hopper and newer with Triton >= 3.4."""
-    return HAS_TENSOR_DESCRIPTOR and not INTERPRETING and device_capability(device.index or 0)[0] >= 9
-
-
-def _descriptor(t: torch.Tensor, spec: AttentionSpec, block_rows: int) -> TensorDescriptor:
-    shape, strides, heads_outer = _descriptor_view(t, spec)
-    block = [1, 1, block_rows, spec.block_d] if heads_outer else [1, block_rows, 1, spec.block_d]
-    return TensorDescriptor(t, shape, strides, block)
-
-
-# Position of the two descriptor arguments in each kernel's argument list.
-DESCRIPTOR_POSITION = {"fwd": 8, "dkdv": 12, "dq": 10}
-# The config field that splits each main kernel's grid rows, and the one its descriptors tile.
-_ROW_BLOCK = {"fwd": "block_m", "dkdv": "block_n", "dq": "block_m"}
-_DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
-
-
-class _Launch:
-    """One kernel launch as a plan fixes it: kernel, grid, launch options and the trailing
-    arguments (integers, constexprs) that the plan key decides; each call passes the tensors.
-
-    The first call goes through Triton's JIT (which compiles, and returns the compiled kernel);
-    later calls use the compiled kernel's launcher directly where `_compat.direct_launcher`
-    gives one (and fall back to the JIT while it declines, e.g. with launch hooks installed).
-    """
-
-    __slots__ = ("kernel", "grid", "trailing", "options", "direct")
-
-    def __init__(self, kernel, grid: tuple, trailing: tuple, num_warps: int, num_stages: Optional[int] = None):
-        self.kernel = kernel
-        self.grid = (*grid, 1, 1)[:3]  # the direct launch takes all three dims
-        self.trailing = trailing
-        self.options = {"num_warps": num_warps}
-        if num_stages is not None:
-            self.options["num_stages"] = num_stages
-        self.direct: Optional[Callable] = None
-
-    def __call__(self, *tensors) -> None:
-        direct = self.direct
-        if direct is not None and direct(self.grid, tensors, self.trailing):
-            return
-        compiled = self.kernel[self.grid](*tensors, *self.trailing, **self.options)
-        if direct is None:
-            self.direct = direct_launcher(compiled)
-
-
-class _MainLaunch(NamedTuple):
-    """A main kernel's launch, and the TMA descriptor templates its two streamed tensors become
-    (None: they are passed as plain pointers, which the kernel ignores)."""
-
-    launch: _Launch
-    descriptors: Optional[Tuple[TensorDescriptor, TensorDescriptor]]
-
-    def __call__(self, head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor]) -> None:
-        descriptors = self.descriptors
-        if descriptors is not None:
-            tiled = (descriptor_like(descriptors[0], tiled[0]), descriptor_like(descriptors[1], tiled[1]))
-        self.launch(*head, *tiled)
-
-
-def _main_launch(kind: str, spec: AttentionSpec, config: Optional[KernelConfig], n_rows: int, n_row_groups: int,
-                 head: tuple, tiled: Tuple[torch.Tensor, torch.Tensor], ints: tuple,
-                 atomic: bool = False) -> _MainLaunch:  # fmt: skip
-    """The plan of main kernel `kind` for this call, after launching it once.
-
-    config None: the candidates of `configs.candidate_configs` (TMA ones on Hopper), the
-    autotuner choosing among several (it times them the first time its key is seen); the plan
-    keeps the winner. n_rows positions (split in blocks) x n_row_groups (batch x heads)
-    programs. `head` are the tensor arguments before the descriptor pair, `tiled` the two
-    tensors the inner loop streams (K, V; or Q, dO for dK/dV), `ints` the arguments after them
-    up to the constexprs. atomic: the dK/dV kernel's DQ_ATOMIC.
-    """
-    constexprs = _main_constexprs(spec)
-    if kind == "dkdv":
-        constexprs += (atomic,)
-    constexprs += (UPCAST_DOTS,)
-    if config is None:
-        candidates = candidate_configs(kind, spec.block_d, _tma_by_default(head[0].device))
-    else:
-        candidates = [config]
-    heads_outer = _tma_layout(spec, tiled) if candidates[0].use_tma else None
-    if candidates[0].use_tma and heads_outer is None:
-        if config is not None:
-            raise ValueError(f"{config} asks for TMA, but these tensors cannot be described by TMA descriptors")
-        candidates = candidate_configs(kind, spec.block_d, False)
-    tma = heads_outer is not None
-    constexprs += (bool(heads_outer),)
-    compiled = None
-    if len(candidates) > 1:
-        # The autotuner's pre-hook gives the descriptors each config's block shape.
-        block = _ROW_BLOCK[kind].upper()
-        seq_class = length_class(max(spec.max_seqlen_q, spec.max_seqlen_k))
-        autotuned = autotuned_kernel(kind, spec.block_d, tma, seq_class)
-        streamed = tuple(_descriptor(t, spec, 16) for t in tiled) if tma else tiled
-        compiled = autotuned[lambda meta: (-(-n_rows // meta[block]) * n_row_groups,)](
-            *head, *streamed, *ints, *constexprs
-        )
-        config = config_of(autotuned.best_config)
-    else:
-        config = candidates[0]
-    templates = tuple(_descriptor(t, spec, getattr(config, _DESCRIPTOR_ROWS[kind])) for t in tiled) if tma else None
-    for template in templates or ():
-        template.base = None  # each call's copy gets its own tensor; the plan must not keep this one alive
-    grid = (-(-n_rows // getattr(config, _ROW_BLOCK[kind])) * n_row_groups,)
-    trailing = (*ints, *constexprs, config.block_m, config.block_n, config.use_tma)
-    main = _MainLaunch(_Launch(KERNELS[kind], grid, trailing, config.num_warps, config.num_stages), templates)
-    if compiled is None:
-        main(head, tiled)
-    else:
-        main.launch.direct = direct_launcher(compiled)
-    return main
-
-
-# Launch plans by key (see the module docstring); bounded, cleared when full.
-_PLANS: dict = {}
-_MAX_PLANS = 4096
-
-
-def clear_plans() -> None:
-    """Forget every launch plan (the next calls rebuild them, choosing configs again)."""
-    _PLANS.clear()
-
-
-def _remember(key, plan):
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = plan
-    return plan
+def forward_plan(q, k, v, alibi_slopes, spec: AttentionSpec, config: Optional[KernelConfig] = None) -> ForwardPlan:
+    """The forward plan of these (validated, addressable) tensors."""
+    return layout_plan(
+        spec, q.dtype, q.device, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
+        None if alibi_slopes is None else alibi_slopes.stride(), _aligned(q, k, v), config,
+    )  # fmt: skip
 
 
 def attention_fwd(
@@ -352,48 +518,108 @@ def attention_fwd(
     spec: AttentionSpec,
     config: Optional[KernelConfig] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(O, LSE): O like q (contiguous in the call's layout), LSE fp32 natural-log."""
-    device = q.device
-    o = torch.empty(q.shape, dtype=q.dtype, device=device)
-    lse = torch.empty(lse_shape(spec, q.shape[0]), dtype=torch.float32, device=device)
-    if o.numel() == 0:
-        return o, lse
-    slopes = lse if alibi_slopes is None else alibi_slopes
-    if cu_seqlens_q is None:
-        cu_seqlens_q = cu_seqlens_k = _placeholder_int32(device)
-    key = (
-        "fwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), q.shape[0], k.shape[0],
-        None if alibi_slopes is None else alibi_slopes.stride(),
-        _aligned(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k), device, current_device_index(), config,
-    )  # fmt: skip
-    head = (q, k, v, o, lse, slopes, cu_seqlens_q, cu_seqlens_k)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        plan(head, (k, v))
-        return o, lse
-    ints = (
-        *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(o, spec),
-        *_lse_strides(lse, spec), *_slope_strides(alibi_slopes),
-        spec.n_heads, spec.n_heads // spec.n_kv_heads, spec.max_seqlen_q, spec.max_seqlen_k, *_packed_rows(spec, q, k),
-        spec.softmax_scale, spec.window_left, spec.window_right,
-    )  # fmt: skip
-    _remember(key, _main_launch("fwd", spec, config, spec.max_seqlen_q, spec.batch * spec.n_heads, head, (k, v), ints))
-    return o, lse
+    """(O, LSE) of validated, addressable inputs: O like q (contiguous in the call's layout), LSE
+    fp32 natural-log. config: one config instead of the candidates."""
+    return forward_plan(q, k, v, alibi_slopes, spec, config).forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
-class _BackwardPlan(NamedTuple):
+# ---------------------------------------------------------------------------------------------
+# Backward
+
+
+class BackwardPlan(NamedTuple):
     """The backward's launches (None: not launched, for empty query or key sets): the pre-pass
     (delta; with dq_atomic it also zeroes the fp32 dQ accumulator), the dK/dV kernel, then the dQ
     conversion (dq_atomic) or the dQ kernel."""
 
     dq_atomic: bool
-    pre: Optional[_Launch]
-    dkdv: Optional[_MainLaunch]
+    dq_accum_shape: Tuple[int, ...]
+    pre: Optional[Launch]
+    dkdv: Optional[MainLaunch]
     post: Optional[object]
 
 
+@functools.lru_cache(maxsize=PLANS)
+def _backward_plan(
+    fplan: ForwardPlan, do_strides, dlse_strides, deterministic: bool, do_aligned: bool, grad_strides,
+    dkdv_config: Optional[KernelConfig], dq_config: Optional[KernelConfig],
+) -> BackwardPlan:  # fmt: skip
+    """The backward of `fplan` for a gradient of O of these strides (do_aligned: its data starts
+    16-byte aligned), of the LSE of these strides (None: none), written into gradients of these
+    strides (None: new contiguous ones)."""
+    spec, device = fplan.spec, fplan.device
+    q_shape, k_shape = fplan.q_shape, fplan.k_shape
+    has_queries, has_keys = math.prod(q_shape) > 0, math.prod(k_shape) > 0
+    if grad_strides is None:
+        grad_strides = (contiguous_strides(q_shape), contiguous_strides(k_shape), contiguous_strides(k_shape))
+    longest = max(spec.max_seqlen_q, spec.max_seqlen_k)
+    group = spec.n_heads // spec.n_kv_heads
+    kv_programs = spec.batch * spec.n_kv_heads * -(-spec.max_seqlen_k // 128)
+    atomic = dq_atomic(spec.block_d, deterministic, longest, spec.window_right == 0, kv_programs, group, _sms(device))
+    total_q, total_k = _packed_rows(spec, q_shape[0], k_shape[0])
+    stride_lse_b, stride_lse_h = _lse_strides(spec, q_shape[0])
+    lse_and_slopes = dict(stride_lse_b=stride_lse_b, stride_lse_h=stride_lse_h, **_slope_strides(fplan.slopes_strides))
+    dq_accum = _dq_accum_strides(spec, q_shape[0]) if atomic else (0, 0, 0)
+    dq_accum_args = dict(zip(("stride_dqab", "stride_dqah", "stride_dqad"), dq_accum))
+    inputs = {
+        **_strides("q", seq_strides(fplan.q_strides, spec)), **_strides("k", seq_strides(fplan.k_strides, spec)),
+        **_strides("v", seq_strides(fplan.v_strides, spec)), **_strides("do", seq_strides(do_strides, spec)),
+    }  # fmt: skip
+    shared = _sizes_and_options(spec, total_q, total_k)
+    block_m = preprocess_block_m(spec.block_d)
+    rows_grid = (-(-spec.max_seqlen_q // block_m) * spec.batch * spec.n_heads,)
+    rows_constexprs = dict(HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, BLOCK_M=block_m, IS_VARLEN=spec.varlen)
+    itemsize = fplan.dtype.itemsize
+
+    pre = dkdv = post = None
+    if has_queries:
+        if dlse_strides is None:
+            dlse_args = (0, 0, 0)
+        elif spec.varlen:
+            dlse_args = (0, *dlse_strides)
+        else:
+            dlse_args = dlse_strides
+        pre = Launch(
+            _attn_bwd_preprocess_kernel, rows_grid, **_strides("o", seq_strides(contiguous_strides(q_shape), spec)),
+            **_strides("do", seq_strides(do_strides, spec)),
+            **dict(zip(("stride_dlse_b", "stride_dlse_h", "stride_dlse_s"), dlse_args)),
+            stride_delta_b=stride_lse_b, stride_delta_h=stride_lse_h, **dq_accum_args, n_heads=spec.n_heads,
+            max_seqlen_q=spec.max_seqlen_q, total_q=total_q, **rows_constexprs, HAS_DLSE=dlse_strides is not None,
+            ZERO_DQ=atomic, num_warps=PREPROCESS_WARPS,
+        )  # fmt: skip
+    if has_keys:
+        fixed = dict(
+            **inputs, **_strides("dk", seq_strides(grad_strides[1], spec)),
+            **_strides("dv", seq_strides(grad_strides[2], spec)), **dq_accum_args, **lse_and_slopes,
+            n_kv_heads=spec.n_kv_heads, **shared, DQ_ATOMIC=atomic,
+        )  # fmt: skip
+        streamed = ((q_shape, fplan.q_strides), (q_shape, do_strides))
+        dkdv = _main_launch(
+            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, fixed, streamed, itemsize,
+            fplan.aligned and do_aligned, device,
+        )  # fmt: skip
+    if has_queries and atomic:
+        post = Launch(
+            _attn_bwd_dq_convert_kernel, rows_grid, **dq_accum_args,
+            **_strides("dq", seq_strides(grad_strides[0], spec)),
+            n_heads=spec.n_heads, max_seqlen_q=spec.max_seqlen_q, total_q=total_q, softmax_scale=spec.softmax_scale,
+            **rows_constexprs, UPCAST=UPCAST_DOTS, num_warps=PREPROCESS_WARPS,
+        )  # fmt: skip
+    elif has_queries:
+        fixed = dict(
+            **inputs, **_strides("dq", seq_strides(grad_strides[0], spec)), **lse_and_slopes, n_heads=spec.n_heads,
+            **shared,
+        )  # fmt: skip
+        streamed = ((k_shape, fplan.k_strides), (k_shape, fplan.v_strides))
+        post = _main_launch(
+            "dq", spec, dq_config, spec.max_seqlen_q, spec.batch * spec.n_heads, fixed, streamed, itemsize,
+            fplan.aligned, device,
+        )  # fmt: skip
+    return BackwardPlan(atomic, _dq_accum_shape(spec, q_shape[0]), pre, dkdv, post)
+
+
 def attention_bwd(
-    do: torch.Tensor,
+    do: Optional[torch.Tensor],
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -408,126 +634,33 @@ def attention_bwd(
     dq_config: Optional[KernelConfig] = None,
     grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout, or written into `grads`
-    (tensors of q's, k's and v's shapes and dtypes, unit-stride head dim: e.g. views of one packed
-    gradient). Deterministic (no atomics) when spec.deterministic or under
-    torch.use_deterministic_algorithms(True)."""
-    if not spec.deterministic and torch.are_deterministic_algorithms_enabled():
-        spec = spec._replace(deterministic=True)
-    device = q.device
-    if grads is None:
-        dq = torch.empty(q.shape, dtype=q.dtype, device=device)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=device)
-        grad_strides = None
-    else:
-        dq, dk, dv = grads
-        grad_strides = (dq.stride(), dk.stride(), dv.stride())
-    if dq.numel() == 0 and dk.numel() == 0:
-        return dq, dk, dv
-    delta = torch.empty_like(lse)  # the kernels index delta with the LSE's strides
-    slopes = lse if alibi_slopes is None else alibi_slopes
-    if cu_seqlens_q is None:
-        cu_seqlens_q = cu_seqlens_k = _placeholder_int32(device)
-    key = (
-        "bwd", spec, q.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(), lse.stride(), q.shape[0],
-        k.shape[0], None if dlse is None else dlse.stride(), None if alibi_slopes is None else alibi_slopes.stride(),
-        _aligned(q, k, v, do, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *(grads or ())), device,
-        current_device_index(), dkdv_config, dq_config, grad_strides,
+    """(dQ, dK, dV) of attention_fwd's call on q, k, v (see ForwardPlan.backward); o and lse are
+    read as contiguous tensors (as attention_fwd returns them)."""
+    plan = forward_plan(q, k, v, alibi_slopes, spec)
+    return plan.backward(
+        do, dlse, q, k, v, o.contiguous(), lse.contiguous(), alibi_slopes, cu_seqlens_q, cu_seqlens_k, grads,
+        dkdv_config=dkdv_config, dq_config=dq_config,
     )  # fmt: skip
-    plan = _PLANS.get(key)
-    if plan is not None:
-        atomic = plan.dq_atomic
-    else:
-        kv_programs = spec.batch * spec.n_kv_heads * -(-spec.max_seqlen_k // 128)
-        sm_count = multiprocessor_count(device.index or 0)
-        longest = max(spec.max_seqlen_q, spec.max_seqlen_k)
-        group = spec.n_heads // spec.n_kv_heads
-        causal = spec.window_right == 0
-        atomic = dq_atomic(spec.block_d, spec.deterministic, longest, causal, kv_programs, group, sm_count)
-    # Without atomics the dK/dV kernel's dQ accumulator argument is only a stand-in (dK, which it
-    # overwrites anyway).
-    dq_accum = torch.empty(_dq_accum_shape(spec, q.shape[0]), dtype=torch.float32, device=device) if atomic else dk
-    pre_args = (o, do, lse if dlse is None else dlse, delta, dq_accum, cu_seqlens_q)
-    dkdv_head = (q, k, v, do, dk, dv, dq_accum, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k)
-    dq_head = (q, k, v, do, dq, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k)
-    if plan is None:
-        _remember(key, _backward_plan(spec, atomic, pre_args, dkdv_head, dq_head, dkdv_config, dq_config))
-        return dq, dk, dv
-    if plan.pre is not None:
-        plan.pre(*pre_args)
-    if plan.dkdv is not None:
-        plan.dkdv(dkdv_head, (q, do))
-    if plan.post is not None:
-        if atomic:
-            plan.post(dq_accum, dq, cu_seqlens_q)
-        else:
-            plan.post(dq_head, (k, v))
-    return dq, dk, dv
 
 
-def _backward_plan(
-    spec: AttentionSpec, atomic: bool, pre_args: tuple, dkdv_head: tuple, dq_head: tuple,
-    dkdv_config: Optional[KernelConfig], dq_config: Optional[KernelConfig],
-) -> _BackwardPlan:  # fmt: skip
-    """Build the backward's plan for these tensors, launching each kernel once on the way."""
-    o, do, dlse_or_lse, delta, dq_accum, cu_seqlens_q = pre_args
-    q, k, v, _, dk, dv, _, lse, _, slopes, _, _ = dkdv_head
-    dq = dq_head[4]
-    has_queries, has_keys = dq.numel() > 0, dk.numel() > 0
-    alibi_slopes = None if slopes is lse else slopes
-    group = spec.n_heads // spec.n_kv_heads
-    total_q, total_k = _packed_rows(spec, q, k)
-    options = (
-        spec.max_seqlen_q, spec.max_seqlen_k, total_q, total_k, spec.softmax_scale, spec.window_left, spec.window_right
-    )  # fmt: skip
-    lse_and_slope_strides = (*_lse_strides(lse, spec), *_slope_strides(alibi_slopes))
-    zero = (0, 0, 0)
-    block_m = preprocess_block_m(spec.block_d)
-    rows_grid = (-(-spec.max_seqlen_q // block_m) * spec.batch * spec.n_heads,)
-    rows_constexprs = (spec.head_dim, spec.block_d, block_m, spec.varlen)
+# ---------------------------------------------------------------------------------------------
+# Caches
 
-    pre = dkdv = post = None
-    if has_queries:
-        if dlse_or_lse is lse:
-            dlse_strides = zero
-        elif spec.varlen:
-            dlse_strides = (0, dlse_or_lse.stride(0), dlse_or_lse.stride(1))
-        else:
-            dlse_strides = dlse_or_lse.stride()
-        pre = _Launch(
-            _attn_bwd_preprocess_kernel, rows_grid,
-            (
-                *seq_strides(o, spec), *seq_strides(do, spec), *dlse_strides, *_lse_strides(lse, spec),
-                *(_dq_accum_strides(dq_accum, spec) if atomic else zero), spec.n_heads, spec.max_seqlen_q, total_q,
-                *rows_constexprs, dlse_or_lse is not lse, atomic,
-            ),
-            PREPROCESS_WARPS,
-        )  # fmt: skip
-        pre(*pre_args)
-    if has_keys:
-        ints = (
-            *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(do, spec),
-            *seq_strides(dk, spec), *seq_strides(dv, spec), *(_dq_accum_strides(dq_accum, spec) if atomic else zero),
-            *lse_and_slope_strides, spec.n_kv_heads, group, *options,
-        )  # fmt: skip
-        dkdv = _main_launch(
-            "dkdv", spec, dkdv_config, spec.max_seqlen_k, spec.batch * spec.n_kv_heads, dkdv_head, (q, do), ints, atomic
-        )
-    if has_queries and atomic:
-        post = _Launch(
-            _attn_bwd_dq_convert_kernel, rows_grid,
-            (
-                *_dq_accum_strides(dq_accum, spec), *seq_strides(dq, spec), spec.n_heads, spec.max_seqlen_q, total_q,
-                spec.softmax_scale, *rows_constexprs, UPCAST_DOTS,
-            ),
-            PREPROCESS_WARPS,
-        )  # fmt: skip
-        post(dq_accum, dq, cu_seqlens_q)
-    elif has_queries:
-        ints = (
-            *seq_strides(q, spec), *seq_strides(k, spec), *seq_strides(v, spec), *seq_strides(do, spec),
-            *seq_strides(dq, spec), *lse_and_slope_strides, spec.n_heads, group, *options,
-        )  # fmt: skip
-        post = _main_launch("dq", spec, dq_config, spec.max_seqlen_q, spec.batch * spec.n_heads, dq_head, (k, v), ints)
-    return _BackwardPlan(atomic, pre, dkdv, post)
+_CALL_PLANS: List[PublishedCache] = []
+
+
+def call_plan_cache() -> PublishedCache:
+    """A cache of the public functions' plans (their checks' outcome and forward plan) by argument
+    key, cleared with the launch plans."""
+    cache = PublishedCache(PLANS)
+    _CALL_PLANS.append(cache)
+    return cache
+
+
+def clear_plans() -> None:
+    """Forget every plan and tuned choice (the next calls rebuild them, choosing configs again)."""
+    for cache in _CALL_PLANS:
+        cache.clear()
+    layout_plan.cache_clear()
+    _backward_plan.cache_clear()
+    configs.clear()

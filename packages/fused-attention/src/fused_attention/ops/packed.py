@@ -5,48 +5,77 @@ then splits that tensor, and its backward concatenates dQ, dK and dV into the pa
 copy of the whole gradient per layer (measured on an H100 in a 410M GPT step, batch 8 x 2048:
 1.6 ms of 98 in `CatArrayBatchedCopy`). Here the backward kernels write dQ, dK and dV straight
 into views of one packed gradient instead.
+
+Host path, per call: one plan lookup (as flash_attention's, keyed by the packed tensor), the
+forward on its three views; the backward allocates the packed gradient and launches on its views.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._compat import KERNEL_DEVICE_TYPE, custom_bwd, custom_fwd, is_compiling
 from .._validation import ATTENTION_DTYPES, check_device, check_head_dim, check_tensor
-from .attention import _addressable, _autocast_inputs, _dense_spec, flash_attention
-from .launch import AttentionSpec, attention_bwd, attention_fwd
+from .attention import (
+    _addressable,
+    _autocast_inputs,
+    _check_dense,
+    _option_key,
+    _slopes_key,
+    call_plan,
+    flash_attention,
+    lookup,
+)
+from .launch import ForwardPlan, addressable, call_plan_cache, contiguous_strides
 
 
-def _unpack(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v as (B, S, heads, D) views of the packed tensor (or of its gradient)."""
-    return qkv.split((n_heads, n_kv_heads, n_kv_heads), dim=2)
+class PackedPlan(NamedTuple):
+    """What flash_attention_qkvpacked's checks decided for one argument key: the forward plan of
+    the q, k, v views (of qkv's contiguous copy where copy), their head counts, and the shape and
+    the views' strides of the packed gradient."""
+
+    forward: ForwardPlan
+    split: Tuple[int, int, int]
+    copy: bool
+    shape: torch.Size
+    grad_strides: Tuple[Tuple[int, ...], ...]
 
 
 class FlashAttentionQKVPackedFunction(torch.autograd.Function):
-    """Autograd of attention over a packed qkv tensor; the gradient comes back packed the same way."""
+    """Autograd of attention over a packed qkv tensor laid out as `plan` says; the gradient comes
+    back packed the same way."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, qkv, alibi_slopes, spec: AttentionSpec):
-        q, k, v = _unpack(qkv, spec.n_heads, spec.n_kv_heads)
-        out, lse = attention_fwd(q, k, v, alibi_slopes, None, None, spec)
-        ctx.save_for_backward(qkv, out, lse)
-        ctx.extras = (alibi_slopes, spec)
+    def forward(ctx, qkv, alibi_slopes, plan: PackedPlan):
+        q, k, v = qkv.split(plan.split, dim=2)
+        out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.extras = (alibi_slopes, plan)
         return out
 
     @staticmethod
     @custom_bwd
     def backward(ctx, dout):
-        qkv, out, lse = ctx.saved_tensors
-        alibi_slopes, spec = ctx.extras
-        dout = _addressable(dout, 1)
-        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        q, k, v = _unpack(qkv, spec.n_heads, spec.n_kv_heads)
-        grads = _unpack(dqkv, spec.n_heads, spec.n_kv_heads)
-        attention_bwd(dout, q, k, v, out, lse, None, alibi_slopes, None, None, spec, grads=grads)
-        return dqkv, None, None
+        if torch.is_grad_enabled():  # create_graph=True: a second backward through this one must raise
+            return _backward_once(ctx, dout)
+        return _backward(ctx, dout)
+
+
+def _backward(ctx, dout):
+    q, k, v, out, lse = ctx.saved_tensors
+    alibi_slopes, plan = ctx.extras
+    forward = plan.forward
+    dqkv = torch.empty(plan.shape, dtype=forward.dtype, device=forward.device)
+    grads = dqkv.split(plan.split, dim=2)
+    forward.backward(dout, None, q, k, v, out, lse, alibi_slopes, None, None, grads, plan.grad_strides)
+    return dqkv, None, None
+
+
+_backward_once = once_differentiable(_backward)
 
 
 def _packed_heads(qkv, n_kv_heads: Optional[int]) -> Tuple[int, int]:
@@ -73,6 +102,16 @@ def _packed_heads(qkv, n_kv_heads: Optional[int]) -> Tuple[int, int]:
     return n_heads, n_kv_heads
 
 
+def _check_packed(qkv, n_kv_heads) -> Tuple[int, int, int]:
+    """The head split (H, H_kv, H_kv) of a packed qkv tensor, checked, with the type, dtype and
+    device errors naming qkv."""
+    n_heads, n_kv_heads = _packed_heads(qkv, n_kv_heads)
+    if qkv.dtype not in ATTENTION_DTYPES or qkv.device.type != KERNEL_DEVICE_TYPE:
+        check_tensor("qkv", qkv, ATTENTION_DTYPES)
+        check_device(qkv=qkv)
+    return n_heads, n_kv_heads, n_kv_heads
+
+
 def flash_attention_qkvpacked(
     qkv: torch.Tensor,
     n_kv_heads: Optional[int] = None,
@@ -94,15 +133,35 @@ def flash_attention_qkvpacked(
     Returns out (B, S, H, D). The gradient of qkv is written packed by the backward kernels (no
     concatenation of dQ, dK and dV). Under torch.compile it traces as flash_attention on the views.
     """
-    n_heads, n_kv_heads = _packed_heads(qkv, n_kv_heads)
     (qkv,) = _autocast_inputs(qkv)  # once for q, k and v
-    if qkv.dtype not in ATTENTION_DTYPES or qkv.device.type != KERNEL_DEVICE_TYPE:  # errors that name qkv
-        check_tensor("qkv", qkv, ATTENTION_DTYPES)
-        check_device(qkv=qkv)
-    qkv = _addressable(qkv, 1)
-    q, k, v = _unpack(qkv, n_heads, n_kv_heads)
-    if is_compiling() or not (torch.is_grad_enabled() and qkv.requires_grad):
+    if is_compiling():
+        q, k, v = _addressable(qkv, 1).split(_check_packed(qkv, n_kv_heads), dim=2)
         return flash_attention(q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic)
-    # flash_attention's checks and spec (cached per argument combination)
-    spec = _dense_spec(q, k, v, causal, softmax_scale, alibi_slopes, window_size, "bshd", deterministic)
-    return FlashAttentionQKVPackedFunction.apply(qkv, alibi_slopes, spec)
+    plan = lookup(_PACKED_PLANS, _packed_key, _packed_plan, qkv, n_kv_heads, causal, softmax_scale, alibi_slopes,
+                  window_size, deterministic)  # fmt: skip
+    if plan.copy:
+        qkv = qkv.contiguous()
+    if torch.is_grad_enabled() and qkv.requires_grad:
+        return FlashAttentionQKVPackedFunction.apply(qkv, alibi_slopes, plan)
+    q, k, v = qkv.split(plan.split, dim=2)
+    return plan.forward.forward(q, k, v, alibi_slopes, None, None)[0]
+
+
+_PACKED_PLANS = call_plan_cache()
+
+
+def _packed_key(qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic) -> tuple:
+    return (
+        qkv.shape, qkv.stride(), qkv.dtype, qkv.device, not qkv.data_ptr() & 15, n_kv_heads, n_kv_heads.__class__,
+        _slopes_key(alibi_slopes), *_option_key(causal, softmax_scale, window_size, deterministic),
+    )  # fmt: skip
+
+
+def _packed_plan(qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic) -> PackedPlan:
+    split = _check_packed(qkv, n_kv_heads)
+    q, k, v = qkv.split(split, dim=2)
+    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, "bshd", deterministic)
+    copy = not addressable(qkv.stride(), 1)
+    strides = contiguous_strides(qkv.shape) if copy else qkv.stride()
+    views = call_plan((q, k, v), alibi_slopes, spec, strides=[strides] * 3)
+    return PackedPlan(views.forward, split, copy, qkv.shape, (contiguous_strides(qkv.shape),) * 3)
