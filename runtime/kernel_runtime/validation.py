@@ -32,7 +32,7 @@ def check_tensor(name: str, value, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES)
     if value.dtype not in dtypes:
         dtypes = tuple(dtypes)
         hint = ""
-        if value.dtype == torch.float32 and torch.float32 not in dtypes:
+        if value.dtype == torch.float32 and torch.float32 not in dtypes and any(d.is_floating_point for d in dtypes):
             hint = " (cast to fp16/bf16, or call under torch.autocast)"
         raise TypeError(f"{name} has dtype {value.dtype}; supported: {dtype_names(dtypes)}{hint}")
     return value

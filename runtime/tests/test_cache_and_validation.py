@@ -42,6 +42,11 @@ def test_check_tensor_names_the_argument_and_the_dtypes():
         check_tensor("q", torch.zeros(1), (torch.float16, torch.bfloat16))
 
 
+def test_index_tensors_get_no_floating_point_hint():
+    with pytest.raises(TypeError, match=r"^position_ids has dtype torch.float32; supported: int32, int64$"):
+        check_tensor("position_ids", torch.zeros(1), (torch.int32, torch.int64))
+
+
 def test_check_device_names_the_argument_and_says_how_to_run_without_a_gpu():
     with pytest.raises(ValueError, match=r"^x is on meta; the kernels run on .*TRITON_INTERPRET=1"):
         check_device(x=torch.empty(1, device="meta"))
