@@ -11,7 +11,7 @@ from fused_attention import (
     flash_attention,
     flash_attention_varlen,
 )
-from fused_attention._compat import HAS_CUSTOM_OP
+from fused_attention._runtime.compat import HAS_CUSTOM_OP
 from fused_attention.ops.attention import AttentionOpFunction, _addressable
 from fused_attention.ops.launch import MAX_POSITION_STRIDE, AttentionSpec, forward_plan
 

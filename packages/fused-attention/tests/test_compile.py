@@ -15,7 +15,7 @@ import pytest
 import triton
 from tritonformer_testkit.aot import compile_to_cubin
 
-from fused_attention._compat import HAS_TENSOR_DESCRIPTORS
+from fused_attention._runtime.compat import HAS_TENSOR_DESCRIPTORS
 from fused_attention.kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
 from fused_attention.ops.configs import (
     DQ_ATOMIC,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fused_attention import alibi_slopes
-from fused_attention._compat import HAS_TENSOR_DESCRIPTORS
+from fused_attention._runtime.compat import HAS_TENSOR_DESCRIPTORS
 from fused_attention.ops.configs import KernelConfig
 from fused_attention.ops.launch import AttentionSpec, attention_bwd, attention_fwd
 

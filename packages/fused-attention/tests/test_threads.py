@@ -23,7 +23,7 @@ import torch
 from tritonformer_testkit import run_in_threads
 
 from fused_attention import alibi_slopes, flash_attention, flash_attention_qkvpacked, flash_attention_varlen
-from fused_attention._compat import HAS_TENSOR_DESCRIPTORS
+from fused_attention._runtime.compat import HAS_TENSOR_DESCRIPTORS
 from fused_attention.ops import configs, launch
 
 pytestmark = pytest.mark.kernels
@@ -123,24 +123,23 @@ def _two_configs(kind, block_d, tma):
     return [dataclasses.replace(c, use_tma=HAS_TENSOR_DESCRIPTORS) for c in (first, second)]
 
 
-# How long a thread inside the autotuner waits for the other (tuning under a lock lets in one at a time).
+# How long a call inside the autotuner waits for the other (tuning under a lock lets in one at a time).
 MEETING_SECONDS = 0.5
 
 
-class _Meeting:
-    """An autotuner pruning: holds each thread that arrives until both have arrived (or
-    MEETING_SECONDS passed), then keeps the config that the call's dtype picks."""
+def _pruning_by_dtype():
+    """An autotuner pruning that keeps the first config for bf16 calls and the second for fp16
+    ones, once both calls are inside the autotuner (or MEETING_SECONDS passed)."""
+    both_inside = threading.Barrier(2)
 
-    def __init__(self):
-        self._arrived = 0
-        self._condition = threading.Condition()
-
-    def prune(self, candidates, named_args, **kwargs):
-        with self._condition:
-            self._arrived += 1
-            self._condition.notify_all()
-            self._condition.wait_for(lambda: self._arrived >= 2, timeout=MEETING_SECONDS)
+    def prune(candidates, named_args, **kwargs):
+        try:
+            both_inside.wait(MEETING_SECONDS)
+        except threading.BrokenBarrierError:  # the other call waits outside
+            pass
         return [candidates[0] if named_args["q_ptr"].dtype == BF16 else candidates[1]]
+
+    return prune
 
 
 def test_concurrent_tuning_publishes_each_choice_whole(attn, device, monkeypatch, one_interpreted_kernel_at_a_time):
@@ -152,7 +151,7 @@ def test_concurrent_tuning_publishes_each_choice_whole(attn, device, monkeypatch
     launch.clear_plans()
     for kind in configs.KERNELS:
         tuner = configs.autotuned_kernel(kind, 32, HAS_TENSOR_DESCRIPTORS, 10)
-        monkeypatch.setattr(tuner, "early_config_prune", _Meeting().prune)
+        monkeypatch.setattr(tuner, "early_config_prune", _pruning_by_dtype())
     cases = [
         _dense_case(attn, device, 2, 40, 2, 2, 32, BF16, "bshd", causal=True, deterministic=True),
         _dense_case(attn, device, 1, 24, 2, 1, 32, FP16, "bshd", causal=True, deterministic=True),

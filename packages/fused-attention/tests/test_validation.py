@@ -15,7 +15,7 @@ from fused_attention import (
     flash_attention_qkvpacked,
     flash_attention_varlen,
 )
-from fused_attention._compat import KERNEL_DEVICE_TYPE
+from fused_attention._runtime.compat import KERNEL_DEVICE_TYPE
 
 BF16 = torch.bfloat16
 

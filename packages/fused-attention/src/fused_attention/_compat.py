@@ -1,4 +1,4 @@
-"""What this package adds to the shared version shims (`_runtime.compat`, re-exported here).
+"""What this package adds to the shared version shims and device facts (`_runtime.compat`).
 
 Host-side TMA tensor descriptors (Triton >= 3.4): on Hopper (sm_90+) the fully visible K/V tiles
 (Q/dO in the dK/dV kernel) are copied by the tensor memory accelerator into shared memory,
@@ -11,22 +11,7 @@ hardware block scheduler (the grids walk the longest causal rows first instead).
 
 from __future__ import annotations
 
-from ._runtime.compat import (  # noqa: F401 - re-exported for the package's modules and tests
-    HAS_CUSTOM_OP,
-    HAS_TENSOR_DESCRIPTORS,
-    INTERPRETING,
-    KERNEL_DEVICE_TYPE,
-    TRITON_VERSION,
-    TensorDescriptor,
-    autocast_dtype,
-    custom_bwd,
-    custom_fwd,
-    descriptor_like,
-    device_capability,
-    is_compiling,
-    multiprocessor_count,
-    tensor_descriptor,
-)
+from ._runtime.compat import INTERPRETING
 
 # The interpreter computes bf16 arithmetic and bf16/fp16 tl.dot on raw bits: kernels upcast their
 # dot operands to fp32 when interpreting (a constexpr, so compiled kernels never see the branch).

@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._compat import autocast_dtype, custom_bwd, custom_fwd, is_compiling
+from .._runtime.compat import autocast_dtype, custom_bwd, custom_fwd, is_compiling
 from .._runtime.registration import differentiable_op
 from .._validation import (
     check_alibi_slopes,

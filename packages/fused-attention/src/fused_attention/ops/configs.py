@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import triton
 
-from .._compat import INTERPRETING
+from .._runtime.compat import INTERPRETING
 from .._runtime.tuning import TunedKernel
 from ..kernels.attention_bwd import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from ..kernels.attention_fwd import _attn_fwd_kernel

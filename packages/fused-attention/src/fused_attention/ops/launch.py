@@ -26,16 +26,16 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from .._compat import (
+from .._compat import UPCAST_DOTS
+from .._runtime.cache import PublishedCache
+from .._runtime.compat import (
     HAS_TENSOR_DESCRIPTORS,
     INTERPRETING,
-    UPCAST_DOTS,
     descriptor_like,
     device_capability,
     multiprocessor_count,
     tensor_descriptor,
 )
-from .._runtime.cache import PublishedCache
 from .._runtime.launch import Launch
 from .._runtime.tuning import TunedPlan
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel

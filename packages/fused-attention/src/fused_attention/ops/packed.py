@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._compat import KERNEL_DEVICE_TYPE, custom_bwd, custom_fwd, is_compiling
+from .._runtime.compat import KERNEL_DEVICE_TYPE, custom_bwd, custom_fwd, is_compiling
 from .._validation import ATTENTION_DTYPES, check_device, check_head_dim, check_tensor
 from .attention import (
     _addressable,
