@@ -1,19 +1,20 @@
 """What the two models share beyond their compute: the forward skeleton, init, sampling, counts.
 
 `Transformer` (kernel packages) and `TorchTransformer` (plain PyTorch) each build the same
-modules under the same names and implement `hidden_states`, `cross_entropy` and
-`linear_cross_entropy`; everything here works on either.
+modules under the same names and implement `hidden_states`, `forward_cached` (generation through
+a KV cache), `cross_entropy` and `linear_cross_entropy`; everything here works on either.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
+from . import generation, positions
 from .config import TransformerConfig
 
 
@@ -93,9 +94,16 @@ class CausalLM(nn.Module):
             bad = low if low < 0 else high
             raise ValueError(f"token id {bad} in idx is outside [0, vocab_size={vocab_size})")
 
-    def _run_blocks(self, blocks: nn.ModuleList, state: tuple, position) -> tuple:
+    def _run_blocks(self, blocks: nn.ModuleList, state: tuple, position, cache=None) -> tuple:
         """state = block(*state, position) for each block; with activation checkpointing each
-        block is recomputed in backward (its RNG state, hence its dropout masks, replayed)."""
+        block is recomputed in backward (its RNG state, hence its dropout masks, replayed). With a
+        KV cache (generation) each block also gets its layer's view of it."""
+        if cache is not None:
+            for index, block in enumerate(blocks):
+                state = block(*state, position, cache.layer(index))
+                if not isinstance(state, tuple):
+                    state = (state,)
+            return state
         checkpointing = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
         # Only dropout draws random numbers: without it there is no RNG state to stash and replay
         # (reading the CUDA RNG state is also not allowed while a CUDA graph is being captured).
@@ -156,7 +164,6 @@ class CausalLM(nn.Module):
     # Sampling
     # ----------------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def generate(
         self,
         idx: torch.Tensor,
@@ -164,41 +171,53 @@ class CausalLM(nn.Module):
         temperature: float = 1.0,
         top_k: Optional[int] = None,
         generator: Optional[torch.Generator] = None,
+        *,
+        top_p: Optional[float] = None,
+        eos_token_id: Optional[int] = None,
+        pad_token_id: Optional[int] = None,
+        prompt_lengths: Optional[Union[torch.Tensor, Sequence[int]]] = None,
     ) -> torch.Tensor:
-        """Extend idx (B, S) by max_new_tokens sampled tokens; returns (B, S + max_new_tokens).
+        """Extend each prompt of idx (B, S) by up to max_new_tokens tokens, with a KV cache.
 
-        temperature 0 picks the most likely token; top_k keeps only the k most likely. The
-        context is cropped to the last max_seq_len tokens. Runs in eval mode (no dropout) and
-        restores the previous mode.
+        One prefill over the prompts, then one decode step per token (generation.py).
+        temperature: 0 picks the most likely token; otherwise tokens are drawn from the softmax
+            of logits / temperature, restricted to the top_k most likely tokens and then to the
+            top_p nucleus (the most likely tokens whose probabilities sum to at least top_p).
+        eos_token_id: a row that emits it is finished: its later tokens are pad_token_id
+            (default eos_token_id); generation stops when every row is finished.
+        prompt_lengths: (B,) ints: row b's prompt is idx[b, :prompt_lengths[b]] (right padding;
+            the padding's values are ignored). Default: every row is S tokens long.
+        generator: the random draws' generator.
+
+        Returns (B, S + n) token ids, n <= max_new_tokens the steps run (fewer when every row
+        finished): row b is its prompt, its new tokens, then padding (pad_token_id, else
+        eos_token_id, else 0) to the right. Past max_seq_len the context is cropped to each
+        row's last max_seq_len tokens, recomputed every step. Runs in eval mode without
+        gradients (no dropout) and restores the previous mode; under torch.autocast the cache
+        holds the autocast dtype.
         """
-        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.numel() == 0:
-            shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise ValueError(
-                f"generate needs a prompt idx of shape (batch, seq_len) with at least one token, got {shape}"
-            )
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        was_training = self.training
-        self.eval()
-        try:
-            for _ in range(max_new_tokens):
-                context = idx[:, -self.config.max_seq_len :]  # (B, <= max_seq_len)
-                h = self.hidden_states(context)[:, -1]  # (B, d): the last position only
-                logits = self.lm_head(h).float()  # (B, V)
-                if temperature == 0:
-                    next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-                else:
-                    logits = logits / temperature
-                    if top_k is not None:
-                        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (B, 1)
-                        logits = logits.masked_fill(logits < kth, float("-inf"))
-                    probs = torch.softmax(logits, dim=-1)
-                    next_token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-                idx = torch.cat((idx, next_token.to(idx.dtype)), dim=1)
-        finally:
-            self.train(was_training)
-        return idx
+        return generation.generate(
+            self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, prompt_lengths=prompt_lengths, generator=generator,
+        )  # fmt: skip
+
+    def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
+        """Final hidden states (B, S, d) of idx through the KV cache (generation.KVCache): a
+        prefill (cache.decoding False) runs positions 0 ... S - 1 and writes their keys and values;
+        a decode step (S = 1) runs each row's token at position cache.lengths[b] and appends."""
+        raise NotImplementedError
+
+    def decode_tables(self, capacity: int, device: torch.device) -> Optional[tuple]:
+        """What decode steps need of the positions, computed once per generate call: the rotary
+        cos, sin tables (capacity, D) for rope, the ALiBi slopes (H,), None for learned positions."""
+        c = self.config
+        if c.position == "rope":
+            return positions.rope_cos_sin(capacity, c.head_dim, c.rope_base, device)
+        if c.position == "alibi":
+            return (positions.alibi_slopes_tensor(c.n_head, device),)
+        return None
+
+    def _decode_rope(self, tables: tuple, pos: torch.Tensor) -> tuple:
+        """The rotary tables' rows at positions pos (B, 1): cos, sin (B, 1, D)."""
+        cos, sin = tables
+        return cos[pos], sin[pos]

@@ -8,7 +8,8 @@ both; every computation runs in the kernel packages:
                             fc1's epilogue, its derivative into the epilogue of fc2's input gradient)
     attention               fused_attention.flash_attention (causal; ALiBi slopes; GQA); without
                             RoPE flash_attention_qkvpacked on the qkv projection's output, whose
-                            backward writes the packed gradient (no concatenation of dq, dk, dv)
+                            backward writes the packed gradient (no concatenation of dq, dk, dv);
+                            generate's decode steps: flash_attention_with_kvcache on the KV cache
     rotary embedding        fused_rope.apply_rotary_qk (q and k in one launch, rotate-half)
     SwiGLU MLP              fused_swiglu.swiglu_mlp (gate, up and activation in one kernel)
     norms                   fused_norm_xent.add_dropout_norm: residual add + dropout + norm
@@ -56,6 +57,7 @@ def required_kernel_apis(config: TransformerConfig) -> List[Tuple[object, str, s
         (fused_gemm, "Linear", "the linear layers"),
         (fused_attention, "flash_attention", "attention"),
         (fused_attention, "flash_attention_qkvpacked", "attention on the packed qkv projection"),
+        (fused_attention, "flash_attention_with_kvcache", "generate's decode steps"),
         (fused_norm_xent, "add_dropout_norm", "the residual + dropout + norm of each block"),
         (fused_norm_xent, "LayerNorm" if config.norm == "layernorm" else "RMSNorm", "the norm parameters"),
         (fused_norm_xent, "cross_entropy", "the loss"),
@@ -127,22 +129,33 @@ class Attention(nn.Module):
         self.qkv = fused_gemm.Linear(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=c.qkv_bias)
         self.proj = fused_gemm.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
 
-    def forward(self, x: torch.Tensor, position: Optional[tuple]) -> torch.Tensor:
-        """x (B, S, d); position: (cos, sin) (S, D) fp32 for rope, (slopes (H,) fp32,) for alibi."""
+    def forward(self, x: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
+        """x (B, S, d); position: (cos, sin) (S, D) fp32 for rope (decode steps: (B, 1, D), each
+        row's position), (slopes (H,) fp32,) for alibi. cache: this layer's generation.LayerCache:
+        a prefill writes its keys and values there, a decode step attends to it and appends."""
         c = self.config
         B, S, _ = x.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
         qkv = self.qkv(x).view(B, S, H + 2 * Hkv, D)  # query heads, then key heads, then value heads
-        if c.position == "rope":
+        slopes = position[0] if c.position == "alibi" else None
+        if c.position == "rope" or cache is not None:
             q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # strided (B, S, heads, D) views of qkv
+        if c.position == "rope":
             cos, sin = position
             # One launch for q and k; (B, H, S, D) views in, results keep the (B, S, H, D) memory.
             q, k = fused_rope.apply_rotary_qk(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H or Hkv, D) views
+        if cache is not None and cache.decoding:
+            k_cache, v_cache = cache.buffers(k)
+            y = fused_attention.flash_attention_with_kvcache(
+                q, k_cache, v_cache, cache.lengths, k_new=k, v_new=v, causal=True, alibi_slopes=slopes
+            )  # (B, 1, H, D)
+        elif c.position == "rope":
             y = fused_attention.flash_attention(q, k, v, causal=True, layout="bshd")  # (B, S, H, D)
         else:
-            slopes = position[0] if c.position == "alibi" else None
             y = fused_attention.flash_attention_qkvpacked(qkv, Hkv, causal=True, alibi_slopes=slopes)
+        if cache is not None and not cache.decoding:
+            cache.write_prompt(k, v)
         return self.proj(y.reshape(B, S, H * D))  # contiguous (B, S, H, D): a free reshape
 
 
@@ -175,11 +188,11 @@ class Block(nn.Module):
         self.mlp = SwiGLUMLP(config) if config.mlp == "swiglu" else MLP(config)
 
     def forward(
-        self, h: torch.Tensor, residual: Optional[torch.Tensor], position: Optional[tuple]
+        self, h: torch.Tensor, residual: Optional[torch.Tensor], position: Optional[tuple], cache=None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         p = self.config.dropout if self.training else 0.0
         x, residual = add_dropout_norm(h, residual, self.norm_attn, p, self.config)  # x = norm(residual)
-        h = self.attn(x, position)
+        h = self.attn(x, position, cache)
         x, residual = add_dropout_norm(h, residual, self.norm_mlp, p, self.config)
         return self.mlp(x), residual
 
@@ -204,10 +217,23 @@ class Transformer(CausalLM):
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         self._check_idx(idx)
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device))
+
+    def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
+        if not cache.decoding:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device), cache)
+        pos = cache.lengths.long()[:, None]  # (B, 1): each row's position
+        position = self._decode_rope(cache.tables, pos) if self.config.position == "rope" else cache.tables
+        return self._hidden(idx, pos, position, cache)
+
+    def _hidden(self, idx: torch.Tensor, pos: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
+        """The blocks and the final norm over idx (B, S) at positions pos ((S,) or (B, S))."""
         h = self.embed(idx)  # (B, S, d)
         if self.pos_embed is not None:
-            h = h + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))  # + (S, d)
-        h, residual = self._run_blocks(self.blocks, (h, None), self.position_tables(idx.shape[1], idx.device))
+            h = h + self.pos_embed(pos)  # + (S, d) or (B, S, d)
+        h, residual = self._run_blocks(self.blocks, (h, None), position, cache)
         p = self.config.dropout if self.training else 0.0
         x, _ = add_dropout_norm(h, residual, self.norm_f, p, self.config)
         return x

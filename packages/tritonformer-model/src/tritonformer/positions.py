@@ -30,8 +30,8 @@ def rope_cos_sin(seq_len: int, head_dim: int, base: float, device=None) -> Tuple
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, S, H, D) by cos, sin (S, D): x * cos + rotate_half(x) * sin, in x's dtype (as HF)."""
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # (S, 1, D): broadcast over heads
+    """Rotate x (B, S, H, D) by cos, sin (S, D) or (B, S, D): x * cos + rotate_half(x) * sin, in x's dtype (as HF)."""
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)  # ([B,] S, 1, D): broadcast over heads
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half
     return x * cos + rotated * sin

@@ -52,8 +52,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.head_dim, bias=c.qkv_bias)
         self.proj = nn.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
 
-    def forward(self, x: torch.Tensor, position: Optional[tuple]) -> torch.Tensor:
-        """x (B, S, d); position: (cos, sin) (S, D) for rope, (alibi_bias (H, S, S),) for alibi."""
+    def forward(self, x: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
+        """x (B, S, d); position: (cos, sin) (S, D) for rope (decode steps: (B, 1, D), each row's
+        position), (alibi_bias (H, S, S),) for alibi (decode steps: (B, H, 1, S_max)). cache: this
+        layer's generation.LayerCache: a prefill writes its keys and values there, a decode step
+        appends them at each row's length and attends to the cache through a mask."""
         c = self.config
         B, S, _ = x.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
@@ -62,17 +65,34 @@ class Attention(nn.Module):
         if c.position == "rope":
             cos, sin = position
             q, k = positions.apply_rope(q, cos, sin), positions.apply_rope(k, cos, sin)
+        mask, causal = None, True
+        if cache is not None and cache.decoding:
+            k, v, mask = _append_to_cache(cache, k, v)  # the whole cache, (B, S_max, Hkv, D)
+            causal = False
+        elif cache is not None:
+            cache.write_prompt(k, v)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H or Hkv, S, D)
         if Hkv != H and not SDPA_HAS_GQA:  # torch < 2.5: repeat each kv head for its query group
             k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
         gqa = {"enable_gqa": True} if Hkv != H and SDPA_HAS_GQA else {}
         if c.position == "alibi":
-            (bias,) = position  # (H, S, S) fp32, the causal mask included
+            (bias,) = position  # (H, S, S) or (B, H, 1, S_max) fp32, the causal mask included
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), **gqa)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)  # (B, H, S, D)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **gqa)  # (B, H, S, D)
         y = y.transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
         return self.proj(y)
+
+
+def _append_to_cache(cache, k: torch.Tensor, v: torch.Tensor):
+    """Write one token per row (k, v (B, 1, Hkv, D)) at position cache.lengths[b]; returns the
+    layer's key and value caches and the (B, 1, 1, S_max) mask of the positions each row sees."""
+    k_cache, v_cache = cache.buffers(k)
+    rows, pos = torch.arange(k.shape[0], device=k.device), cache.lengths.long()
+    k_cache[rows, pos] = k[:, 0]
+    v_cache[rows, pos] = v[:, 0]
+    visible = torch.arange(k_cache.shape[1], device=k.device) <= pos[:, None]  # (B, S_max)
+    return k_cache, v_cache, visible[:, None, None, :]
 
 
 class MLP(nn.Module):
@@ -126,8 +146,8 @@ class Block(nn.Module):
         self.mlp = SwiGLUMLP(config) if config.mlp == "swiglu" else MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, position: Optional[tuple]) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm_attn(x), position))
+    def forward(self, x: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm_attn(x), position, cache))
         x = x + self.drop(self.mlp(self.norm_mlp(x)))
         return x
 
@@ -151,10 +171,31 @@ class TorchTransformer(CausalLM):
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         self._check_idx(idx)
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device))
+
+    def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
+        if not cache.decoding:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device), cache)
+        pos = cache.lengths.long()[:, None]  # (B, 1): each row's position
+        c = self.config
+        position = None
+        if c.position == "rope":
+            position = self._decode_rope(cache.tables, pos)
+        elif c.position == "alibi":
+            (slopes,) = cache.tables
+            distance = (pos - torch.arange(cache.capacity, device=pos.device)).float()  # (B, S_max): i - j
+            bias = -slopes[None, :, None] * distance[:, None, :]  # (B, H, S_max)
+            position = (bias.masked_fill(distance[:, None, :] < 0, float("-inf"))[:, :, None, :],)  # (B, H, 1, S_max)
+        return self._hidden(idx, pos, position, cache)
+
+    def _hidden(self, idx: torch.Tensor, pos: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
+        """The blocks and the final norm over idx (B, S) at positions pos ((S,) or (B, S))."""
         x = self.embed(idx)  # (B, S, d)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))  # + (S, d)
-        (x,) = self._run_blocks(self.blocks, (self.drop(x),), self.position_tables(idx.shape[1], idx.device))
+            x = x + self.pos_embed(pos)  # + (S, d) or (B, S, d)
+        (x,) = self._run_blocks(self.blocks, (self.drop(x),), position, cache)
         return self.norm_f(x)
 
     def position_tables(self, seq_len: int, device: torch.device) -> Optional[tuple]:
