@@ -34,14 +34,14 @@ def tiny(**options) -> TransformerConfig:
     return TransformerConfig(**{**base, **options})
 
 
-def spread(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from GPT-2's init (matrices N(0, 0.3), biases N(0, 0.1)): the logits spread over
+def spread(model: torch.nn.Module, std: float = 0.3) -> torch.nn.Module:
+    """Weights far from GPT-2's init (matrices N(0, std), biases N(0, 0.1)): the logits spread over
     a few units and depend on the context, so a wrong cache or position changes the tokens (at the
     init they mostly repeat the last token)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:
-                p.normal_(0.0, 0.3)
+                p.normal_(0.0, std)
             elif not name.endswith("weight"):  # a bias (norm weights stay 1)
                 p.normal_(0.0, 0.1)
     return model
@@ -50,7 +50,7 @@ def spread(model: torch.nn.Module) -> torch.nn.Module:
 def make_models(config: TransformerConfig, dtype: torch.dtype, device, require_kernels):
     """(Transformer, TorchTransformer in `dtype`, TorchTransformer in float64), one state_dict."""
     require_kernels(config)
-    ours = spread(Transformer(config)).to(device)
+    ours = spread(Transformer(config), 0.3 * (32 / config.d_model) ** 0.5).to(device)
     reference = TorchTransformer(config).to(device)
     reference.load_state_dict(ours.state_dict())
     return ours.to(dtype).eval(), copy.deepcopy(reference).to(dtype).eval(), reference.double().eval()
@@ -163,6 +163,16 @@ def test_the_twin_cache_matches_its_full_forward(name):
     recomputed = full_logits(model, out)[:, PROMPT - 1 : -1]
     torch.testing.assert_close(cached, recomputed, rtol=1e-4, atol=1e-4)
     assert_greedy(out[:, PROMPT:], recomputed, 2e-4, "twin cached tokens")
+
+
+@pytest.mark.gpu("compiled kernels launched directly after their first call, a cache split three ways")
+def test_cached_generate_on_the_gpu(require_kernels):
+    config = TransformerConfig(
+        vocab_size=512, n_layer=4, n_head=8, n_kv_head=2, d_model=512, max_seq_len=512, position="rope",
+        norm="rmsnorm", mlp="swiglu", tie_embeddings=False,
+    )  # fmt: skip
+    ours, lowp, exact = make_models(config, torch.bfloat16, "cuda", require_kernels)
+    check_cached_greedy(ours, lowp, exact, torch.randint(0, 512, (4, 100), device="cuda"), 64)
 
 
 # ---------------------------------------------------------------------------------------------
