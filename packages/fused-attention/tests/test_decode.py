@@ -87,6 +87,7 @@ CASES = {
     "noncausal-window-d80": (2, 3, 2, 1, 80, 64, [33, 50], True,
                              {"causal": False, "window_size": (7, 1), "num_splits": 2}, BF16),
     "rows-over-one-block": (1, 3, 32, 1, 16, 40, [20], True, {"softmax_scale": 0.3}, BF16),
+    "d256-group16-row-blocks": (1, 3, 32, 2, 256, 70, [45], True, {}, BF16),
 }
 # fmt: on
 
@@ -153,6 +154,19 @@ def test_lengths_outside_the_cache_stay_inside_it(attn, device):
     assert torch.equal(k_cache, k_after) and torch.equal(v_cache, v_after)
     twin = twin_out(attn, q, k_after, v_after, clamped, seqlen_q)
     assert_close_to_reference(out, expected, twin, name="out")
+
+
+@pytest.mark.kernels
+def test_empty_shapes(device):
+    """No query, no batch row or no cache position: no launch, or a launch that reads nothing."""
+    for batch, seqlen_q, capacity, new in ((2, 0, 8, True), (0, 1, 8, True), (2, 1, 0, False)):
+        q, k_cache, v_cache, lengths, k_new, v_new = make_inputs(
+            batch, seqlen_q, 2, 1, 16, capacity, [3] * batch, new, FP16, device
+        )
+        out = flash_attention_with_kvcache(q, k_cache, v_cache, lengths, k_new, v_new)
+        assert out.shape == q.shape
+        if out.numel():  # no key in an empty cache: zeros
+            assert bool((out == 0).all())
 
 
 @pytest.mark.kernels
