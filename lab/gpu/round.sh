@@ -23,6 +23,9 @@ for stage in ${@:-tests host norms model}; do
             --bench-table "$OUT/host.md" 2>&1 | tail -3 ;;
     norms) timeout "${T_NORMS:-100}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_norms.py \
              -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
+    decode) timeout "${T_DECODE:-60}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
+    model410) timeout "${T_MODEL:-150}" python3 -m tritonformer.bench --providers tritonformer tritonformer+graph \
+             --config 410M:2048:8 --out-dir "$OUT/model" 2>&1 | tail -6 ;;
     model) timeout "${T_MODEL:-200}" python3 -m tritonformer.bench --providers tritonformer tritonformer+graph torch.compile \
              --config 410M:2048:8 llama-1.4B:2048:4 --out-dir "$OUT/model" 2>&1 | tail -12 ;;
   esac
