@@ -6,6 +6,8 @@ One query token, D = 128, 32 query heads over 8 KV heads (GQA 4:1), bf16, cache 
 32768. Bytes: the K and V cache rows read (2 * L * H_kv * D * 2), against the copy ceiling.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton.testing
@@ -23,11 +25,15 @@ def main() -> None:
         v_cache = torch.randn_like(k_cache)
         q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
         seqlens = torch.full((B,), length, dtype=torch.int32, device="cuda")
-        ours = lambda: flash_attention_with_kvcache(q, k_cache, v_cache, seqlens)  # noqa: E731
-        qt = q.transpose(1, 2)
-        kt = k_cache.transpose(1, 2).repeat_interleave(H // H_KV, dim=1)
-        vt = v_cache.transpose(1, 2).repeat_interleave(H // H_KV, dim=1)
-        sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt)  # noqa: E731
+        ours = functools.partial(flash_attention_with_kvcache, q, k_cache, v_cache, seqlens)
+        # SDPA over the same cache, its GQA heads shared without copies (enable_gqa).
+        sdpa = functools.partial(
+            F.scaled_dot_product_attention,
+            q.transpose(1, 2),
+            k_cache.transpose(1, 2),
+            v_cache.transpose(1, 2),
+            enable_gqa=True,
+        )
         reference = sdpa().transpose(1, 2)
         torch.testing.assert_close(ours(), reference, atol=2e-2, rtol=2e-2)
         ms = triton.testing.do_bench(ours, warmup=25, rep=100, return_mode="median")
