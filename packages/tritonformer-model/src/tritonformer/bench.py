@@ -2,7 +2,7 @@
 
     tritonformer-bench                                   # the two headline configs
     tritonformer-bench --providers tritonformer+graph,torch.compile --config 410M:2048:8
-    tritonformer-bench --sweep seed                      # the model size x context sweep
+    tritonformer-bench --sweep sizes                     # the model size x context sweep
 
 For each config (PRESET:CONTEXT:BATCH) and provider, one training step (forward + backward of
 the loss on random tokens, bf16 autocast, fp32 weights; `--optimizer` adds a fused AdamW step)
@@ -66,7 +66,7 @@ PROVIDERS = (
 DEFAULT_PROVIDERS = ("tritonformer+graph", "tritonformer", "torch", "torch.compile", "hf-llama", "hf-llama+liger")
 HEADLINE = ("410M:2048:8", "llama-1.4B:2048:4")
 # Model size x context, GPT-2 style without linear biases, plus LLaMA-style counterparts.
-SEED_SWEEP = (
+SIZES_SWEEP = (
     "160M:2048:8", "410M:2048:4", "410M:4096:2", "410M:4096:4", "840M:2048:2", "840M:4096:1", "1.4B:2048:2",
     "llama-410M:2048:8", "llama-1.4B:2048:4",
 )  # fmt: skip
@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--config", "--configs", dest="config", nargs="+", action="extend", metavar="PRESET:CONTEXT:BATCH",
                    help=f"points to time, space- or comma-separated (default: {' '.join(HEADLINE)})")  # fmt: skip
-    p.add_argument("--sweep", choices=("headline", "seed"), default="headline",
+    p.add_argument("--sweep", choices=("headline", "sizes"), default="headline",
                    help="a named set of points, when --config is not given")  # fmt: skip
     p.add_argument("--providers", "--provider", dest="providers", nargs="+", action="extend", metavar="PROVIDER",
                    help=f"space- or comma-separated, run in this order, or 'all' "
@@ -477,7 +477,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     try:
         args.providers = parse_providers(args.providers)
-        names = split_list(args.config) or (SEED_SWEEP if args.sweep == "seed" else HEADLINE)
+        names = split_list(args.config) or (SIZES_SWEEP if args.sweep == "sizes" else HEADLINE)
         args.points = [Point.parse(name) for name in names]
     except ValueError as error:
         p.error(str(error))
