@@ -177,15 +177,15 @@ def skip_reason(provider: str, config: TransformerConfig, device: torch.device) 
     """Why a provider cannot run here (None: it can)."""
     if provider.startswith("hf-llama"):
         return hf_skip_reason(config, liger=provider.endswith("liger"))
-    if provider.startswith("tritonformer") and device.type != "cuda" and not interpreting():
-        return "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
-    if "compile" in provider and not hasattr(torch, "compile"):
-        return "this torch has no torch.compile"
     if provider.endswith("+graph"):
         if device.type != "cuda":
             return "CUDA graphs need a CUDA GPU"
         if config.dropout > 0:
             return "CUDA graphs need dropout=0 (fused_norm_xent draws dropout seeds on the host)"
+    if provider.startswith("tritonformer") and device.type != "cuda" and not interpreting():
+        return "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
+    if "compile" in provider and not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
     return None
 
 
