@@ -110,6 +110,7 @@ def test_cached_tables_follow_inv_freq_and_settings(change):
     assert cos is not cos_before
 
 
+@pytest.mark.torch_dynamo  # arange on the meta device runs torch's decompositions, which import torch._dynamo
 def test_cached_tables_follow_the_device():
     """.to(device) recomputes on the new device (meta: no data, the device is what is checked)."""
     rope = RotaryEmbedding(8)
