@@ -7,7 +7,7 @@ reads of device values) are what is counted.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from tritonformer_testkit.host import DispatchedOperators, is_allocation, record_launches
 
 from fused_attention import flash_attention, flash_attention_qkvpacked, flash_attention_varlen
 from fused_attention._runtime.launch import Launch
@@ -19,28 +19,14 @@ pytestmark = pytest.mark.kernels
 BF16 = torch.bfloat16
 
 
-class _Operators(TorchDispatchMode):
-    """The aten operators run inside, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def launches(monkeypatch):
     """Launches recorded as (Launch, per-call arguments), not run."""
-    called = []
-    monkeypatch.setattr(Launch, "__call__", lambda self, *args: called.append((self, args)))
-    return called
+    return record_launches(monkeypatch, Launch)
 
 
 def _allocations(names):
-    return [name for name in names if name.startswith(("empty", "new_empty"))]
+    return [name for name in names if is_allocation(name)]
 
 
 def _work(names):
@@ -59,7 +45,7 @@ def test_forward_allocates_its_outputs_and_launches_once(launches, device):
     q, k, v = _qkv(device)
     flash_attention(q, k, v, causal=True)  # builds the plan
     launches.clear()
-    with _Operators() as operators:
+    with DispatchedOperators() as operators:
         out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
     assert len(launches) == 1 and launches[0][1][:5] == (q, k, v, out, lse)
     work = _work(operators.names)
@@ -75,7 +61,7 @@ def test_backward_of_a_sum_copies_the_expanded_gradient_allocates_and_launches(l
     dout = torch.ones((), device=device, dtype=BF16).expand(out.shape)
     torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # builds the backward plan
     launches.clear()
-    with _Operators() as operators:
+    with DispatchedOperators() as operators:
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     assert len(launches) == 3
     work = _work(operators.names)
@@ -93,7 +79,7 @@ def test_varlen_without_checked_offsets_reads_nothing_back(launches, device):
     cu = torch.tensor([0, 11, 30], dtype=torch.int32, device=device)
     flash_attention_varlen(q, k, v, cu, cu, 19, 19, check_seqlens=False)
     launches.clear()
-    with _Operators() as operators:
+    with DispatchedOperators() as operators:
         flash_attention_varlen(q, k, v, cu, cu, 19, 19, check_seqlens=False)
     work = _work(operators.names)
     assert work == _allocations(work) and len(work) == 2, operators.names
@@ -108,7 +94,7 @@ def test_packed_forward_and_backward(launches, device):
     dout = torch.randn(out.shape, device=device).to(BF16)
     torch.autograd.grad(out, qkv, dout, retain_graph=True)
     launches.clear()
-    with _Operators() as operators:
+    with DispatchedOperators() as operators:
         flash_attention_qkvpacked(qkv, causal=True, deterministic=True)
         (dqkv,) = torch.autograd.grad(out, qkv, dout)
     assert len(launches) == 4

@@ -8,7 +8,7 @@ operators a call dispatches (allocations, copies) are what is counted.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from tritonformer_testkit.host import DispatchedOperators, is_allocation, record_launches
 
 from fused_rope import apply_rotary_pos_emb, apply_rotary_qk
 from fused_rope._runtime.launch import Launch
@@ -18,28 +18,10 @@ from fused_rope.ops import rope_qk as rope_qk_ops
 pytestmark = pytest.mark.kernels
 
 
-class _Operators(TorchDispatchMode):
-    """The aten operators run inside, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def launches(monkeypatch):
     """Launches recorded as (Launch, per-call arguments), not run."""
-    called = []
-    monkeypatch.setattr(Launch, "__call__", lambda self, *args: called.append((self, args)))
-    return called
-
-
-def _is_allocation(name: str) -> bool:
-    return name.startswith(("empty", "new_empty"))
+    return record_launches(monkeypatch, Launch)
 
 
 def test_qk_backward_of_a_sum_is_one_launch_on_the_expanded_gradients(launches, device):
@@ -51,13 +33,13 @@ def test_qk_backward_of_a_sum_is_one_launch_on_the_expanded_gradients(launches, 
     dq_out, dk_out = one.expand(q_out.shape), one.expand(k_out.shape)  # what (q_out.sum() + k_out.sum()) hands back
     torch.autograd.grad((q_out, k_out), (q, k), (dq_out, dk_out), retain_graph=True)  # builds the plan
     launches.clear()
-    with _Operators() as operators:
+    with DispatchedOperators() as operators:
         dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (dq_out, dk_out))
     assert len(launches) == 1
     args = launches[0][1]
     assert args[0].stride() == args[1].stride() == (0, 0, 0, 0)  # the gradients themselves, not copies
     assert args[5] is dq and args[6] is dk
-    assert [name for name in operators.names if not _is_allocation(name)] == [], operators.names
+    assert [name for name in operators.names if not is_allocation(name)] == [], operators.names
     assert len(operators.names) == 2  # dq and dk
     assert dq.is_contiguous() and dk.is_contiguous()  # output_like of a stride-0 gradient
 
@@ -68,10 +50,10 @@ def test_te_backward_of_a_sum_is_one_launch_on_the_expanded_gradient(launches, d
     dy = torch.ones((), device=device).expand(y.shape)
     torch.autograd.grad(y, t, dy, retain_graph=True)  # builds the plan
     launches.clear()
-    with _Operators() as operators:
+    with DispatchedOperators() as operators:
         (dt,) = torch.autograd.grad(y, t, dy)
     assert len(launches) == 1 and launches[0][1][0].stride() == (0, 0, 0, 0) and launches[0][1][2] is dt
-    assert len(operators.names) == 1 and _is_allocation(operators.names[0]), operators.names
+    assert len(operators.names) == 1 and is_allocation(operators.names[0]), operators.names
 
 
 def test_calls_with_one_layout_share_one_plan_and_launch(launches, device):

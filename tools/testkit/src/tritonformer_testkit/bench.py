@@ -166,10 +166,24 @@ def eager_us_per_call(fn: Callable[[], object], calls: int = 100, repeats: int =
 HOST_GROUP = "host"
 
 
+def _eager_call(fn: Callable[[], object], mode: str) -> Callable[[], None]:
+    """fn itself ("fwd"), or fn then the backward of the sum of its output(s) ("fwd+bwd")."""
+    if mode == "fwd":
+        return fn
+
+    def forward_backward() -> None:
+        out = fn()
+        outs = out if isinstance(out, tuple) else (out,)
+        sum(o.sum() for o in outs).backward()
+
+    return forward_backward
+
+
 def measure_host(benchmark, *, op: str, mode: str, shape: str, providers: Dict[str, Callable[[], object]]) -> None:
     """The `host` group: microseconds per eager call of each provider of one op at a tiny shape,
-    timed in turn (three rounds, the median), so every provider sees the same host. mode: "fwd"
-    or "fwd+bwd" (the backward through `.sum().backward()`, as in the providers' fn)."""
+    timed in turn (three rounds, the median), so every provider sees the same host. providers: the
+    forward calls; mode: "fwd", or "fwd+bwd" (each then runs `.sum().backward()` of its outputs)."""
+    providers = {name: _eager_call(fn, mode) for name, fn in providers.items()}
     rounds: Dict[str, List[float]] = {name: [] for name in providers}
     for _ in range(3):
         for name, fn in providers.items():
