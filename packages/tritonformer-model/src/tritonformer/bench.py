@@ -15,9 +15,9 @@ is timed over `--steps` steps after `--warmup` steps, with CUDA events:
 - tritonformer+compile: the same under torch.compile (kernels as custom ops);
 - torch: `TorchTransformer` eager (cuBLAS, SDPA); torch+graph, torch.compile: the same, graphed
   or compiled;
-- hf-llama, hf-llama+liger: Hugging Face `LlamaForCausalLM` (SDPA) of the same shape, plain
-  and with Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`)
-  import.
+- hf-llama, hf-llama+tritonformer, hf-llama+liger: Hugging Face `LlamaForCausalLM` (SDPA) of
+  the same shape, plain, with this project's kernels (`tritonformer.hf.apply`) and with
+  Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`) import.
 
 Each row is printed as soon as it is measured, and bench.csv and bench.md (in --out-dir) are
 rewritten after each row, so an interrupted run keeps what it measured; bench.png (if
@@ -60,10 +60,18 @@ from .train import (
 
 PROVIDERS = (
     "tritonformer", "tritonformer+graph", "tritonformer+compile", "torch", "torch+graph", "torch.compile", "hf-llama",
-    "hf-llama+liger",
+    "hf-llama+tritonformer", "hf-llama+liger",
 )  # fmt: skip
 # The default run, in this order at each point (Liger's rows after all others: it patches classes).
-DEFAULT_PROVIDERS = ("tritonformer+graph", "tritonformer", "torch", "torch.compile", "hf-llama", "hf-llama+liger")
+DEFAULT_PROVIDERS = (
+    "tritonformer+graph",
+    "tritonformer",
+    "torch",
+    "torch.compile",
+    "hf-llama",
+    "hf-llama+tritonformer",
+    "hf-llama+liger",
+)
 HEADLINE = ("410M:2048:8", "llama-1.4B:2048:4")
 # Model size x context, GPT-2 style without linear biases, plus LLaMA-style counterparts.
 SIZES_SWEEP = (
@@ -122,11 +130,12 @@ def model_kind(provider: str) -> str:
     return provider
 
 
-def hf_llama(config: TransformerConfig, liger: bool) -> torch.nn.Module:
-    """A Hugging Face LlamaForCausalLM with the config's shape (SDPA attention), Liger-patched on request."""
+def hf_llama(config: TransformerConfig, patch: str = "") -> torch.nn.Module:
+    """A Hugging Face LlamaForCausalLM with the config's shape (SDPA attention); patch: "" (plain),
+    "tritonformer" (this model's instance patched by tritonformer.hf.apply) or "liger"."""
     import transformers
 
-    if liger:
+    if patch == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama()  # patches the Llama classes of this process
@@ -145,7 +154,12 @@ def hf_llama(config: TransformerConfig, liger: bool) -> torch.nn.Module:
         mlp_bias=config.use_linear_bias,
         attn_implementation="sdpa",
     )
-    return transformers.LlamaForCausalLM(hf_config)
+    model = transformers.LlamaForCausalLM(hf_config)
+    if patch == "tritonformer":
+        from . import hf
+
+        hf.apply(model)
+    return model
 
 
 def hf_skip_reason(config: TransformerConfig, liger: bool) -> Optional[str]:
@@ -173,17 +187,25 @@ def point_config(point: Point, provider: str, overrides: dict, fused_loss: str =
     return TransformerConfig.preset(point.preset, **overrides)
 
 
+TRITON_ON_CPU = "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
+
+
 def skip_reason(provider: str, config: TransformerConfig, device: torch.device) -> Optional[str]:
     """Why a provider cannot run here (None: it can)."""
     if provider.startswith("hf-llama"):
-        return hf_skip_reason(config, liger=provider.endswith("liger"))
+        reason = hf_skip_reason(config, liger=provider.endswith("liger"))
+        if reason is None and provider.endswith("+tritonformer") and device.type != "cuda" and not interpreting():
+            reason = (
+                "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
+            )
+        return reason
     if provider.endswith("+graph"):
         if device.type != "cuda":
             return "CUDA graphs need a CUDA GPU"
         if config.dropout > 0:
             return "CUDA graphs need dropout=0 (fused_norm_xent draws dropout seeds on the host)"
     if provider.startswith("tritonformer") and device.type != "cuda" and not interpreting():
-        return "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=1 runs them in Triton's interpreter)"
+        return TRITON_ON_CPU
     if "compile" in provider and not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
     return None
@@ -204,7 +226,7 @@ class ModelSlot:
         torch.manual_seed(0)
         with device:
             if kind.startswith("hf-llama"):
-                self.model = hf_llama(config, liger=kind.endswith("liger"))
+                self.model = hf_llama(config, patch=kind.partition("+")[2])
             else:
                 self.model = build_model(kind, config)
         self.key = (kind, config) if not kind.startswith("hf-llama") else None  # HF models are not shared
@@ -265,7 +287,9 @@ def training_step(
     else:
         fn = make_step(torch.compile(model)) if "compile" in provider else eager
         warm, prepare = fn, None
-    loss = {"hf-llama": "logits (HF)", "hf-llama+liger": "fused (Liger)"}.get(provider)
+    loss = {
+        "hf-llama": "logits (HF)", "hf-llama+tritonformer": "fused (tritonformer)", "hf-llama+liger": "fused (Liger)",
+    }.get(provider)  # fmt: skip
     tokens = point.batch * point.context
     return TrainingStep(
         fn=fn,
