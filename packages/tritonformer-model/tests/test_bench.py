@@ -1,6 +1,7 @@
 """tritonformer-bench's machinery, smoke-tested on the CPU with the plain-PyTorch model."""
 
 import csv
+import importlib.util
 
 import pytest
 import torch
@@ -136,6 +137,12 @@ def test_points_and_flops():
     assert bench.skip_reason("tritonformer", config, cpu) == (
         None if interpreting() else TRITON_ON_CPU[len("skipped: ") :]
     )
+    llama = bench.point_config(bench.Point("llama-410M", 2048, 1), "hf-llama+tritonformer", {})
+    reason = bench.skip_reason("hf-llama+tritonformer", llama, cpu)
+    if importlib.util.find_spec("transformers") is None:
+        assert reason.startswith("transformers does not import")
+    else:
+        assert reason == (None if interpreting() else TRITON_ON_CPU[len("skipped: ") :])
 
 
 TRITON_ON_CPU = (
