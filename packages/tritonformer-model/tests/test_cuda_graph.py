@@ -163,7 +163,7 @@ def test_graphed_steps_match_eager_steps(model, tmp_path, require_kernels):
 
     The kernels and their autotuned configs are the same in both runs; only atomics' order may
     differ (the attention backward's dq), so gradients and weights may differ by 1e-3 relative and
-    the later losses (bf16 under fused_norm_xent 0.2.0) by one ulp of their dtype: a stale input
+    the later losses by one ulp of their dtype: a stale input
     buffer, a gradient lost or counted twice would be off by far more."""
     common = dict(
         model=model, preset="tiny-llama", steps=3, batch_size=4, seq_len=64, eval_interval=100, sample_tokens=0,

@@ -47,7 +47,6 @@ except ImportError:  # pragma: no cover - a fused_attention laid out otherwise
 
 from . import positions, torch_model
 from ._base import CausalLM
-from ._compat import autocast_dtype
 from .config import TransformerConfig
 
 
@@ -252,12 +251,10 @@ class Transformer(CausalLM):
         return fused_norm_xent.cross_entropy(logits, targets, ignore_index=self.config.ignore_index)
 
     def linear_cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        weight = self.lm_head.weight
-        amp = autocast_dtype(hidden.device.type)
-        if amp is not None and hidden.dtype == amp and weight.dtype != amp:
-            # The cast autocast makes for F.linear (and linear_cross_entropy documents): fused_norm_xent
-            # 0.2.0 rejects an fp32 weight beside a hidden already in the autocast dtype.
-            weight = weight.to(amp)
         return fused_norm_xent.linear_cross_entropy(
-            hidden, weight, targets, ignore_index=self.config.ignore_index, chunk_size=self.config.loss_chunk_size
+            hidden,
+            self.lm_head.weight,
+            targets,
+            ignore_index=self.config.ignore_index,
+            chunk_size=self.config.loss_chunk_size,
         )
