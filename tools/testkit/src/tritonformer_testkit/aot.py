@@ -84,14 +84,15 @@ def _compile_triton2(fn, signature, constexprs, arch, num_warps, num_stages):
 
     index = {name: i for i, name in enumerate(fn.arg_names)}
     pointers = tuple(index[name] for name, ty in signature.items() if ty.startswith("*"))
-    # The JIT keys the signature and the constants by argument position.
+    # The JIT keys the signature and the constants by argument position, and reads the signature's
+    # types in the dict's order: it must be in argument order.
     with (
         mock.patch.object(triton_compiler, "make_stub", lambda *args, **kwargs: None),
         mock.patch.object(triton_compiler, "CompiledKernel", lambda fn, so_path, metadata, asm: asm),
     ):
         asm = triton_compiler.compile(
             fn,
-            signature={index[name]: ty for name, ty in signature.items()},
+            signature={index[name]: ty for name, ty in sorted(signature.items(), key=lambda item: index[item[0]])},
             constants={index[name]: value for name, value in constexprs.items()},
             configs=[_Triton2Specialization(pointers, (), (), ())],
             cc=arch,
