@@ -40,6 +40,12 @@ class CausalLM(nn.Module):
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, S) token ids -> (B, S, d_model) after the final norm."""
+        self._check_idx(idx)
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device))
+
+    def _hidden(self, idx: torch.Tensor, pos: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
+        """The blocks and the final norm over idx (B, S) at positions pos ((S,) or (B, S))."""
         raise NotImplementedError
 
     def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -205,6 +211,14 @@ class CausalLM(nn.Module):
         """Final hidden states (B, S, d) of idx through the KV cache (generation.KVCache): a
         prefill (cache.decoding False) runs positions 0 ... S - 1 and writes their keys and values;
         a decode step (S = 1) runs each row's token at position cache.lengths[b] and appends."""
+        if not cache.decoding:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device), cache)
+        pos = cache.lengths.long()[:, None]  # (B, 1): each row's position
+        return self._hidden(idx, pos, self._decode_position(cache, pos), cache)
+
+    def _decode_position(self, cache, pos: torch.Tensor) -> Optional[tuple]:
+        """What a decode step's attention needs of the positions pos (B, 1), from cache.tables."""
         raise NotImplementedError
 
     def decode_tables(self, capacity: int, device: torch.device) -> Optional[tuple]:

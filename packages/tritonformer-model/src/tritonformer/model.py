@@ -214,18 +214,9 @@ class Transformer(CausalLM):
             self.lm_head.weight = self.embed.weight
         self.init_weights()
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        self._check_idx(idx)
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device))
-
-    def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
-        if not cache.decoding:
-            pos = torch.arange(idx.shape[1], device=idx.device)
-            return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device), cache)
-        pos = cache.lengths.long()[:, None]  # (B, 1): each row's position
-        position = self._decode_rope(cache.tables, pos) if self.config.position == "rope" else cache.tables
-        return self._hidden(idx, pos, position, cache)
+    def _decode_position(self, cache, pos: torch.Tensor) -> Optional[tuple]:
+        # RoPE: the tables' rows at each row's position; ALiBi: the slopes as they are (the decode kernel biases).
+        return self._decode_rope(cache.tables, pos) if self.config.position == "rope" else cache.tables
 
     def _hidden(self, idx: torch.Tensor, pos: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
         """The blocks and the final norm over idx (B, S) at positions pos ((S,) or (B, S))."""

@@ -169,16 +169,7 @@ class TorchTransformer(CausalLM):
             self.lm_head.weight = self.embed.weight
         self.init_weights()
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        self._check_idx(idx)
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device))
-
-    def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
-        if not cache.decoding:
-            pos = torch.arange(idx.shape[1], device=idx.device)
-            return self._hidden(idx, pos, self.position_tables(idx.shape[1], idx.device), cache)
-        pos = cache.lengths.long()[:, None]  # (B, 1): each row's position
+    def _decode_position(self, cache, pos: torch.Tensor) -> Optional[tuple]:
         c = self.config
         position = None
         if c.position == "rope":
@@ -188,7 +179,7 @@ class TorchTransformer(CausalLM):
             distance = (pos - torch.arange(cache.capacity, device=pos.device)).float()  # (B, S_max): i - j
             bias = -slopes[None, :, None] * distance[:, None, :]  # (B, H, S_max)
             position = (bias.masked_fill(distance[:, None, :] < 0, float("-inf"))[:, :, None, :],)  # (B, H, 1, S_max)
-        return self._hidden(idx, pos, position, cache)
+        return position
 
     def _hidden(self, idx: torch.Tensor, pos: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
         """The blocks and the final norm over idx (B, S) at positions pos ((S,) or (B, S))."""
