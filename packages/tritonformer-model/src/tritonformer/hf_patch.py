@@ -508,11 +508,9 @@ def _class_plan_swiglu(spec: _ModelSpec, modeling) -> Union[str, Plan]:
 def _class_plan_rope(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     current = getattr(modeling, "apply_rotary_pos_emb", None)
     if not callable(current):
-        return f"{spec.module} has no apply_rotary_pos_emb"
+        return f"{spec.module} has no apply_rotary_pos_emb in this transformers"
     description = f"{spec.module}.apply_rotary_pos_emb -> fused_rope.apply_rotary_qk"
-    if _class_patched(modeling, "apply_rotary_pos_emb"):
-        return description + " (already patched)", []
-    return description, [_set_class_attribute(modeling, "apply_rotary_pos_emb", make_rope(current))]
+    return _class_swap(modeling, "apply_rotary_pos_emb", make_rope(current), description, spec.module)
 
 
 def _class_plan_attention(spec: _ModelSpec, modeling) -> Union[str, Plan]:
