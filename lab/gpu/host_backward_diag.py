@@ -1,0 +1,103 @@
+"""Why an eager backward costs more host time through autograd's engine than its launcher alone.
+
+python3 lab/gpu/host_backward_diag.py     (prints what it finds)
+
+For one RMSNorm call at 64x1024 bf16: which path each Launch takes (the compiled launcher or the
+JIT) on which thread, and the time of the backward called four ways: through the engine, by its
+node's apply on the main thread, the launcher alone on the main thread and on another thread.
+"""
+
+import collections
+import statistics
+import threading
+import time
+
+import torch
+
+import fused_norm_xent as nx
+from fused_norm_xent._runtime import launch as launch_mod
+from fused_norm_xent.ops import norm as norm_ops
+
+
+def us(fn, calls=300, repeats=5):
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    windows = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        windows.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(windows)
+
+
+PATHS = collections.Counter()
+SPENT = collections.defaultdict(float)
+original_call = launch_mod.Launch.__call__
+
+
+def counting_call(self, *per_call):
+    key = self._key(per_call) if launch_mod.DIRECT_LAUNCH else None
+    hit = key is not None and key in self._compiled and not launch_mod._hooks_installed()
+    where = "main" if threading.current_thread() is threading.main_thread() else "other"
+    PATHS[(self.kernel.fn.__name__, where, "direct" if hit else "jit")] += 1
+    start = time.perf_counter()
+    try:
+        return original_call(self, *per_call)
+    finally:
+        SPENT[(self.kernel.fn.__name__, where)] += time.perf_counter() - start
+
+
+def main():
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(64, 1024, device=dev, dtype=dt, requires_grad=True)
+    w = torch.randn(1024, device=dev, dtype=dt, requires_grad=True)
+    xd, wd = x.detach(), w.detach()
+    y = nx.rms_norm(x, [1024], w)
+    dy = torch.ones_like(y)
+    _, stats = norm_ops.norm_forward(xd, wd, None, [1024], None, 0.0, True)
+    print("DIRECT_LAUNCH", launch_mod.DIRECT_LAUNCH)
+
+    launch_mod.Launch.__call__ = counting_call
+    for _ in range(20):
+        nx.rms_norm(x, [1024], w).sum().backward()
+    torch.cuda.synchronize()
+    print("paths over 20 fwd+bwd:", dict(PATHS))
+    print("seconds in Launch per call:", {k: round(v / 20 * 1e6, 1) for k, v in SPENT.items()})
+    launch_mod.Launch.__call__ = original_call
+
+    def in_thread(fn):
+        result = []
+        t = threading.Thread(target=lambda: result.append(us(fn)))
+        t.start()
+        t.join()
+        return result[0]
+
+    rows = {
+        "fwd+bwd, .sum().backward()": lambda: nx.rms_norm(x, [1024], w).sum().backward(),
+        "fwd + autograd.grad(dy contiguous)": lambda: torch.autograd.grad(nx.rms_norm(x, [1024], w), (x, w), dy),
+        "fwd + grad_fn.apply(dy) on main": lambda: nx.rms_norm(x, [1024], w).grad_fn.apply(dy),
+        "norm_backward launcher, main": lambda: norm_ops.norm_backward(dy, xd, wd, None, stats, [1024], 0.0, True),
+        "x.sum().backward() (leaf)": lambda: x.sum().backward(),
+    }
+    for name, fn in rows.items():
+        print(f"| {name} | {us(fn):.1f} |")
+    print(f"| norm_backward launcher, other thread | "
+          f"{in_thread(lambda: norm_ops.norm_backward(dy, xd, wd, None, stats, [1024], 0.0, True)):.1f} |")
+    print(f"| fwd+bwd in another thread | {in_thread(lambda: nx.rms_norm(x, [1024], w).sum().backward()):.1f} |")
+    import cProfile
+    import pstats
+
+    fn = lambda: nx.rms_norm(x, [1024], w).grad_fn.apply(dy)  # noqa: E731
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
+if __name__ == "__main__":
+    main()
