@@ -80,3 +80,17 @@ def test_token_ids_are_checked_on_cuda_but_not_inside_a_graph_capture(model_clas
             logits = model(idx)[0]  # a host read here would fail the capture
     graph.replay()
     torch.testing.assert_close(logits, expected)
+
+
+@pytest.mark.parametrize("model_class", MODELS)
+def test_the_token_id_check_can_be_turned_off_and_generate_keeps_it(model_class):
+    model = model_class(tiny())
+    model.check_token_ids = False
+    calls = []
+    model._check_token_ids = calls.append
+    idx = torch.randint(0, 256, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the attention kernel takes fp16/bf16
+        model(idx)
+        assert calls == []
+        model.generate(idx, 1)
+    assert len(calls) == 1  # a prompt is checked once per generate call, whatever the setting

@@ -247,6 +247,8 @@ class Trainer:
 
         torch.manual_seed(settings.seed)
         self.model = build_model(settings.model, self.config).to(self.device)
+        # _config checked the data's largest token id against the vocabulary: no per-batch host read.
+        self.model.check_token_ids = False
         self.optimizer = make_optimizer(self.model, settings, self.device)
         self.scaler = grad_scaler(self.device.type, enabled=self.dtype == torch.float16)
         self.batches = torch.Generator().manual_seed(settings.seed)
