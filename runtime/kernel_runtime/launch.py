@@ -60,8 +60,10 @@ def launch_options(config) -> dict:
 
 def _make_context_current(device: int) -> None:
     """Make `device`'s primary CUDA context current on this thread: a stream query is a runtime
-    call, and the runtime makes the context current before it answers."""
-    torch.cuda.current_stream(device).query()
+    call, and the runtime makes the context current before it answers. A stream being captured
+    into a CUDA graph must not be queried, and a capturing thread has its context current."""
+    if not torch.cuda.is_current_stream_capturing():
+        torch.cuda.current_stream(device).query()
 
 
 def _hooks_installed() -> bool:

@@ -207,3 +207,18 @@ def test_a_launch_error_that_persists_is_raised(direct):
     launch._compiled = {key: (always_fails, *entry[1:]) for key, entry in launch._compiled.items()}
     with pytest.raises(RuntimeError, match="illegal memory access"):
         launch(1.0, out)
+
+
+def test_making_the_context_current_never_queries_a_capturing_stream(monkeypatch):
+    """A Launch's first call inside a CUDA-graph capture (its kernel compiled earlier through an
+    autotuner, not through this Launch) goes through the JIT, which first makes the context
+    current: a stream query there would invalidate the capture."""
+    queried = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: queried.append(device))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    launch_module._make_context_current(0)
+    assert queried == []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with pytest.raises(AttributeError):  # the fake stream (None) has no query: the query was attempted
+        launch_module._make_context_current(0)
+    assert queried == [0]

@@ -38,9 +38,9 @@ class CausalLM(nn.Module):
     embed: nn.Embedding
     lm_head: nn.Module
     # Whether an eager forward checks that its token ids lie in [0, vocab_size): one min/max read
-    # back to the host, which waits for the GPU's queue to drain (4 % of the 410M training step on
-    # an H100). Code that checks its ids where it makes the batches turns it off, as the train
-    # command does (it checks the whole token file when it loads it).
+    # back to the host, which waits for the GPU's queue to drain. Code that checks its ids where
+    # it makes the batches may turn it off, as the train command does (it checks the whole token
+    # file when it loads it).
     check_token_ids: bool = True
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:

@@ -264,8 +264,6 @@ def training_step(
     hf = provider.startswith("hf-llama")
     if model is None:
         model = ModelSlot().get(model_kind(provider), config, device)
-    if not hf:  # as the train command runs the model: its ids are checked where the batches are made
-        model.check_token_ids = False
     idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
     targets = torch.roll(idx, -1, dims=1)
     fused_adam = {"fused": True} if device.type == "cuda" else {}
