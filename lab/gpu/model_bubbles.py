@@ -16,8 +16,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tritonformer import _base
-from tritonformer.bench import Point, point_config, training_step
+from tritonformer.bench import ModelSlot, Point, model_kind, point_config, training_step
 
 GAP_US = 5.0
 
@@ -43,15 +42,20 @@ def main():
     device = torch.device("cuda")
     for provider in sys.argv[2:]:
         config = point_config(point, provider, {})
-        step = training_step(point, provider, config, device)
+        model = ModelSlot().get(model_kind(provider), config, device) if provider == "tritonformer" else None
+        step = training_step(point, provider, config, device, model=model)
         step.warm()
         step.warm()
         print(f"\n## {provider} {sys.argv[1]}: step {median_ms(step.fn):.2f} ms")
-        if provider == "tritonformer":
-            saved = _base.CausalLM._check_token_ids
-            _base.CausalLM._check_token_ids = lambda self, idx: None
-            print(f"without the token-id check: {median_ms(step.fn):.2f} ms")
-            _base.CausalLM._check_token_ids = saved
+        if model is not None:  # the token-id check on and off, alternating
+            rows = {True: [], False: []}
+            for _ in range(3):
+                for on in (True, False):
+                    model.check_token_ids = on
+                    rows[on].append(median_ms(step.fn))
+            model.check_token_ids = False
+            print("token-id check on: " + ", ".join(f"{t:.2f}" for t in rows[True]) + " ms; off: "
+                  + ", ".join(f"{t:.2f}" for t in rows[False]) + " ms")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step.fn()
             torch.cuda.synchronize()
@@ -81,7 +85,7 @@ def main():
         print("|---|---:|---:|")
         for name, us in totals.most_common(14):
             print(f"| {name} | {counts[name]} | {us / 1e3:.2f} |")
-        del step
+        del step, model
         torch.cuda.empty_cache()
 
 
