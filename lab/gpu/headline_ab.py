@@ -41,13 +41,19 @@ def fwd_bwd(fn, inputs):
 
 def cases():
     out = {}
-    for name, (b, s, h, d) in {"attn D128 causal S4096": (4, 4096, 16, 128), "attn D64 causal S2048 b8": (8, 2048, 16, 64)}.items():
+    for name, (b, s, h, d) in {
+        "attn D128 causal S4096": (4, 4096, 16, 128),
+        "attn D64 causal S2048 b8": (8, 2048, 16, 64),
+    }.items():
         q, k, v = leaf(b, s, h, d), leaf(b, s, h, d), leaf(b, s, h, d)
         fn = lambda q=q, k=k, v=v: fused_attention.flash_attention(q, k, v, causal=True)  # noqa: E731
         out[name] = (fn, (q, k, v))
     a, w, bias = leaf(16384, 2048), leaf(5632, 2048, scale=0.02), leaf(5632)
     out["gemm 16384x2048x5632"] = (lambda: fused_gemm.matmul(a, w.t()), (a, w))
-    out["gemm+bias+gelu 16384x2048x5632"] = (lambda: fused_gemm.matmul(a, w.t(), bias=bias, activation="gelu"), (a, w, bias))
+    out["gemm+bias+gelu 16384x2048x5632"] = (
+        lambda: fused_gemm.matmul(a, w.t(), bias=bias, activation="gelu"),
+        (a, w, bias),
+    )
     wg, wu, wd = leaf(2048, 5632, scale=0.02), leaf(2048, 5632, scale=0.02), leaf(5632, 2048, scale=0.02)
     out["swiglu_mlp 16384x2048->5632"] = (lambda: fused_swiglu.swiglu_mlp(a, wg, wu, wd), (a, wg, wu, wd))
     q, k = leaf(4, 32, 4096, 128), leaf(4, 32, 4096, 128)

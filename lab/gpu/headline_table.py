@@ -17,7 +17,9 @@ def main():
             r = json.loads(line)
             if r["ms"] is not None:
                 rows[(r["case"], r["mode"], r["label"])].append(r["ms"])
-    cases = sorted({(c, m) for c, m, _ in rows}, key=lambda cm: list(rows).index((*cm, new)) if (*cm, new) in rows else 0)
+    cases = sorted(
+        {(c, m) for c, m, _ in rows}, key=lambda cm: list(rows).index((*cm, new)) if (*cm, new) in rows else 0
+    )
     print(f"| case | mode | {base} ms | {new} ms | {base} / {new} |")
     print("|---|---|---:|---:|---:|")
     for case, mode in cases:

@@ -70,7 +70,8 @@ def main():
             return original_backward(ctx, *grads)
         finally:
             SPENT[("Function.backward", threading.current_thread() is threading.main_thread())] += (
-                time.perf_counter() - begin)
+                time.perf_counter() - begin
+            )
 
     function.backward = staticmethod(timed_backward)
     for _ in range(20):
@@ -85,8 +86,10 @@ def main():
     torch.cuda.synchronize()
     total = (time.perf_counter() - begin) / n * 1e6
     print(f"paths over {n} fwd+bwd:", dict(PATHS))
-    print(f"total us per fwd+bwd {total:.1f}; us per call inside:",
-          {str(k): round(v / n * 1e6, 1) for k, v in SPENT.items()})
+    print(
+        f"total us per fwd+bwd {total:.1f}; us per call inside:",
+        {str(k): round(v / n * 1e6, 1) for k, v in SPENT.items()},
+    )
     launch_mod.Launch.__call__ = original_call
     function.backward = staticmethod(original_backward)
 
@@ -106,8 +109,10 @@ def main():
     }
     for name, fn in rows.items():
         print(f"| {name} | {us(fn):.1f} |")
-    print(f"| norm_backward launcher, other thread | "
-          f"{in_thread(lambda: norm_ops.norm_backward(dy, xd, wd, None, stats, [1024], 0.0, True)):.1f} |")
+    print(
+        f"| norm_backward launcher, other thread | "
+        f"{in_thread(lambda: norm_ops.norm_backward(dy, xd, wd, None, stats, [1024], 0.0, True)):.1f} |"
+    )
     print(f"| fwd+bwd in another thread | {in_thread(lambda: nx.rms_norm(x, [1024], w).sum().backward()):.1f} |")
     return
     import cProfile

@@ -49,8 +49,9 @@ def main():
     xd, wd = x.detach(), w.detach()
     y, stats = norm_ops.norm_forward(xd, wd, None, [1024], None, 0.0, True)
     dy = torch.ones_like(y)
-    plan = norm_ops._forward_plan(xd.shape, xd.stride(), dt, xd.device, norm_ops._param_key(wd), None, None,
-                                  (1024,), None, 0.0, True, 0.0, False)
+    plan = norm_ops._forward_plan(
+        xd.shape, xd.stride(), dt, xd.device, norm_ops._param_key(wd), None, None, (1024,), None, 0.0, True, 0.0, False
+    )
     launch = plan.launch
     key = launch._key((xd, wd, None, y, stats))
     run, function, metadata = launch._compiled[key]
@@ -74,9 +75,24 @@ def main():
         "empty_like + empty": lambda: (torch.empty_like(xd), torch.empty(64, dtype=torch.float32, device=dev)),
         "Nothing.apply": lambda: Nothing.apply(x, w),
         "Nothing fwd+bwd": lambda: Nothing.apply(x, w).sum().backward(),
-        "cached_plan lookup": lambda: norm_ops.cached_plan(norm_ops._forward_plan, (
-            xd.shape, xd.stride(), xd.dtype, xd.device, norm_ops._param_key(wd), None, None, (1024,), None, 0.0,
-            True, 0.0, False)),
+        "cached_plan lookup": lambda: norm_ops.cached_plan(
+            norm_ops._forward_plan,
+            (
+                xd.shape,
+                xd.stride(),
+                xd.dtype,
+                xd.device,
+                norm_ops._param_key(wd),
+                None,
+                None,
+                (1024,),
+                None,
+                0.0,
+                True,
+                0.0,
+                False,
+            ),
+        ),
     }
     print("| piece | us/call |")
     print("|---|---:|")

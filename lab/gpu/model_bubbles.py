@@ -54,8 +54,13 @@ def main():
                     model.check_token_ids = on
                     rows[on].append(median_ms(step.fn))
             model.check_token_ids = False
-            print("token-id check on: " + ", ".join(f"{t:.2f}" for t in rows[True]) + " ms; off: "
-                  + ", ".join(f"{t:.2f}" for t in rows[False]) + " ms")
+            print(
+                "token-id check on: "
+                + ", ".join(f"{t:.2f}" for t in rows[True])
+                + " ms; off: "
+                + ", ".join(f"{t:.2f}" for t in rows[False])
+                + " ms"
+            )
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step.fn()
             torch.cuda.synchronize()
@@ -70,8 +75,10 @@ def main():
             if gap > GAP_US:
                 gaps.append((gap, before.name, after.name))
         span = kernels[-1].time_range.end - kernels[0].time_range.start
-        print(f"kernels {len(kernels)}, busy {busy / 1e3:.2f} ms, span {span / 1e3:.2f} ms, "
-              f"idle gaps > {GAP_US:.0f} us: {sum(g for g, _, _ in gaps) / 1e3:.2f} ms in {len(gaps)}")
+        print(
+            f"kernels {len(kernels)}, busy {busy / 1e3:.2f} ms, span {span / 1e3:.2f} ms, "
+            f"idle gaps > {GAP_US:.0f} us: {sum(g for g, _, _ in gaps) / 1e3:.2f} ms in {len(gaps)}"
+        )
         by_next = collections.Counter()
         for gap, _, after in gaps:
             by_next[short(after, 60)] += gap

@@ -17,10 +17,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 import fused_attention  # noqa: E402
-import fused_gemm  # noqa: E402
 import fused_norm_xent as nx  # noqa: E402
 import fused_rope  # noqa: E402
-import fused_swiglu  # noqa: E402
 
 
 def _noop(*args):
@@ -75,8 +73,11 @@ def cases():
     return {
         "rms_norm": (lambda: nx.rms_norm(x, [1024], w), lambda: torch.nn.functional.rms_norm(x, [1024], w)),
         "layer_norm": (lambda: nx.layer_norm(x, [1024], w, b), lambda: torch.nn.functional.layer_norm(x, [1024], w, b)),
-        "cross_entropy": (lambda: nx.cross_entropy(logits, target), lambda: torch.nn.functional.cross_entropy(logits, target)),
-        "rope_qk": (lambda: fused_rope.rope_qk(q, k, cos, sin)[0], None),
+        "cross_entropy": (
+            lambda: nx.cross_entropy(logits, target),
+            lambda: torch.nn.functional.cross_entropy(logits, target),
+        ),
+        "rope_qk": (lambda: fused_rope.apply_rotary_qk(q, k, cos, sin)[0], None),
         "flash_attention": (lambda: fused_attention.flash_attention(qa, ka, va, causal=True), None),
     }, fb
 
