@@ -320,3 +320,41 @@ def test_bad_generate_options_are_named(options, error, message):
 def test_max_new_tokens_must_be_an_int():
     with pytest.raises(TypeError, match="max_new_tokens must be an int, got float"):
         TorchTransformer(tiny()).generate(torch.zeros(1, 4, dtype=torch.long), 3.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode step as a CUDA graph
+
+
+@pytest.mark.gpu("CUDA-graph capture and replay of the decode step")
+@pytest.mark.parametrize("model_class", [Transformer, TorchTransformer])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_graphed_decode_gives_the_eager_tokens(model_class, name, require_kernels):
+    """Same weights, same prompts (rows of different lengths, eos): the replayed step gives every
+    token of the eager loop, also across the prefill that recomputes a full cache (the graph then
+    keeps reading the rewritten buffers)."""
+    config = tiny(**MODELS[name])
+    if model_class is Transformer:
+        require_kernels(config)
+    torch.manual_seed(0)
+    model = spread(model_class(config)).cuda().to(torch.bfloat16).eval()
+    prompt = torch.randint(0, 256, (3, 40), device="cuda")
+    options = dict(temperature=0, prompt_lengths=[40, 3, 17], pad_token_id=0)
+    for steps in (8, 40):  # 40: rows pass max_seq_len = 64, the cache fills and is recomputed
+        eager = model.generate(prompt, steps, **options)
+        graphed = model.generate(prompt, steps, cuda_graph=True, **options)
+        assert torch.equal(graphed, eager), (name, steps)
+    eos = int(eager[0, 41])  # a token the first row emits: it finishes there, the others go on
+    assert torch.equal(
+        model.generate(prompt, 20, eos_token_id=eos, cuda_graph=True, **options),
+        model.generate(prompt, 20, eos_token_id=eos, **options),
+    )
+
+
+def test_cuda_graph_is_checked_before_any_work():
+    model = TorchTransformer(tiny())
+    prompt = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="cuda_graph=True replays the decode step as a CUDA graph; idx is on cpu"):
+        model.generate(prompt, 2, cuda_graph=True)
+    with pytest.raises(TypeError, match="cuda_graph must be a bool, got int"):
+        model.generate(prompt, 2, cuda_graph=1)

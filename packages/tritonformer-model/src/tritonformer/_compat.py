@@ -6,6 +6,8 @@ the model runs on torch >= 2.2; the newer APIs it prefers are picked here.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +23,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # torch < 2.4: the formula nn.RMSNorm computes, in the input's dtype.
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight  # pragma: no cover
+
+
+def autocast_without_cache(device_type: str):
+    """The current autocast state of `device_type` with its weight-cast cache off (what a CUDA-graph
+    capture needs: a cached cast would be a tensor the graph reads but does not own); a no-op
+    context when autocast is off."""
+    if TORCH_VERSION >= (2, 4):
+        enabled, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    else:  # pragma: no cover - torch < 2.4: the CUDA state only
+        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
 
 
 def grad_scaler(device_type: str, enabled: bool = True):

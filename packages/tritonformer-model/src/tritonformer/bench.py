@@ -3,6 +3,7 @@
     tritonformer-bench                                   # the two headline configs
     tritonformer-bench --providers tritonformer+graph,torch.compile --config 410M:2048:8
     tritonformer-bench --sweep sizes                     # the model size x context sweep
+    tritonformer-bench --generate                        # generation: prefill and decode speed
 
 For each config (PRESET:CONTEXT:BATCH) and provider, one training step (forward + backward of
 the loss on random tokens, bf16 autocast, fp32 weights; `--optimizer` adds a fused AdamW step)
@@ -25,6 +26,9 @@ matplotlib imports) is drawn at the end. Providers that share a model at a point
 and its +graph / +compile variants; torch and its variants) share one build; memory is released
 between providers. `--time-budget` skips the rows that would end after that many seconds (a
 provider's row is expected to take as long as its previous one; its first row, only to start).
+
+`--generate` times generation with a KV cache instead (tritonformer.bench_generate, whose
+`--help` lists its options).
 
 Model flops per token: 6N + 12 * L * d * S (N the parameters of the matmuls, the tied or
 untied head included, the embedding tables not). Peak GiB: torch.cuda.max_memory_allocated
@@ -473,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--config", "--configs", dest="config", nargs="+", action="extend", metavar="PRESET:CONTEXT:BATCH",
                    help=f"points to time, space- or comma-separated (default: {' '.join(HEADLINE)})")  # fmt: skip
+    p.add_argument("--generate", action="store_true",
+                   help="time generation with a KV cache instead (options: --generate --help)")  # fmt: skip
     p.add_argument("--sweep", choices=("headline", "sizes"), default="headline",
                    help="a named set of points, when --config is not given")  # fmt: skip
     p.add_argument("--providers", "--provider", dest="providers", nargs="+", action="extend", metavar="PROVIDER",
@@ -523,6 +529,11 @@ def run_order(points: List[Point], providers: List[str]) -> List[Tuple[Point, st
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--generate" in argv:
+        from . import bench_generate
+
+        return bench_generate.main([arg for arg in argv if arg != "--generate"])
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -19,11 +19,14 @@ tokens equal those of recomputing the cropped context every step.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
+
+from ._compat import autocast_without_cache
 
 
 class KVCache:
@@ -205,6 +208,40 @@ def _decode(model, next_tokens: torch.Tensor, active: torch.Tensor, cache: KVCac
     return model.lm_head(h[:, 0]).float()
 
 
+class DecodeGraph:
+    """The decode step captured once into a CUDA graph and replayed for every token: one replay
+    costs the host a few microseconds where the step's launches (a dozen per layer) cost it
+    milliseconds at batch 1. Its inputs (the tokens, which rows are active) and its logits live
+    in static buffers; the cache's buffers and lengths are the ones the graph reads and writes.
+    A prefill between steps (when a row's cache is full) writes the same buffers, so the graph
+    stays valid for the whole generate call."""
+
+    WARMUP = 2  # eager steps before the capture: every kernel compiled and tuned outside it
+
+    def __init__(self, model: nn.Module, cache: KVCache, batch: int, token_dtype: torch.dtype, device: torch.device):
+        self.tokens = torch.zeros(batch, dtype=token_dtype, device=device)
+        # Warm-up steps run with no row active: they write keys and values at each row's current
+        # length, which the first real step overwrites, and leave the lengths as they are.
+        self.active = torch.zeros(batch, dtype=torch.bool, device=device)
+        with autocast_without_cache(device.type):
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(self.WARMUP):
+                    _decode(model, self.tokens, self.active, cache)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = _decode(model, self.tokens, self.active, cache)
+
+    def __call__(self, next_tokens: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """_decode(model, next_tokens, active, cache); the logits are overwritten by the next call."""
+        self.tokens.copy_(next_tokens)
+        self.active.copy_(active)
+        self.graph.replay()
+        return self.logits
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -217,9 +254,14 @@ def generate(
     pad_token_id: Optional[int] = None,
     prompt_lengths: Optional[Union[torch.Tensor, Sequence[int]]] = None,
     generator: Optional[torch.Generator] = None,
+    cuda_graph: bool = False,
 ) -> torch.Tensor:
     """Extend each prompt of idx (B, S) by up to max_new_tokens tokens; see CausalLM.generate."""
     _check_options(model, idx, max_new_tokens, temperature, top_k, top_p, eos_token_id, pad_token_id)
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph must be a bool, got {type(cuda_graph).__name__}")
+    if cuda_graph and idx.device.type != "cuda":
+        raise ValueError(f"cuda_graph=True replays the decode step as a CUDA graph; idx is on {idx.device}")
     batch, width = idx.shape
     lengths = _check_prompt_lengths(prompt_lengths, batch, width)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
@@ -242,6 +284,9 @@ def generate(
     try:
         logits = _prefill(model, tokens, totals, longest, cache)
         in_cache = min(longest, capacity)  # bounds every row's cache length
+        decode = functools.partial(_decode, model, cache=cache)
+        if cuda_graph and max_new_tokens > 1 and in_cache < capacity:
+            decode = DecodeGraph(model, cache, batch, idx.dtype, device)
         steps = 0
         for steps in range(1, max_new_tokens + 1):
             next_tokens = sample_next_token(logits, temperature, top_k, top_p, generator).to(idx.dtype)
@@ -262,7 +307,7 @@ def generate(
                 logits = _prefill(model, tokens, totals, longest, cache)
                 in_cache = min(longest, capacity)
             else:
-                logits = _decode(model, next_tokens, active, cache)
+                logits = decode(next_tokens, active)
                 in_cache += 1
     finally:
         model.train(was_training)
