@@ -7,7 +7,8 @@ Providers, all with bf16 weights, greedy, without eos (every row runs all its ne
 - tritonformer: Transformer.generate, each decode step launched eagerly;
 - tritonformer+graph: the same with cuda_graph=True (the decode step replayed as a CUDA graph);
 - torch, torch+graph: the PyTorch twin (SDPA over its own cache), eager and graphed;
-- torch.compile: the twin with its cached forward under torch.compile(mode="reduce-overhead");
+- torch.compile: the twin's decode step under torch.compile(mode="reduce-overhead"), its prefill
+  eager (gpt-fast's arrangement);
 - hf-llama: transformers' LlamaForCausalLM.generate with a static cache (LLaMA-style presets).
 
 Per row, the median of `--repeats` calls after one warm-up call: the time to the first token (the
@@ -55,7 +56,16 @@ def _generator(provider: str, config: TransformerConfig) -> Callable[[torch.Tens
     model = build_model("triton" if provider.startswith("tritonformer") else "torch", config)
     model = model.cuda().to(torch.bfloat16).eval()
     if provider == "torch.compile":
-        model.forward_cached = torch.compile(model.forward_cached, mode="reduce-overhead")
+        eager = model.forward_cached
+        compiled = torch.compile(eager, mode="reduce-overhead")
+
+        def forward_cached(idx, cache):
+            if not cache.decoding:  # the prefill allocates the cache: outside the compiled graphs' pool
+                return eager(idx, cache)
+            torch.compiler.cudagraph_mark_step_begin()  # each decode step is a new step of the graphs
+            return compiled(idx, cache).clone()
+
+        model.forward_cached = forward_cached
     graph = provider.endswith("+graph")
     return lambda prompt, n: model.generate(prompt, n, temperature=0, cuda_graph=graph)
 
