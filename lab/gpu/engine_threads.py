@@ -8,40 +8,14 @@ fwd+bwd of rms_norm 64x1024 (ours, torch) and of a leaf's .sum().backward(), the
 steps, each default / single-threaded, in alternating pairs on one machine.
 """
 
-import statistics
 import sys
-import time
 
 import torch
+from tritonformer_testkit.bench import eager_us_per_call
 
 import fused_norm_xent as nx
+from lab import step_ms
 from tritonformer.bench import Point, point_config, training_step
-
-
-def us(fn, calls=300, repeats=5):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    windows = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        windows.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(windows)
-
-
-def step_ms(fn, steps=5):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def pairs(measure, rounds=3):
@@ -63,13 +37,17 @@ def main():
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     print("| call | device threads | calling thread | unit |")
     print("|---|---|---|---|")
-    show("ours rms_norm fwd+bwd", pairs(lambda: us(lambda: nx.rms_norm(x, [1024], w).sum().backward())), "us")
     show(
-        "torch rms_norm fwd+bwd",
-        pairs(lambda: us(lambda: torch.nn.functional.rms_norm(x, [1024], w).sum().backward())),
+        "ours rms_norm fwd+bwd",
+        pairs(lambda: eager_us_per_call(lambda: nx.rms_norm(x, [1024], w).sum().backward())),
         "us",
     )
-    show("leaf .sum().backward()", pairs(lambda: us(lambda: x.sum().backward())), "us")
+    show(
+        "torch rms_norm fwd+bwd",
+        pairs(lambda: eager_us_per_call(lambda: torch.nn.functional.rms_norm(x, [1024], w).sum().backward())),
+        "us",
+    )
+    show("leaf .sum().backward()", pairs(lambda: eager_us_per_call(lambda: x.sum().backward())), "us")
     for text in sys.argv[1:]:
         point = Point.parse(text)
         config = point_config(point, "tritonformer", {})

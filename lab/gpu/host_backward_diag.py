@@ -8,30 +8,15 @@ node's apply on the main thread, the launcher alone on the main thread and on an
 """
 
 import collections
-import statistics
 import threading
 import time
 
 import torch
+from tritonformer_testkit.bench import eager_us_per_call
 
 import fused_norm_xent as nx
 from fused_norm_xent._runtime import launch as launch_mod
 from fused_norm_xent.ops import norm as norm_ops
-
-
-def us(fn, calls=300, repeats=5):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    windows = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        windows.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(windows)
-
 
 PATHS = collections.Counter()
 SPENT = collections.defaultdict(float)
@@ -95,7 +80,7 @@ def main():
 
     def in_thread(fn):
         result = []
-        t = threading.Thread(target=lambda: result.append(us(fn)))
+        t = threading.Thread(target=lambda: result.append(eager_us_per_call(fn)))
         t.start()
         t.join()
         return result[0]
@@ -108,7 +93,7 @@ def main():
         "torch rms_norm fwd+bwd": lambda: torch.nn.functional.rms_norm(x, [1024], w).sum().backward(),
     }
     for name, fn in rows.items():
-        print(f"| {name} | {us(fn):.1f} |")
+        print(f"| {name} | {eager_us_per_call(fn):.1f} |")
     print(
         f"| norm_backward launcher, other thread | "
         f"{in_thread(lambda: norm_ops.norm_backward(dy, xd, wd, None, stats, [1024], 0.0, True)):.1f} |"

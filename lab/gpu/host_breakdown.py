@@ -8,28 +8,12 @@ the Launch call alone, the compiled kernel's raw launcher, allocations, an autog
 does nothing, and the backward pass of each through the engine.
 """
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
+from tritonformer_testkit.bench import eager_us_per_call
 
 import fused_norm_xent as nx
 from fused_norm_xent.ops import norm as norm_ops
-
-
-def us(fn, calls=300, repeats=7):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    windows = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        windows.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(windows)
 
 
 class Nothing(torch.autograd.Function):
@@ -97,7 +81,7 @@ def main():
     print("| piece | us/call |")
     print("|---|---:|")
     for name, fn in rows.items():
-        print(f"| {name} | {us(fn):.1f} |")
+        print(f"| {name} | {eager_us_per_call(fn):.1f} |")
 
 
 if __name__ == "__main__":

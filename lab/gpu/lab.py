@@ -53,3 +53,22 @@ def gemm_config_name(meta) -> str:
     split = "s" if meta["EPILOGUE_SPLIT"] else ""
     return (f"{meta['BLOCK_M']}x{meta['BLOCK_N']} w{meta['num_warps']} s{meta['num_stages']}"
             f" p{meta['PROGRAMS_PER_SM']}{split}")  # fmt: skip
+
+
+def step_ms(fn, steps: int = 6) -> float:
+    """Median milliseconds of fn over `steps` calls after one, each call synchronized: a whole
+    training or generation step."""
+    import statistics
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)

@@ -9,28 +9,15 @@ token-id check turned off, to price its host read.
 """
 
 import collections
-import statistics
 import sys
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from lab import step_ms
 from tritonformer.bench import ModelSlot, Point, model_kind, point_config, training_step
 
 GAP_US = 5.0
-
-
-def median_ms(fn, steps=6):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def short(name, width=70):
@@ -46,13 +33,13 @@ def main():
         step = training_step(point, provider, config, device, model=model)
         step.warm()
         step.warm()
-        print(f"\n## {provider} {sys.argv[1]}: step {median_ms(step.fn):.2f} ms")
+        print(f"\n## {provider} {sys.argv[1]}: step {step_ms(step.fn):.2f} ms")
         if model is not None:  # the token-id check on and off, alternating
             rows = {True: [], False: []}
             for _ in range(3):
                 for on in (True, False):
                     model.check_token_ids = on
-                    rows[on].append(median_ms(step.fn))
+                    rows[on].append(step_ms(step.fn))
             model.check_token_ids = False
             print(
                 "token-id check on: "
