@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import gc
 import pathlib
 import sys
 import time
@@ -50,6 +49,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from .bench_common import environment_line, hf_llama, hf_skip_reason, release_memory, split_list
 from .config import PRESETS, TransformerConfig
 from .cuda_graph import GraphedModel
 from .train import (
@@ -132,54 +132,6 @@ def model_kind(provider: str) -> str:
     if provider.startswith("torch"):
         return "torch"
     return provider
-
-
-def hf_llama(config: TransformerConfig, patch: str = "") -> torch.nn.Module:
-    """A Hugging Face LlamaForCausalLM with the config's shape (SDPA attention); patch: "" (plain),
-    "tritonformer" (this model's instance patched by tritonformer.hf.apply) or "liger"."""
-    import transformers
-
-    if patch == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        apply_liger_kernel_to_llama()  # patches the Llama classes of this process
-    hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        intermediate_size=config.d_ff,
-        num_hidden_layers=config.n_layer,
-        num_attention_heads=config.n_head,
-        num_key_value_heads=config.n_kv_head,
-        max_position_embeddings=config.max_seq_len,
-        rms_norm_eps=config.norm_eps,
-        rope_theta=config.rope_base,
-        tie_word_embeddings=config.tie_embeddings,
-        attention_bias=config.qkv_bias,
-        mlp_bias=config.use_linear_bias,
-        attn_implementation="sdpa",
-    )
-    model = transformers.LlamaForCausalLM(hf_config)
-    if patch == "tritonformer":
-        from . import hf
-
-        hf.apply(model)
-    return model
-
-
-def hf_skip_reason(config: TransformerConfig, liger: bool) -> Optional[str]:
-    llama = config.position == "rope" and config.norm == "rmsnorm" and config.mlp == "swiglu"
-    if not llama:
-        return "not a LLaMA-style config (rope, rmsnorm, swiglu)"
-    try:
-        import transformers  # noqa: F401
-    except ImportError as error:
-        return f"transformers does not import ({error})"
-    if liger:
-        try:
-            import liger_kernel  # noqa: F401
-        except ImportError as error:
-            return f"liger_kernel does not import ({error})"
-    return None
 
 
 def point_config(point: Point, provider: str, overrides: dict, fused_loss: str = "ours") -> TransformerConfig:
@@ -331,15 +283,6 @@ def time_training_steps(step: TrainingStep, warmup: int, steps: int, device: tor
     return start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**30
 
 
-def release_memory(device: torch.device) -> None:
-    """Free what the last provider held (unreferenced by now) and reset dynamo."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    if "torch._dynamo" in sys.modules:  # only where something was compiled (importing it costs)
-        torch._dynamo.reset()
-
-
 def run_point(point: Point, provider: str, args: argparse.Namespace, slot: Optional[ModelSlot] = None) -> Result:
     """Measure one row; any failure becomes the row's status (the run goes on)."""
     started = time.perf_counter()
@@ -435,18 +378,6 @@ def plot(results: List[Result], path: pathlib.Path, title: str) -> Optional[str]
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return None
-
-
-def environment_line(device: torch.device) -> str:
-    import triton
-
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke test, not a benchmark)"
-    return f"{where}, torch {torch.__version__}, triton {triton.__version__}, bf16 autocast, fp32 weights"
-
-
-def split_list(values: Optional[Iterable[str]]) -> List[str]:
-    """Values given space- or comma-separated, or both ("a,b c" -> [a, b, c])."""
-    return [item for value in values or () for item in value.split(",") if item]
 
 
 def parse_providers(values: Optional[Iterable[str]]) -> List[str]:

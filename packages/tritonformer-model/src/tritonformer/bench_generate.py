@@ -27,7 +27,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from .bench import environment_line, hf_llama, hf_skip_reason, release_memory, split_list
+from .bench_common import environment_line, hf_llama, hf_skip_reason, release_memory, split_list
 from .config import TransformerConfig
 from .train import build_model
 
