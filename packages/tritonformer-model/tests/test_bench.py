@@ -187,3 +187,20 @@ def test_bad_flags_are_refused_in_one_line(argv, message, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == f"tritonformer-bench: error: {message}"
+
+
+def test_hf_rows_build_llama_and_qwen2_models_of_the_config(tmp_path):
+    """The plain HF rows on the CPU: a Llama and a Qwen2 (GQA through --set) of the point's shape."""
+    pytest.importorskip("transformers", reason="the HF rows need transformers (the model's hf extra)")
+    code = bench.main(
+        ["--config", "llama-160M:16:1", "--providers", "hf-llama", "hf-qwen2", "--device", "cpu", "--steps", "1",
+         "--warmup", "1", "--out-dir", str(tmp_path), "--set", "n_layer=1", "d_model=64", "n_head=4", "n_kv_head=2",
+         "d_ff=128", "vocab_size=256"]
+    )  # fmt: skip
+    assert code == 0
+    rows = rows_of(tmp_path)
+    assert [(r["provider"], r["status"], r["loss"]) for r in rows] == [
+        ("hf-llama", "ok", "logits (HF)"), ("hf-qwen2", "ok", "logits (HF)")
+    ]  # fmt: skip
+    qwen2 = bench.hf_model(bench.point_config(bench.Point("llama-160M", 16, 1), "hf-qwen2", {}), "qwen2")
+    assert type(qwen2).__name__ == "Qwen2ForCausalLM" and qwen2.model.layers[0].self_attn.q_proj.bias is not None

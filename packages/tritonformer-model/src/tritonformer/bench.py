@@ -18,7 +18,9 @@ is timed over `--steps` steps after `--warmup` steps, with CUDA events:
   or compiled;
 - hf-llama, hf-llama+tritonformer, hf-llama+liger: Hugging Face `LlamaForCausalLM` (SDPA) of
   the same shape, plain, with this project's kernels (`tritonformer.hf.apply`) and with
-  Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`) import.
+  Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`) import;
+  hf-qwen2, hf-qwen2+tritonformer, hf-qwen2+liger: the same with `Qwen2ForCausalLM` (q/k/v
+  biases; `--set n_kv_head=4` makes it a GQA model).
 
 Each row is printed as soon as it is measured, and bench.csv and bench.md (in --out-dir) are
 rewritten after each row, so an interrupted run keeps what it measured; bench.png (if
@@ -49,7 +51,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .bench_common import environment_line, hf_llama, hf_skip_reason, release_memory, split_list
+from .bench_common import environment_line, hf_model, hf_skip_reason, release_memory, split_list
 from .config import PRESETS, TransformerConfig
 from .cuda_graph import GraphedModel
 from .train import (
@@ -64,7 +66,7 @@ from .train import (
 
 PROVIDERS = (
     "tritonformer", "tritonformer+graph", "tritonformer+compile", "torch", "torch+graph", "torch.compile", "hf-llama",
-    "hf-llama+tritonformer", "hf-llama+liger",
+    "hf-llama+tritonformer", "hf-llama+liger", "hf-qwen2", "hf-qwen2+tritonformer", "hf-qwen2+liger",
 )  # fmt: skip
 # The default run, in this order at each point (Liger's rows after all others: it patches classes).
 DEFAULT_PROVIDERS = (
@@ -148,7 +150,7 @@ TRITON_ON_CPU = "the Triton kernels need a CUDA GPU (on a CPU, TRITON_INTERPRET=
 
 def skip_reason(provider: str, config: TransformerConfig, device: torch.device) -> Optional[str]:
     """Why a provider cannot run here (None: it can)."""
-    if provider.startswith("hf-llama"):
+    if provider.startswith("hf-"):
         reason = hf_skip_reason(config, liger=provider.endswith("liger"))
         if reason is None and provider.endswith("+tritonformer") and device.type != "cuda" and not interpreting():
             reason = (
@@ -181,11 +183,12 @@ class ModelSlot:
         self.clear(device)
         torch.manual_seed(0)
         with device:
-            if kind.startswith("hf-llama"):
-                self.model = hf_llama(config, patch=kind.partition("+")[2])
+            if kind.startswith("hf-"):
+                arch, _, patch = kind[len("hf-") :].partition("+")
+                self.model = hf_model(config, arch, patch)
             else:
                 self.model = build_model(kind, config)
-        self.key = (kind, config) if not kind.startswith("hf-llama") else None  # HF models are not shared
+        self.key = (kind, config) if not kind.startswith("hf-") else None  # HF models are not shared
         return self.model
 
     def clear(self, device: torch.device) -> None:
@@ -217,7 +220,7 @@ def training_step(
     """The provider's training step at the point (forward + backward under bf16 autocast, then
     zero_grad; with optimizer, a fused AdamW step too), on `model` (built here when None).
     Raises NotImplementedError when the Triton model lacks a kernel API the config needs."""
-    hf = provider.startswith("hf-llama")
+    hf = provider.startswith("hf-")
     if model is None:
         model = ModelSlot().get(model_kind(provider), config, device)
     idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
@@ -243,9 +246,11 @@ def training_step(
     else:
         fn = make_step(torch.compile(model)) if "compile" in provider else eager
         warm, prepare = fn, None
-    loss = {
-        "hf-llama": "logits (HF)", "hf-llama+tritonformer": "fused (tritonformer)", "hf-llama+liger": "fused (Liger)",
-    }.get(provider)  # fmt: skip
+    loss = None
+    if hf:
+        loss = {"": "logits (HF)", "tritonformer": "fused (tritonformer)", "liger": "fused (Liger)"}[
+            provider.partition("+")[2]
+        ]
     tokens = point.batch * point.context
     return TrainingStep(
         fn=fn,
@@ -456,7 +461,7 @@ def run_order(points: List[Point], providers: List[str]) -> List[Tuple[Point, st
     """Point by point in the given provider order; Liger's rows last (it patches the Llama
     classes of the whole process, so every plain row must run before it)."""
     runs = [(point, provider) for point in points for provider in providers]
-    return sorted(runs, key=lambda run: run[1] == "hf-llama+liger")
+    return sorted(runs, key=lambda run: run[1].endswith("+liger"))
 
 
 def main(argv=None) -> int:

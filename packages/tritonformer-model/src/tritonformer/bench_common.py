@@ -11,17 +11,26 @@ import torch
 
 from .config import TransformerConfig
 
+# The Hugging Face architectures the benchmarks build from a LLaMA-style config: (config class,
+# model class, Liger-Kernel's patch function).
+HF_ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "apply_liger_kernel_to_llama"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "apply_liger_kernel_to_qwen2"),
+}
 
-def hf_llama(config: TransformerConfig, patch: str = "") -> torch.nn.Module:
-    """A Hugging Face LlamaForCausalLM with the config's shape (SDPA attention); patch: "" (plain),
-    "tritonformer" (this model's instance patched by tritonformer.hf.apply) or "liger"."""
+
+def hf_model(config: TransformerConfig, arch: str = "llama", patch: str = "") -> torch.nn.Module:
+    """A Hugging Face causal LM of architecture `arch` ("llama" or "qwen2", whose q/k/v carry
+    biases) with the config's shape (SDPA attention); patch: "" (plain), "tritonformer" (this
+    model's instance patched by tritonformer.hf.apply) or "liger"."""
     import transformers
 
+    config_class, model_class, liger_patch = HF_ARCHITECTURES[arch]
     if patch == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        import liger_kernel.transformers
 
-        apply_liger_kernel_to_llama()  # patches the Llama classes of this process
-    hf_config = transformers.LlamaConfig(
+        getattr(liger_kernel.transformers, liger_patch)()  # patches the classes of this process
+    shape = dict(
         vocab_size=config.vocab_size,
         hidden_size=config.d_model,
         intermediate_size=config.d_ff,
@@ -32,11 +41,11 @@ def hf_llama(config: TransformerConfig, patch: str = "") -> torch.nn.Module:
         rms_norm_eps=config.norm_eps,
         rope_theta=config.rope_base,
         tie_word_embeddings=config.tie_embeddings,
-        attention_bias=config.qkv_bias,
-        mlp_bias=config.use_linear_bias,
         attn_implementation="sdpa",
     )
-    model = transformers.LlamaForCausalLM(hf_config)
+    if arch == "llama":
+        shape.update(attention_bias=config.qkv_bias, mlp_bias=config.use_linear_bias)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**shape))
     if patch == "tritonformer":
         from . import hf
 

@@ -27,7 +27,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from .bench_common import environment_line, hf_llama, hf_skip_reason, release_memory, split_list
+from .bench_common import environment_line, hf_model, hf_skip_reason, release_memory, split_list
 from .config import TransformerConfig
 from .train import build_model
 
@@ -46,7 +46,7 @@ def _seconds(fn: Callable[[], object]) -> float:
 def _generator(provider: str, config: TransformerConfig) -> Callable[[torch.Tensor, int], object]:
     """generate(prompt, n) of the provider's model (bf16, eval, on the GPU)."""
     if provider == "hf-llama":
-        model = hf_llama(config).cuda().to(torch.bfloat16).eval()
+        model = hf_model(config).cuda().to(torch.bfloat16).eval()
 
         def hf_generate(prompt, n):
             return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
