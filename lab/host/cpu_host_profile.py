@@ -63,9 +63,9 @@ def cases():
     k = torch.randn(1, 8, 128, 64, requires_grad=True)
     cos = torch.randn(128, 64)
     sin = torch.randn(128, 64)
-    qa = torch.randn(1, 128, 8, 64, requires_grad=True)
-    ka = torch.randn(1, 128, 8, 64, requires_grad=True)
-    va = torch.randn(1, 128, 8, 64, requires_grad=True)
+    qa = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    ka = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    va = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16, requires_grad=True)
 
     def fb(f):
         return lambda: f().sum().backward()
