@@ -204,3 +204,27 @@ def test_hf_rows_build_llama_and_qwen2_models_of_the_config(tmp_path):
     ]  # fmt: skip
     qwen2 = bench.hf_model(bench.point_config(bench.Point("llama-160M", 16, 1), "hf-qwen2", {}), "qwen2")
     assert type(qwen2).__name__ == "Qwen2ForCausalLM" and qwen2.model.layers[0].self_attn.q_proj.bias is not None
+
+
+def test_padded_fine_tuning_batches(tmp_path, capsys):
+    """--padding: each row real tokens in [S/4, S] on the chosen side, the same batch for every
+    provider; the HF rows run with the mask and their labels ignore the padding; other providers
+    are refused before any work."""
+    right = bench.padded_batch(4, 16, "right", torch.device("cpu"))
+    left = bench.padded_batch(4, 16, "left", torch.device("cpu"))
+    lengths = right.sum(1)
+    assert torch.equal(lengths, left.sum(1)) and bool(((lengths >= 4) & (lengths <= 16)).all())
+    assert torch.equal(right, bench.padded_batch(4, 16, "right", torch.device("cpu")))
+    for row, n in enumerate(lengths.tolist()):
+        assert right[row, :n].all() and not right[row, n:].any()
+        assert left[row, 16 - n :].all() and not left[row, : 16 - n].any()
+    with pytest.raises(SystemExit):
+        bench.main(["--padding", "left", "--providers", "torch", "--device", "cpu"])
+    assert "--padding applies to the HF providers only (hf-*), got torch" in capsys.readouterr().err
+    pytest.importorskip("transformers", reason="the HF rows need transformers (the model's hf extra)")
+    code = bench.main(
+        ["--config", "llama-160M:16:2", "--providers", "hf-llama", "--device", "cpu", "--steps", "1", "--warmup", "1",
+         "--padding", "left", "--out-dir", str(tmp_path), "--set", "n_layer=1", "d_model=64", "n_head=4",
+         "d_ff=128", "vocab_size=256"]
+    )  # fmt: skip
+    assert code == 0 and rows_of(tmp_path)[0]["status"] == "ok"

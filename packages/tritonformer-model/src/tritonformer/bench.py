@@ -29,6 +29,10 @@ and its +graph / +compile variants; torch and its variants) share one build; mem
 between providers. `--time-budget` skips the rows that would end after that many seconds (a
 provider's row is expected to take as long as its previous one; its first row, only to start).
 
+`--padding right|left` makes the HF rows fine-tuning steps: rows of mixed lengths, padded, the
+padding masked in attention (varlen attention where tritonformer is patched in) and ignored by
+the loss.
+
 `--generate` times generation with a KV cache instead (tritonformer.bench_generate, whose
 `--help` lists its options).
 
@@ -196,6 +200,16 @@ class ModelSlot:
         release_memory(device)
 
 
+def padded_batch(batch: int, context: int, side: str, device: torch.device) -> torch.Tensor:
+    """The (batch, context) attention mask of a fine-tuning batch: row b holds a number of real
+    tokens drawn in [context / 4, context] (a fixed seed, so every provider sees the same batch),
+    padded on `side`; the loss ignores the padding."""
+    lengths = torch.randint(context // 4, context + 1, (batch,), generator=torch.Generator().manual_seed(0))
+    columns = torch.arange(context)
+    real = columns[None, :] < lengths[:, None] if side == "right" else columns[None, :] >= context - lengths[:, None]
+    return real.to(device=device, dtype=torch.long)
+
+
 @dataclasses.dataclass
 class TrainingStep:
     """One provider's training step at one point, ready to time."""
@@ -216,22 +230,28 @@ def training_step(
     device: torch.device,
     optimizer: bool = False,
     model: Optional[torch.nn.Module] = None,
+    padding: str = "none",
 ) -> TrainingStep:
     """The provider's training step at the point (forward + backward under bf16 autocast, then
     zero_grad; with optimizer, a fused AdamW step too), on `model` (built here when None).
+    padding ("right" or "left", HF providers only): a fine-tuning batch, see padded_batch.
     Raises NotImplementedError when the Triton model lacks a kernel API the config needs."""
     hf = provider.startswith("hf-")
     if model is None:
         model = ModelSlot().get(model_kind(provider), config, device)
     idx = torch.randint(0, config.vocab_size, (point.batch, point.context), device=device)
     targets = torch.roll(idx, -1, dims=1)
+    hf_inputs = {"input_ids": idx, "labels": idx}
+    if padding != "none":
+        mask = padded_batch(point.batch, point.context, padding, device)
+        hf_inputs = {"input_ids": idx, "attention_mask": mask, "labels": idx.masked_fill(mask == 0, -100)}
     fused_adam = {"fused": True} if device.type == "cuda" else {}
     adam = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused_adam) if optimizer else None
 
     def make_step(forward):
         def step():
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = forward(input_ids=idx, labels=idx).loss if hf else forward(idx, targets)[1]
+                loss = forward(**hf_inputs).loss if hf else forward(idx, targets)[1]
             loss.backward()
             if adam is not None:
                 adam.step()
@@ -302,7 +322,7 @@ def run_point(point: Point, provider: str, args: argparse.Namespace, slot: Optio
     step = None
     try:
         model = slot.get(model_kind(provider), config, device)
-        step = training_step(point, provider, config, device, args.optimizer, model)
+        step = training_step(point, provider, config, device, args.optimizer, model, args.padding)
         result.loss, result.params_millions = step.loss, step.params_millions
         ms, peak = time_training_steps(step, args.warmup, args.steps, device)
         result.step_ms, result.peak_gib = ms, peak
@@ -424,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which providers compute the loss with fused linear+cross-entropy")  # fmt: skip
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="OPTION=VALUE",
                    help="TransformerConfig options for every point, e.g. activation_checkpointing=true")  # fmt: skip
+    p.add_argument("--padding", choices=("none", "right", "left"), default="none",
+                   help="HF rows only: fine-tuning batches, each row a random number of real tokens in "
+                   "[context/4, context] padded on this side (masked in attention, ignored by the loss)")  # fmt: skip
     p.add_argument("--optimizer", action="store_true", help="include a fused AdamW step in each timed step")
     p.add_argument("--warmup", type=positive_int, default=2,
                    help="untimed steps first (the first compiles and autotunes)")  # fmt: skip
@@ -454,6 +477,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--set takes OPTION=VALUE, got {item!r}")
         overrides[key] = parse_value(value)
     args.overrides = overrides
+    if args.padding != "none":
+        others = [name for name in args.providers if not name.startswith("hf-")]
+        if others:
+            p.error(f"--padding applies to the HF providers only (hf-*), got {', '.join(others)}")
     return args
 
 
