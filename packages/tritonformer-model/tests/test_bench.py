@@ -189,6 +189,7 @@ def test_bad_flags_are_refused_in_one_line(argv, message, capsys):
     assert "Traceback" not in err and err.strip().splitlines()[-1] == f"tritonformer-bench: error: {message}"
 
 
+@pytest.mark.torch_dynamo  # transformers' model classes import torch._dynamo
 def test_hf_rows_build_llama_and_qwen2_models_of_the_config(tmp_path):
     """The plain HF rows on the CPU: a Llama and a Qwen2 (GQA through --set) of the point's shape."""
     pytest.importorskip("transformers", reason="the HF rows need transformers (the model's hf extra)")
@@ -206,10 +207,9 @@ def test_hf_rows_build_llama_and_qwen2_models_of_the_config(tmp_path):
     assert type(qwen2).__name__ == "Qwen2ForCausalLM" and qwen2.model.layers[0].self_attn.q_proj.bias is not None
 
 
-def test_padded_fine_tuning_batches(tmp_path, capsys):
+def test_padded_fine_tuning_batches(capsys):
     """--padding: each row real tokens in [S/4, S] on the chosen side, the same batch for every
-    provider; the HF rows run with the mask and their labels ignore the padding; other providers
-    are refused before any work."""
+    provider; other providers are refused before any work."""
     right = bench.padded_batch(4, 16, "right", torch.device("cpu"))
     left = bench.padded_batch(4, 16, "left", torch.device("cpu"))
     lengths = right.sum(1)
@@ -221,6 +221,11 @@ def test_padded_fine_tuning_batches(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--padding", "left", "--providers", "torch", "--device", "cpu"])
     assert "--padding applies to the HF providers only (hf-*), got torch" in capsys.readouterr().err
+
+
+@pytest.mark.torch_dynamo  # transformers' model classes import torch._dynamo
+def test_hf_rows_run_on_padded_batches(tmp_path):
+    """The HF rows take the mask, and their labels ignore the padding."""
     pytest.importorskip("transformers", reason="the HF rows need transformers (the model's hf extra)")
     code = bench.main(
         ["--config", "llama-160M:16:2", "--providers", "hf-llama", "--device", "cpu", "--steps", "1", "--warmup", "1",
