@@ -78,11 +78,12 @@ def release_memory(device: torch.device) -> None:
         torch._dynamo.reset()
 
 
-def environment_line(device: torch.device) -> str:
+def environment_line(device: torch.device, precision: str = "bf16 autocast, fp32 weights") -> str:
+    """The GPU (or CPU), torch and Triton versions and the precision a table was measured at."""
     import triton
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke test, not a benchmark)"
-    return f"{where}, torch {torch.__version__}, triton {triton.__version__}, bf16 autocast, fp32 weights"
+    return f"{where}, torch {torch.__version__}, triton {triton.__version__}, {precision}"
 
 
 def split_list(values: Optional[Iterable[str]]) -> List[str]:

@@ -126,7 +126,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("tritonformer-bench --generate times generation on a CUDA GPU; none is available here", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    environment = environment_line(device).replace("bf16 autocast, fp32 weights", "bf16 weights")
+    environment = environment_line(device, precision="bf16 weights")
     print(environment, flush=True)
     lines = [
         f"{environment}; prompt {args.prompt}, {args.new_tokens} new tokens, greedy", "",
