@@ -56,7 +56,11 @@ PORTABLE_CASES = {
         (5, "dw-transposed-out", "fp32", False, False),
         (6, "fwd-bias-gelu", "bf16", True, False),
         (7, "fwd-bias-relu", "fp32", False, True),
-        (8, "dx", "fp16", True, False),
+        (8, "fwd", "bf16", True, False),
+        (9, "fwd-bias-gelu-z", "fp16", False, False),
+        (10, "dx", "bf16", True, False),
+        (11, "fwd-gelu-tanh-z", "bf16", True, False),
+        (12, "dx", "fp16", True, False),
     ],
     90: [
         (0, "dw", "bf16", False, False),
@@ -67,7 +71,11 @@ PORTABLE_CASES = {
         (5, "fwd-gelu-tanh-z", "fp32", True, False),
         (6, "fwd", "bf16", False, False),
         (7, "fwd-bias-gelu", "fp32", True, True),
-        (8, "dw", "fp32", False, False),
+        (8, "fwd-bias-relu", "fp16", False, False),
+        (9, "fwd", "bf16", True, False),
+        (10, "fwd-bias-gelu", "bf16", False, False),
+        (11, "fwd", "fp32", True, True),
+        (12, "dw", "fp32", False, False),
     ],
 }
 

@@ -10,6 +10,7 @@ from fused_gemm.kernels.configs import (
     _prune,
     _tma_large_candidate,
     _tma_smem,
+    for_rows,
     grad_rows,
     grad_tile,
     interpreter_config,
@@ -39,7 +40,7 @@ def _tma(m, n, batch=1, halves=False):
 def _portable(m, n, element_size=2):
     configs = portable_configs(interpreting=False)
     smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size)  # noqa: E731
-    return _tiles(_prune(configs, m, n, 1, smem, H100, _portable_large_candidate))
+    return _tiles(_prune(for_rows(configs, m), m, n, 1, smem, H100, _portable_large_candidate))
 
 
 COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
@@ -78,6 +79,16 @@ def test_small_problems_get_small_tiles():
     assert _tma(7, 1000) == {(64, 128, 64, 4, 4, 1), (64, 256, 64, 4, 2, 2)}
     assert all(tile[0] <= 32 for tile in _portable(7, 1000))
     assert (128, 128, 64, 4, 3, 1) in _tma(1000, 768)
+
+
+def test_skinny_problems_get_only_the_skinny_tiles():
+    """Up to 16 rows (a decode step's tokens) the tiles are 16 rows tall and stream K in 128-256
+    deep slices; from 17 rows on they are not candidates."""
+    for m, n in ((1, 2048), (16, 50304), (7, 6144)):
+        tiles = _portable(m, n)
+        assert tiles and all(tile[0] == 16 and tile[2] >= 128 for tile in tiles), (m, n, tiles)
+    assert _portable(1, 16) == {(16, 16, 256, 4, 4, 1)}  # no tile wider than the output
+    assert all(tile[0] > 16 for tile in _portable(17, 2048))
 
 
 def test_fp32_drops_what_does_not_fit():

@@ -107,6 +107,25 @@ def test_bmm_attention_shape(check):
     check(lambda a, b, bias: bmm(a, b, bias), bmm_reference, (a, b, None), ("a", "b", "bias"))
 
 
+@pytest.mark.gpu(reason="the skinny tiles are timed against each other only compiled")
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_decode_rows_take_the_skinny_tiles(m, check, monkeypatch):
+    """A decode step's few rows against a 1.4B model's qkv weight (2048 -> 6144), bias and GELU,
+    forward and backward: the launcher picks the portable kernel even where the TMA kernel could
+    run, and times only the 16-row tiles."""
+    monkeypatch.setattr(_matmul_kernel, "configs", list(portable_configs(interpreting=False)))
+    timed = []
+    candidates = launch.portable_candidates
+    spy = lambda configs, rows, *args: timed.append((rows, candidates(configs, rows, *args))) or timed[-1][1]  # noqa: E731
+    monkeypatch.setattr(launch, "portable_candidates", spy)
+    x, w, b = _operands(m, 2048, 6144, torch.bfloat16)
+    c = torch.empty(1, m, 6144, device="cuda", dtype=torch.bfloat16)
+    assert launch_matmul(x.detach()[None], w.detach()[None], c, bias=b.detach()) == "portable"
+    check(_ours("gelu"), _reference("gelu"), (x, w, b), NAMES)
+    skinny = [configs for rows, configs in timed if rows == m]  # products of m rows (dW has 2048)
+    assert skinny and all(len(configs) > 1 and {c.kwargs["BLOCK_M"] for c in configs} == {16} for configs in skinny)
+
+
 EVERY_CONFIG = [
     *(pytest.param("tma", i, id=f"tma-{i}") for i in range(len(tma_configs(interpreting=False)))),
     *(pytest.param("portable", i, id=f"portable-{i}") for i in range(len(portable_configs(interpreting=False)))),

@@ -78,6 +78,11 @@ CASES = {
         ("fp16", True, dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True, ALLOW_TF32=False, EVEN_K=False)),
         ("fp32", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=True, EVEN_K=True)),
         ("bf16", False, dict(HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=False)),
+        # The skinny tiles (decode steps: nothing saved).
+        ("bf16", True, dict(HAS_BIAS=False, SAVE_GU=False, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=True)),
+        ("fp16", True, dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=False)),
+        ("bf16", False, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=False)),
+        ("fp16", True, dict(HAS_BIAS=False, SAVE_GU=False, ACC_FP16=True, ALLOW_TF32=False, EVEN_K=True)),
         ("fp16", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=True, ALLOW_TF32=False, EVEN_K=True)),
     ],
     "input_grad": [

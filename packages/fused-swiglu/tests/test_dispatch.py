@@ -125,8 +125,14 @@ def test_pruning_keeps_what_fits_and_suits_the_problem():
         stage = (c.kwargs["BLOCK_M"] + 2 * c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * 4
         assert c.num_stages * stage <= configs.SHARED_MEMORY
     assert _kwargs(fp32) == _kwargs([dual[2]])
-    tiny = configs.prune_forward(dual, {"x_ptr": x16, "M": 7, "N": 40})
-    assert _kwargs(tiny) == _kwargs([dual[4]])
+    tiny = configs.prune_forward(dual, {"x_ptr": x16, "M": 17, "N": 40})
+    assert _kwargs(tiny) == _kwargs([dual[-1]])
+    # Up to 16 rows, only the skinny tiles (16 rows), none wider than the output.
+    skinny = configs.prune_forward(dual, {"x_ptr": x16, "M": 7, "N": 40})
+    assert skinny and all(c.kwargs["BLOCK_M"] == 16 and c.kwargs["BLOCK_N"] <= 64 for c in skinny)
+    assert _kwargs(configs.prune_forward(dual, {"x_ptr": x16, "M": 1, "N": 16})) == _kwargs([dual[4]])
+    decode = configs.prune_forward(dual, {"x_ptr": x16, "M": 1, "N": 5632})
+    assert _kwargs(decode) == _kwargs(dual[4:8])
     tma = configs.forward_tma_configs(interpreting=False)
     two_per_sm = [c for c in tma if c.kwargs["PROGRAMS_PER_SM"] == 2]
     kept = configs.prune_forward(tma, {"x_ptr": x16, "M": 16384, "N": 5632})

@@ -13,6 +13,7 @@ from tritonformer_testkit import FLOAT_DTYPES, assert_close_to_reference, dtype_
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, SwiGLUMLP, swiglu, swiglu_mlp
 from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _mlp_down_grad_tma_kernel
 from fused_swiglu.kernels.configs import prune_down_grad
+from fused_swiglu.ops import launchers
 from fused_swiglu.ops.launchers import launch_forward, use_tma_down_grad, use_tma_forward
 from fused_swiglu.reference import ROUNDINGS, swiglu_fp16_accumulate_reference, swiglu_mlp_reference, swiglu_reference
 
@@ -63,6 +64,21 @@ def test_first_call_tunes_every_candidate_and_stays_correct(dtype, sw, monkeypat
     candidates = prune_down_grad(sw.all_configs[down], {"dy_ptr": dy_like, "M": 4096, "N": 2760})
     assert len(candidates) > 1  # so that the in-place kernel is timed more than once
     sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, [x, w_gate, w_up, w_down])
+
+
+@pytest.mark.gpu(reason="the skinny tiles are timed against each other only compiled")
+@pytest.mark.parametrize("rows", [1, 16])
+def test_decode_rows_take_the_skinny_tiles(rows, sw, monkeypatch):
+    """A decode step's few rows through a 1.4B model's MLP (2048 -> 5632 -> 2048), every config
+    unpinned: the forward times only the 16-row tiles of the pointer kernel (the TMA kernel's are 64
+    rows tall), and forward and backward match the reference."""
+    sw.unpin_configs(monkeypatch)
+    x, w_gate, w_up = sw.make_inputs((rows,), 2048, 5632, torch.bfloat16, "cuda")
+    w_down = sw.linear_weight(5632, 2048, "cuda", torch.bfloat16).requires_grad_()
+    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, [x, w_gate, w_up, w_down])
+    forwards = launchers.FORWARD.entries()  # unpinning started a fresh table: this test's forwards
+    assert forwards and all(entry.config.kwargs["BLOCK_M"] == 16 for entry in forwards)
+    assert not launchers.FORWARD_TMA.entries()
 
 
 @pytest.mark.gpu(

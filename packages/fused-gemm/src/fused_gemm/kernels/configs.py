@@ -110,8 +110,38 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
         _config(64, 128, 32, 4, 4),
         _config(128, 64, 32, 4, 4),
         _config(64, 64, 32, 4, 3),
-        _config(32, 64, 32, 4, 3),
+        *skinny_configs(),
+        _config(32, 64, 32, 4, 3),  # last: the smallest, which the GPU tests pin
     ]
+
+
+# Products of at most SKINNY_ROWS rows (a decode step's tokens) read each weight element once for
+# a few multiply-adds: they are bound by the weight's bytes. Their tiles are SKINNY_ROWS tall, narrow
+# (so that even a 2048-wide output spreads over every SM) and deep in K (each stage streams 8-16 KB
+# of the weight, four in flight per program). Measured at the 1.4B model's decode (H100, one row):
+# the 32x64x32 tile these problems had before read its weights at 0.65-1.8 TB/s, cuBLAS 1.6-3.0.
+SKINNY_ROWS = 16
+
+
+def skinny_configs() -> List[triton.Config]:
+    return [
+        _config(SKINNY_ROWS, 16, 256, 4, 4),
+        _config(SKINNY_ROWS, 32, 256, 4, 4),
+        _config(SKINNY_ROWS, 32, 128, 4, 5),
+        _config(SKINNY_ROWS, 64, 128, 4, 4),
+    ]
+
+
+def skinny_problem(m: int) -> bool:
+    """A product the skinny tiles serve (and only they do)."""
+    return m <= SKINNY_ROWS
+
+
+def for_rows(configs: List[triton.Config], m: int) -> List[triton.Config]:
+    """The skinny tiles for a skinny problem, the others for the rest (the whole list where it has
+    none of that kind: a test's pinned config)."""
+    skinny = skinny_problem(m)
+    return [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny] or configs
 
 
 def splits_epilogue(meta: Dict, activation, store_z, fp32_out=False) -> bool:
@@ -256,9 +286,10 @@ def _prune(configs: List[triton.Config], m: int, n: int, batch: int, smem_bytes,
 
 def portable_candidates(configs, m: int, n: int, element_size: int, device) -> List[triton.Config]:
     """The portable kernel's configs worth timing for an (m, n) output of `element_size` operands
-    (the batch is not counted: it is in the grid, not an argument of the kernel)."""
+    (the batch is not counted: it is in the grid, not an argument of the kernel): the skinny tiles
+    for a skinny problem, the others for the rest."""
     return _prune(
-        configs, m, n, 1,
+        for_rows(configs, m), m, n, 1,
         lambda c: _portable_smem(c.kwargs, c.num_stages, element_size), max_shared_memory(device),
         _portable_large_candidate,
     )  # fmt: skip

@@ -13,7 +13,8 @@ launcher picks the kernel:
   operand is fp16/bf16, 16-byte aligned, and has a unit stride in one of its two matrix dims
   (row-major, or the transpose of row-major);
 - the portable kernel (kernels.matmul) otherwise: any GPU, any Triton, any strides, fp32; small
-  products, which it runs as fast and launches with less host time (SMALL_MACS); and under the
+  products, which it runs as fast and launches with less host time (SMALL_MACS); products of at
+  most configs.SKINNY_ROWS rows (decode steps), with tiles that stream the weight; and under the
   interpreter (tests force the emulated TMA kernel with path="tma"), with a tile that
   follows the problem's size (configs.interpreter_config).
 
@@ -53,6 +54,7 @@ from ..kernels.configs import (
     grad_tile,
     interpreter_config,
     portable_candidates,
+    skinny_problem,
     split_k,
     splits_epilogue,
     tma_block_shapes,
@@ -443,7 +445,8 @@ def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype,
             return _MatmulPlan("ws", _launch_ws, (activation, num_sms))
         if path == "ws":
             raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
-    small = batch * m * n * k < SMALL_MACS and k <= SMALL_K
+    # Small products, and skinny ones (bound by the weight's bytes), go to the portable kernel.
+    small = (batch * m * n * k < SMALL_MACS and k <= SMALL_K) or skinny_problem(m)
     if path == "tma" or (path is None and not INTERPRETING and not small):
         tma_args = (a_shape, a_stride, b_shape, b_stride)
         if ab_aligned and bias_stride is None and not activation and not has_z:  # a plain product may split K

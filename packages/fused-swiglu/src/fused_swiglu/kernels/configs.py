@@ -64,6 +64,18 @@ _DUAL_ROWS = [
     (64, 128, 64, 8, 4, 4),  # 160 KB: small M (few rows)
     (64, 64, 32, 8, 4, 3),  # 36 KB: anything, fp32 included
 ]
+# The forward of at most SKINNY_ROWS rows (a decode step's tokens) is bound by the weights' bytes:
+# 16-row tiles, narrow (an intermediate of 5632 spreads over every SM) and deep in K, so that each
+# stage streams 8-16 KB of the two weights. The pointer kernel only (the TMA kernel's wgmma tiles are
+# 64 rows tall). Before them, a 1.4B model's decode step read its gate and up weights at 1.5 TB/s (H100).
+SKINNY_ROWS = 16
+_SKINNY_FORWARD_ROWS = [
+    # M,  N,   K, group, warps, stages   smem (16-bit)
+    (16, 16, 256, 8, 4, 4),  # 96 KB
+    (16, 32, 128, 8, 4, 4),  # 80 KB
+    (16, 32, 256, 8, 4, 3),  # 120 KB
+    (16, 64, 128, 8, 4, 3),  # 108 KB
+]
 # The persistent TMA forward (Hopper): PROGRAMS_PER_SM programs per SM walk the tiles; with two,
 # one program's epilogue runs beside the other's main loop. The epilogue's TMA stores stage one
 # BLOCK_M x BLOCK_N tile (16-32 KB) in shared memory beside the operand stages.
@@ -134,7 +146,14 @@ _INTERPRETER_DOWN_ROW = [(32, 32, 16, 2, 4, 1, 16)]
 
 
 def forward_configs(interpreting: bool = INTERPRETING):
-    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), _INTERPRETER_ROW if interpreting else _DUAL_ROWS)
+    # The skinny rows before the last, the smallest, which the GPU tests pin.
+    rows = _INTERPRETER_ROW if interpreting else _DUAL_ROWS[:-1] + _SKINNY_FORWARD_ROWS + _DUAL_ROWS[-1:]
+    return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), rows)
+
+
+def skinny_problem(m: int) -> bool:
+    """A forward the skinny tiles serve (and only they do)."""
+    return m <= SKINNY_ROWS
 
 
 def forward_tma_configs(interpreting: bool = INTERPRETING):
@@ -236,7 +255,10 @@ def _prune(configs, size_p, size_q, p, q, r, b_tiles, element_size):
 # early_config_prune hooks (Triton 2.2 passes the positional arguments only: sizes and tensors).
 def prune_forward(configs, named_args, **kwargs):
     size = _element_size(named_args, "x_ptr", "x_desc")
-    return _prune(configs, named_args["M"], named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, size)
+    m = named_args["M"]
+    # The skinny tiles for a skinny problem, the others for the rest (all where a pinned list has none).
+    configs = [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny_problem(m)] or configs
+    return _prune(configs, m, named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, size)
 
 
 def prune_weight_grad(configs, named_args, **kwargs):

@@ -34,7 +34,7 @@ from ..kernels.backward import (
     _swiglu_weight_grad_tma_kernel,
     _weight_grad_reduce_kernel,
 )
-from ..kernels.configs import weight_grad_split
+from ..kernels.configs import skinny_problem, weight_grad_split
 from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 Tensor = torch.Tensor
@@ -167,7 +167,8 @@ class KernelChoice(NamedTuple):
 def _forward_plan(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32,
                   device) -> KernelChoice:  # fmt: skip
     key = (M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, device)
-    tma = forward_tma_suits(dtype, N, x_strides, wg_strides, wu_strides, device)
+    # A skinny forward streams the weights through the pointer kernel's 16-row tiles.
+    tma = forward_tma_suits(dtype, N, x_strides, wg_strides, wu_strides, device) and not skinny_problem(M)
     return KernelChoice(_forward_launch(*key, False), _forward_launch(*key, True) if tma else None)
 
 

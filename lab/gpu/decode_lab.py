@@ -1,0 +1,173 @@
+"""Where a batch-1 decode step's time goes, and how fast its pieces can be.
+
+python3 lab/gpu/decode_lab.py [attention] [modules] [step]   (on a GPU; markdown on stdout)
+
+- attention: flash_attention_with_kvcache at batch 1 (32 query heads over 8 KV heads, D 128,
+  bf16) against SDPA, each timed as 20 calls replayed from one CUDA graph (kernel time, no host),
+  over split counts and (BLOCK_N, num_warps, num_stages) of the split kernel.
+- modules: each linear layer / MLP of one llama-1.4B block and the head, ours against the twin's
+  (cuBLAS), at M = 1 and 16 rows, replayed from a graph; GB/s counts the weight bytes.
+- step: one decode step of llama-1.4B (prompt 512) replayed from a graph, and the kernels of
+  eager decode steps by total time per step, for Transformer and TorchTransformer.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from torch.profiler import ProfilerActivity, profile
+
+CALLS = 20
+
+
+def graph_us(fn, calls: int = CALLS) -> float:
+    """Microseconds per fn call: `calls` calls captured into one CUDA graph, replay median."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3 / calls
+
+
+def attention() -> None:
+    from fused_attention import flash_attention_with_kvcache
+    from fused_attention.ops import decode as decode_ops
+
+    B, H, H_KV, D = 1, 32, 8, 128
+    original_sizes = decode_ops.block_sizes
+    original_launch = decode_ops.Launch
+    variants = [(None, None, None)] + [(bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
+    print("| cache | splits | BLOCK_N w s | ours us | GB/s | SDPA us | SDPA GB/s |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for length in (4096, 8192, 16384, 32768):
+        k_cache = torch.randn(B, length, H_KV, D, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((B,), length, dtype=torch.int32, device="cuda")
+        nbytes = 2 * k_cache.numel() * 2
+        sdpa = functools.partial(
+            F.scaled_dot_product_attention, q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+            enable_gqa=True,
+        )  # fmt: skip
+        sdpa_us = graph_us(sdpa)
+        reference = sdpa().transpose(1, 2)
+        for splits in (0, 16, 32, 64):
+            for bn, w, s in variants:
+                if bn is not None and splits not in (0, 32):
+                    continue
+                decode_ops._plan.cache_clear()
+                if bn is None:
+                    decode_ops.block_sizes, decode_ops.Launch = original_sizes, original_launch
+                else:
+                    decode_ops.block_sizes = lambda spec, bn=bn: (16, bn)
+
+                    def patched(kernel, grid, w=w, s=s, **kw):
+                        if kernel is decode_ops._decode_split_kernel:
+                            kw.update(num_warps=w, num_stages=s)
+                        return original_launch(kernel, grid, **kw)
+
+                    decode_ops.Launch = patched
+                fn = functools.partial(flash_attention_with_kvcache, q, k_cache, v_cache, seqlens, num_splits=splits)
+                try:
+                    torch.testing.assert_close(fn(), reference, atol=2e-2, rtol=2e-2)
+                    us = graph_us(fn)
+                    cell = f"{us:.1f} | {nbytes / us / 1e3:.0f}"
+                except Exception as error:  # a config that does not compile must not lose the table
+                    cell = f"failed {type(error).__name__} | "
+                name = "default" if bn is None else f"{bn} w{w} s{s}"
+                anchor = f"{sdpa_us:.1f} | {nbytes / sdpa_us / 1e3:.0f}"
+                print(f"| {length} | {splits or 'auto'} | {name} | {cell} | {anchor} |", flush=True)
+        decode_ops.block_sizes, decode_ops.Launch = original_sizes, original_launch
+        decode_ops._plan.cache_clear()
+
+
+def _models(preset: str = "llama-1.4B"):
+    from tritonformer.config import TransformerConfig
+    from tritonformer.train import build_model
+
+    config = TransformerConfig.preset(preset)
+    ours = build_model("triton", config).cuda().to(torch.bfloat16).eval()
+    twin = build_model("torch", config).cuda().to(torch.bfloat16).eval()
+    twin.load_state_dict(ours.state_dict())
+    return config, ours, twin
+
+
+@torch.no_grad()
+def modules() -> None:
+    config, ours, twin = _models()
+    print("| module | M | weight MB | ours us | GB/s | twin us | GB/s | twin / ours |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    pairs = [
+        ("qkv", ours.blocks[0].attn.qkv, twin.blocks[0].attn.qkv),
+        ("proj", ours.blocks[0].attn.proj, twin.blocks[0].attn.proj),
+        ("mlp", ours.blocks[0].mlp, twin.blocks[0].mlp),
+        ("head", ours.lm_head, twin.lm_head),
+    ]
+    for name, mine, theirs in pairs:
+        weight = sum(p.numel() * p.element_size() for p in mine.parameters())
+        in_features = mine.weight.shape[1] if hasattr(mine, "weight") else config.d_model
+        for m in (1, 16):
+            x = torch.randn(m, 1, in_features, device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(mine(x), theirs(x), atol=5e-2, rtol=5e-2)
+            a, b = graph_us(functools.partial(mine, x)), graph_us(functools.partial(theirs, x))
+            print(f"| {name} | {m} | {weight / 1e6:.1f} | {a:.1f} | {weight / a / 1e3:.0f} | {b:.1f} | "
+                  f"{weight / b / 1e3:.0f} | {b / a:.2f} |", flush=True)  # fmt: skip
+
+
+@torch.no_grad()
+def step() -> None:
+    from tritonformer import generation
+
+    config, ours, twin = _models()
+    for label, model in (("Transformer", ours), ("TorchTransformer", twin)):
+        batch, prompt = 1, 512
+        tokens = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda")
+        totals = torch.full((batch,), prompt, device="cuda")
+        cache = generation.KVCache(config.n_layer, batch, prompt + 300, torch.device("cuda"))
+        cache.tables = model.decode_tables(prompt + 300, torch.device("cuda"))
+        generation._prefill(model, tokens, totals, prompt, cache)
+        next_tokens = tokens[:, -1].clone()
+        active = torch.zeros(batch, dtype=torch.bool, device="cuda")  # lengths stay put
+        graph = generation.DecodeGraph(model, cache, batch, tokens.dtype, torch.device("cuda"))
+        replay = functools.partial(graph, next_tokens, active)
+        replay_us = triton.testing.do_bench(replay, warmup=10, rep=100, return_mode="median") * 1e3
+        steps = 10
+        for _ in range(3):
+            generation._decode(model, next_tokens, active, cache)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                generation._decode(model, next_tokens, active, cache)
+            torch.cuda.synchronize()
+        per_kernel = collections.defaultdict(lambda: [0.0, 0])
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                per_kernel[event.name][0] += event.device_time / steps
+                per_kernel[event.name][1] += 1
+        total = sum(t for t, _ in per_kernel.values())
+        count = sum(n for _, n in per_kernel.values()) / steps
+        print(f"\n### {label}: graph replay {replay_us:.0f} us per step ({1e6 / replay_us:.0f} tok/s); "
+              f"kernels {total:.0f} us in {count:.0f} launches per step\n")  # fmt: skip
+        print("| kernel | us per step | launches per step |")
+        print("|---|---:|---:|")
+        for name, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:16]:
+            print(f"| {name[:90]} | {t:.1f} | {n / steps:.0f} |")
+        del graph, replay, cache
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    for part in sys.argv[1:] or ["attention", "modules", "step"]:
+        print(f"\n## {part}\n", flush=True)
+        {"attention": attention, "modules": modules, "step": step}[part]()
