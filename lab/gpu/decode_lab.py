@@ -1,6 +1,6 @@
 """Where a batch-1 decode step's time goes, and how fast its pieces can be.
 
-python3 lab/gpu/decode_lab.py [attention] [modules] [step]   (on a GPU; markdown on stdout)
+python3 lab/gpu/decode_lab.py [attention] [attention_small] [modules] [step]   (on a GPU; markdown on stdout)
 
 - attention: flash_attention_with_kvcache at batch 1 (32 query heads over 8 KV heads, D 128,
   bf16) against SDPA, each timed as 20 calls replayed from one CUDA graph (kernel time, no host),
@@ -8,13 +8,15 @@ python3 lab/gpu/decode_lab.py [attention] [modules] [step]   (on a GPU; markdown
 - modules: each linear layer / MLP of one llama-1.4B block and the head, ours against the twin's
   (cuBLAS), at M = 1 and 16 rows, replayed from a graph; GB/s counts the weight bytes.
 - step: one decode step of llama-1.4B (prompt 512) replayed from a graph, and the kernels of
-  eager decode steps by total time per step, for Transformer and TorchTransformer.
+  eager decode steps by total time per step, for Transformer and TorchTransformer
+  (DECODE_LAB_MODELS: a comma list of ours, twin, compiled: the twin's step under torch.compile).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import os
 import sys
 
 import torch
@@ -130,7 +132,11 @@ def step() -> None:
     from tritonformer import generation
 
     config, ours, twin = _models()
-    for label, model in (("Transformer", ours), ("TorchTransformer", twin)):
+    models = {"ours": ("Transformer", ours), "twin": ("TorchTransformer", twin), "compiled": ("compiled twin", twin)}
+    for name in os.environ.get("DECODE_LAB_MODELS", "ours,twin").split(","):
+        label, model = models[name]
+        if name == "compiled":
+            model.forward_cached = compiled_decode(twin)
         batch, prompt = 1, 512
         tokens = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda")
         totals = torch.full((batch,), prompt, device="cuda")
@@ -164,10 +170,40 @@ def step() -> None:
         for name, (t, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:16]:
             print(f"| {name[:90]} | {t:.1f} | {n / steps:.0f} |")
         del graph, replay, cache
+        model.__dict__.pop("forward_cached", None)
         torch.cuda.empty_cache()
+
+
+def compiled_decode(twin):
+    """The twin's forward_cached with its decode steps under torch.compile (no inductor CUDA
+    graphs: the decode graph captures them), its prefills eager (tritonformer-bench's arrangement)."""
+    eager = twin.forward_cached
+    step = torch.compile(eager)
+    return lambda idx, cache: step(idx, cache) if cache.decoding else eager(idx, cache)
+
+
+def attention_small() -> None:
+    """The 1.4B model's decode attention (16 heads, no GQA, D 128) at short caches, by split count."""
+    from fused_attention import flash_attention_with_kvcache
+
+    B, H, D = 1, 16, 128
+    print("| cache | splits | ours us | SDPA us |")
+    print("|---:|---:|---:|---:|")
+    for length in (512, 768, 1024, 2048):
+        k_cache = torch.randn(B, length, H, D, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((B,), length, dtype=torch.int32, device="cuda")
+        sdpa = functools.partial(
+            F.scaled_dot_product_attention, q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        )
+        sdpa_us = graph_us(sdpa)
+        for splits in (0, 1, 2, 4, 8):
+            fn = functools.partial(flash_attention_with_kvcache, q, k_cache, v_cache, seqlens, num_splits=splits)
+            print(f"| {length} | {splits or 'auto'} | {graph_us(fn):.1f} | {sdpa_us:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
     for part in sys.argv[1:] or ["attention", "modules", "step"]:
         print(f"\n## {part}\n", flush=True)
-        {"attention": attention, "modules": modules, "step": step}[part]()
+        {"attention": attention, "attention_small": attention_small, "modules": modules, "step": step}[part]()

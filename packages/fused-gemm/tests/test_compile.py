@@ -60,7 +60,9 @@ PORTABLE_CASES = {
         (9, "fwd-bias-gelu-z", "fp16", False, False),
         (10, "dx", "bf16", True, False),
         (11, "fwd-gelu-tanh-z", "bf16", True, False),
-        (12, "dx", "fp16", True, False),
+        (12, "fwd", "fp16", False, False),
+        (13, "fwd-bias-relu", "bf16", True, False),
+        (14, "dx", "fp16", True, False),
     ],
     90: [
         (0, "dw", "bf16", False, False),
@@ -74,8 +76,10 @@ PORTABLE_CASES = {
         (8, "fwd-bias-relu", "fp16", False, False),
         (9, "fwd", "bf16", True, False),
         (10, "fwd-bias-gelu", "bf16", False, False),
-        (11, "fwd", "fp32", True, True),
-        (12, "dw", "fp32", False, False),
+        (11, "fwd", "bf16", False, False),
+        (12, "fwd", "fp32", True, True),
+        (13, "fwd-bias-gelu-z", "bf16", True, False),
+        (14, "dw", "fp32", False, False),
     ],
 }
 

@@ -7,8 +7,8 @@ Providers, all with bf16 weights, greedy, without eos (every row runs all its ne
 - tritonformer: Transformer.generate, each decode step launched eagerly;
 - tritonformer+graph: the same with cuda_graph=True (the decode step replayed as a CUDA graph);
 - torch, torch+graph: the PyTorch twin (SDPA over its own cache), eager and graphed;
-- torch.compile: the twin's decode step under torch.compile(mode="reduce-overhead"), its prefill
-  eager (gpt-fast's arrangement);
+- torch.compile: the twin's decode step under torch.compile, replayed as a CUDA graph
+  (cuda_graph=True), its prefill eager;
 - hf-llama: transformers' LlamaForCausalLM.generate with a static cache (LLaMA-style presets).
 
 Per row, the median of `--repeats` calls after one warm-up call: the time to the first token (the
@@ -57,16 +57,16 @@ def _generator(provider: str, config: TransformerConfig) -> Callable[[torch.Tens
     model = model.cuda().to(torch.bfloat16).eval()
     if provider == "torch.compile":
         eager = model.forward_cached
-        compiled = torch.compile(eager, mode="reduce-overhead")
+        # Inductor's own CUDA graphs would skip this step (it writes into the cache, an input), so
+        # generate captures the compiled step into its graph instead: inductor's fused kernels, one
+        # replay per token.
+        compiled = torch.compile(eager)
 
         def forward_cached(idx, cache):
-            if not cache.decoding:  # the prefill allocates the cache: outside the compiled graphs' pool
-                return eager(idx, cache)
-            torch.compiler.cudagraph_mark_step_begin()  # each decode step is a new step of the graphs
-            return compiled(idx, cache).clone()
+            return compiled(idx, cache) if cache.decoding else eager(idx, cache)
 
         model.forward_cached = forward_cached
-    graph = provider.endswith("+graph")
+    graph = provider.endswith("+graph") or provider == "torch.compile"
     return lambda prompt, n: model.generate(prompt, n, temperature=0, cuda_graph=graph)
 
 

@@ -117,8 +117,8 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
 
 # Products of at most SKINNY_ROWS rows (a decode step's tokens) read each weight element once for
 # a few multiply-adds: they are bound by the weight's bytes. Their tiles are SKINNY_ROWS tall, narrow
-# (so that even a 2048-wide output spreads over every SM) and deep in K (each stage streams 8-16 KB
-# of the weight, four in flight per program). Measured at the 1.4B model's decode (H100, one row):
+# (so that even a 2048-wide output spreads over every SM) and deep in K (each stage streams 8-32 KB
+# of the weight, three to five in flight per program). Measured at the 1.4B model's decode (H100, one row):
 # the 32x64x32 tile these problems had before read its weights at 0.65-1.8 TB/s, cuBLAS 1.6-3.0.
 SKINNY_ROWS = 16
 
@@ -126,7 +126,9 @@ SKINNY_ROWS = 16
 def skinny_configs() -> List[triton.Config]:
     return [
         _config(SKINNY_ROWS, 16, 256, 4, 4),
+        _config(SKINNY_ROWS, 16, 512, 4, 4),
         _config(SKINNY_ROWS, 32, 256, 4, 4),
+        _config(SKINNY_ROWS, 32, 512, 4, 3),
         _config(SKINNY_ROWS, 32, 128, 4, 5),
         _config(SKINNY_ROWS, 64, 128, 4, 4),
     ]
