@@ -16,7 +16,7 @@ import pytest
 import torch
 from tritonformer_testkit import assert_close_to_reference
 
-from tritonformer import TorchTransformer, Transformer, TransformerConfig
+from tritonformer import TorchTransformer, Transformer, TransformerConfig, generation
 from tritonformer.generation import filter_top_p, sample_next_token
 
 PROMPT = 7
@@ -349,6 +349,55 @@ def test_a_graphed_decode_gives_the_eager_tokens(model_class, name, require_kern
         model.generate(prompt, 20, eos_token_id=eos, cuda_graph=True, **options),
         model.generate(prompt, 20, eos_token_id=eos, **options),
     )
+
+
+@pytest.mark.gpu("CUDA-graph capture and replay of the decode step")
+@pytest.mark.parametrize("model_class", [Transformer, TorchTransformer])
+def test_a_decode_graph_is_reused_while_its_shapes_and_parameters_are(model_class, require_kernels):
+    """A second call of the same shapes replays the first call's graph and cache (same tokens as
+    eager); other prompts of the same shapes too; a parameter replaced (a new address) or another
+    batch size captures anew; release_decode_graph drops it."""
+    config = tiny(**MODELS[sorted(MODELS)[0]])
+    if model_class is Transformer:
+        require_kernels(config)
+    torch.manual_seed(0)
+    model = spread(model_class(config)).cuda().to(torch.bfloat16).eval()
+    options = dict(temperature=0, pad_token_id=0)
+    prompts = [torch.randint(0, 256, (2, 20), device="cuda") for _ in range(2)]
+    first = model.generate(prompts[0], 12, cuda_graph=True, **options)
+    entry = generation._GRAPHS[model]
+    for prompt in prompts:  # the first prompt again, then another of the same shape
+        graphed = model.generate(prompt, 12, cuda_graph=True, **options)
+        assert torch.equal(graphed, model.generate(prompt, 12, **options))
+        assert generation._GRAPHS[model] is entry
+    assert torch.equal(model.generate(prompts[0], 12, cuda_graph=True, **options), first)
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.flip(0).contiguous())
+    graphed = model.generate(prompts[0], 12, cuda_graph=True, **options)
+    assert generation._GRAPHS[model] is not entry and torch.equal(graphed, model.generate(prompts[0], 12, **options))
+    entry = generation._GRAPHS[model]
+    model.generate(prompts[0][:1], 12, cuda_graph=True, **options)
+    assert generation._GRAPHS[model] is not entry
+    model.release_decode_graph()
+    assert model not in generation._GRAPHS
+
+
+def test_the_graph_key_follows_the_parameters_and_shapes():
+    """What a kept decode graph is matched on (CPU: no graph is captured here)."""
+    model = TorchTransformer(tiny())
+    device = torch.device("cpu")
+    key = generation._graph_key(model, 2, 64, torch.int64, device)
+    assert generation._graph_key(model, 2, 64, torch.int64, device) == key
+    assert generation._graph_key(model, 3, 64, torch.int64, device) != key
+    assert generation._graph_key(model, 2, 48, torch.int64, device) != key
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert generation._graph_key(model, 2, 64, torch.int64, device) != key
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)  # in place: the same storage, the graph reads the new values
+    assert generation._graph_key(model, 2, 64, torch.int64, device) == key
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone())
+    assert generation._graph_key(model, 2, 64, torch.int64, device) != key
+    model.release_decode_graph()  # nothing kept: a no-op
 
 
 def test_cuda_graph_is_checked_before_any_work():

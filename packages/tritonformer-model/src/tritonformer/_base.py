@@ -203,7 +203,10 @@ class CausalLM(nn.Module):
         generator: the random draws' generator.
         cuda_graph: capture the decode step into a CUDA graph once and replay it for every token
             (CUDA only): the host's cost per token falls from every layer's launches to one
-            replay, which is what batch-1 decoding is bound by. Same tokens as without it.
+            replay, which is what batch-1 decoding is bound by. Same tokens as without it. The
+            graph and its KV cache stay with the model for the next call of the same batch size,
+            cache length (longest prompt + max_new_tokens, at most max_seq_len), autocast state and
+            parameters, which then skips the capture; `release_decode_graph()` frees them.
 
         Returns (B, S + n) token ids, n <= max_new_tokens the steps run (fewer when every row
         finished): row b is its prompt, its new tokens, then padding (pad_token_id, else
@@ -216,6 +219,10 @@ class CausalLM(nn.Module):
             self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
             pad_token_id=pad_token_id, prompt_lengths=prompt_lengths, generator=generator, cuda_graph=cuda_graph,
         )  # fmt: skip
+
+    def release_decode_graph(self) -> None:
+        """Free the decode graph and KV cache that generate(cuda_graph=True) keeps for the next call."""
+        generation.release_graphs(self)
 
     def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
         """Final hidden states (B, S, d) of idx through the KV cache (generation.KVCache): a

@@ -7,6 +7,7 @@ the model runs on torch >= 2.2; the newer APIs it prefers are picked here.
 from __future__ import annotations
 
 import contextlib
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,14 +26,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight  # pragma: no cover
 
 
+def autocast_state(device_type: str) -> Tuple[bool, torch.dtype]:
+    """(enabled, dtype) of autocast on `device_type`."""
+    if TORCH_VERSION >= (2, 4):
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()  # pragma: no cover - the CUDA state only
+
+
 def autocast_without_cache(device_type: str):
     """The current autocast state of `device_type` with its weight-cast cache off (what a CUDA-graph
     capture needs: a cached cast would be a tensor the graph reads but does not own); a no-op
     context when autocast is off."""
-    if TORCH_VERSION >= (2, 4):
-        enabled, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-    else:  # pragma: no cover - torch < 2.4: the CUDA state only
-        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    enabled, dtype = autocast_state(device_type)
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype, cache_enabled=False)

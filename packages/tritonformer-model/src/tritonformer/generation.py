@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+import weakref
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from ._compat import autocast_without_cache
+from ._compat import autocast_state, autocast_without_cache
 
 
 class KVCache:
@@ -214,7 +216,8 @@ class DecodeGraph:
     milliseconds at batch 1. Its inputs (the tokens, which rows are active) and its logits live
     in static buffers; the cache's buffers and lengths are the ones the graph reads and writes.
     A prefill between steps (when a row's cache is full) writes the same buffers, so the graph
-    stays valid for the whole generate call."""
+    stays valid for the whole generate call, and for later calls of the same shapes on the same
+    parameters (see _reusable_graph)."""
 
     WARMUP = 2  # eager steps before the capture: every kernel compiled and tuned outside it
 
@@ -240,6 +243,34 @@ class DecodeGraph:
         self.active.copy_(active)
         self.graph.replay()
         return self.logits
+
+
+class _GraphEntry:
+    """A model's last decode graph, the cache it reads and writes, and what they were made for."""
+
+    __slots__ = ("key", "cache", "graph", "lock")
+
+    def __init__(self, key: tuple, cache: KVCache, graph: DecodeGraph):
+        self.key, self.cache, self.graph = key, cache, graph
+        self.lock = threading.Lock()  # held by the generate call replaying it
+
+
+# Each model's last decode graph (a weak key: the entry goes with the model, and the model itself
+# stays copyable and picklable).
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _graph_key(model: nn.Module, batch: int, capacity: int, token_dtype: torch.dtype, device: torch.device) -> tuple:
+    """What a captured decode step depends on: the shapes, the autocast state and every parameter's
+    and buffer's storage (a graph replays the addresses it captured; a parameter replaced, moved or
+    cast is a new address)."""
+    tensors = tuple((t.data_ptr(), t.dtype) for t in (*model.parameters(), *model.buffers()))
+    return batch, capacity, token_dtype, device, autocast_state(device.type), tensors
+
+
+def release_graphs(model: nn.Module) -> None:
+    """Free the decode graph and KV cache that generate(cuda_graph=True) keeps for `model`."""
+    _GRAPHS.pop(model, None)
 
 
 @torch.no_grad()
@@ -276,17 +307,32 @@ def generate(
         return tokens
     longest = max(lengths)
     capacity = min(model.config.max_seq_len, longest + max_new_tokens)
-    cache = KVCache(model.config.n_layer, batch, capacity, device)
-    cache.tables = model.decode_tables(capacity, device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     was_training = model.training
     model.eval()
+    graphed = cuda_graph and max_new_tokens > 1 and longest < capacity
+    entry = None
+    if graphed:
+        key = _graph_key(model, batch, capacity, idx.dtype, device)
+        entry = _GRAPHS.get(model)
+        if entry is not None and entry.key != key and not entry.lock.locked():
+            release_graphs(model)  # other shapes or parameters: its cache freed before this call's is made
+        if entry is not None and (entry.key != key or not entry.lock.acquire(blocking=False)):
+            entry = None  # or in use by another thread: a graph of this call's own
     try:
+        cache = entry.cache if entry is not None else KVCache(model.config.n_layer, batch, capacity, device)
+        if entry is None:
+            cache.tables = model.decode_tables(capacity, device)
         logits = _prefill(model, tokens, totals, longest, cache)
         in_cache = min(longest, capacity)  # bounds every row's cache length
         decode = functools.partial(_decode, model, cache=cache)
-        if cuda_graph and max_new_tokens > 1 and in_cache < capacity:
-            decode = DecodeGraph(model, cache, batch, idx.dtype, device)
+        if graphed:
+            if entry is None:
+                entry = _GraphEntry(key, cache, DecodeGraph(model, cache, batch, idx.dtype, device))
+                entry.lock.acquire()
+                if _GRAPHS.get(model) is None or not _GRAPHS[model].lock.locked():
+                    _GRAPHS[model] = entry  # kept for the next call of the same shapes (one per model)
+            decode = entry.graph
         steps = 0
         for steps in range(1, max_new_tokens + 1):
             next_tokens = sample_next_token(logits, temperature, top_k, top_p, generator).to(idx.dtype)
@@ -311,4 +357,6 @@ def generate(
                 in_cache += 1
     finally:
         model.train(was_training)
+        if entry is not None:
+            entry.lock.release()
     return tokens[:, : width + steps]
