@@ -3,7 +3,7 @@
 python3 lab/gpu/decode_lab.py [attention] [attention_small] [modules] [step]   (on a GPU; markdown on stdout)
 
 - attention: flash_attention_with_kvcache at batch 1 (32 query heads over 8 KV heads, D 128,
-  bf16) against SDPA, each timed as 20 calls replayed from one CUDA graph (kernel time, no host),
+  bf16, caches 4096-32768) against SDPA, each timed as 20 calls replayed from one CUDA graph (kernel time, no host),
   over split counts and (BLOCK_N, num_warps, num_stages) of the split kernel.
 - modules: each linear layer / MLP of one llama-1.4B block and the head, ours against the twin's
   (cuBLAS), at M = 1 and 16 rows, replayed from a graph; GB/s counts the weight bytes.
@@ -42,26 +42,32 @@ def graph_us(fn, calls: int = CALLS) -> float:
     return triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3 / calls
 
 
+def decode_problem(length: int, heads: int, kv_heads: int, head_dim: int = 128):
+    """(q, k_cache, v_cache, seqlens, sdpa): one query token per head at batch 1 against a full
+    bf16 cache of `length`, and SDPA over the same cache (GQA heads shared without copies)."""
+    k_cache = torch.randn(1, length, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(1, 1, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.full((1,), length, dtype=torch.int32, device="cuda")
+    sdpa = functools.partial(
+        F.scaled_dot_product_attention, q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+        enable_gqa=heads != kv_heads,
+    )  # fmt: skip
+    return q, k_cache, v_cache, seqlens, sdpa
+
+
 def attention() -> None:
     from fused_attention import flash_attention_with_kvcache
     from fused_attention.ops import decode as decode_ops
 
-    B, H, H_KV, D = 1, 32, 8, 128
     original_sizes = decode_ops.block_sizes
     original_launch = decode_ops.Launch
     variants = [(None, None, None)] + [(bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
     print("| cache | splits | BLOCK_N w s | ours us | GB/s | SDPA us | SDPA GB/s |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for length in (4096, 8192, 16384, 32768):
-        k_cache = torch.randn(B, length, H_KV, D, device="cuda", dtype=torch.bfloat16)
-        v_cache = torch.randn_like(k_cache)
-        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((B,), length, dtype=torch.int32, device="cuda")
+        q, k_cache, v_cache, seqlens, sdpa = decode_problem(length, 32, 8)  # GQA 4:1
         nbytes = 2 * k_cache.numel() * 2
-        sdpa = functools.partial(
-            F.scaled_dot_product_attention, q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-            enable_gqa=True,
-        )  # fmt: skip
         sdpa_us = graph_us(sdpa)
         reference = sdpa().transpose(1, 2)
         for splits in (0, 16, 32, 64):
@@ -186,17 +192,10 @@ def attention_small() -> None:
     """The 1.4B model's decode attention (16 heads, no GQA, D 128) at short caches, by split count."""
     from fused_attention import flash_attention_with_kvcache
 
-    B, H, D = 1, 16, 128
     print("| cache | splits | ours us | SDPA us |")
     print("|---:|---:|---:|---:|")
     for length in (512, 768, 1024, 2048):
-        k_cache = torch.randn(B, length, H, D, device="cuda", dtype=torch.bfloat16)
-        v_cache = torch.randn_like(k_cache)
-        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((B,), length, dtype=torch.int32, device="cuda")
-        sdpa = functools.partial(
-            F.scaled_dot_product_attention, q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-        )
+        q, k_cache, v_cache, seqlens, sdpa = decode_problem(length, 16, 16)
         sdpa_us = graph_us(sdpa)
         for splits in (0, 1, 2, 4, 8):
             fn = functools.partial(flash_attention_with_kvcache, q, k_cache, v_cache, seqlens, num_splits=splits)
