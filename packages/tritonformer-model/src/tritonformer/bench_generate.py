@@ -32,7 +32,8 @@ from .config import TransformerConfig
 from .train import build_model
 
 PROVIDERS = ("tritonformer", "tritonformer+graph", "torch", "torch+graph", "torch.compile", "hf-llama")
-PRESETS = ("160M", "410M", "llama-1.4B")
+# LLaMA-style, so that Hugging Face's LlamaForCausalLM runs every preset beside ours.
+PRESETS = ("llama-160M", "llama-410M", "llama-1.4B")
 
 
 def _seconds(fn: Callable[[], object]) -> float:
