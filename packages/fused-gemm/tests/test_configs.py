@@ -40,7 +40,7 @@ def _tma(m, n, batch=1, halves=False):
 def _portable(m, n, element_size=2):
     configs = portable_configs(interpreting=False)
     smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size)  # noqa: E731
-    return _tiles(_prune(for_rows(configs, m), m, n, 1, smem, H100, _portable_large_candidate))
+    return _tiles(_prune(for_rows(configs, m, element_size), m, n, 1, smem, H100, _portable_large_candidate))
 
 
 COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (256, 128, 64, 8, 3, 1)}
@@ -89,6 +89,7 @@ def test_skinny_problems_get_only_the_skinny_tiles():
         assert tiles and all(tile[0] == 16 and tile[2] >= 128 for tile in tiles), (m, n, tiles)
     assert _portable(1, 16) == {(16, 16, 256, 4, 4, 1), (16, 16, 512, 4, 4, 1)}  # none wider than the output
     assert all(tile[0] > 16 for tile in _portable(17, 2048))
+    assert all(tile[0] > 16 for tile in _portable(1, 2048, element_size=4))  # fp32 keeps its 32-deep steps
 
 
 def test_fp32_drops_what_does_not_fit():

@@ -133,6 +133,8 @@ def test_pruning_keeps_what_fits_and_suits_the_problem():
     assert _kwargs(configs.prune_forward(dual, {"x_ptr": x16, "M": 1, "N": 16})) == _kwargs([dual[4]])
     decode = configs.prune_forward(dual, {"x_ptr": x16, "M": 1, "N": 5632})
     assert _kwargs(decode) == _kwargs(dual[4:8])
+    fp32_decode = configs.prune_forward(dual, {"x_ptr": x32, "M": 1, "N": 5632})  # fp32 keeps the others
+    assert fp32_decode and all(c.kwargs["BLOCK_M"] > 16 for c in fp32_decode)
     tma = configs.forward_tma_configs(interpreting=False)
     two_per_sm = [c for c in tma if c.kwargs["PROGRAMS_PER_SM"] == 2]
     kept = configs.prune_forward(tma, {"x_ptr": x16, "M": 16384, "N": 5632})

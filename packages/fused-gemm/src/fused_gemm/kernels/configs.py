@@ -134,15 +134,16 @@ def skinny_configs() -> List[triton.Config]:
     ]
 
 
-def skinny_problem(m: int) -> bool:
-    """A product the skinny tiles serve (and only they do)."""
-    return m <= SKINNY_ROWS
+def skinny_problem(m: int, element_size: int) -> bool:
+    """A product the skinny tiles serve (and only they do): 16-bit operands. fp32 keeps the other
+    tiles, whose 32-deep K steps its two-level sum was sized for (kernels.matmul)."""
+    return m <= SKINNY_ROWS and element_size == 2
 
 
-def for_rows(configs: List[triton.Config], m: int) -> List[triton.Config]:
+def for_rows(configs: List[triton.Config], m: int, element_size: int) -> List[triton.Config]:
     """The skinny tiles for a skinny problem, the others for the rest (the whole list where it has
     none of that kind: a test's pinned config)."""
-    skinny = skinny_problem(m)
+    skinny = skinny_problem(m, element_size)
     return [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny] or configs
 
 
@@ -291,7 +292,7 @@ def portable_candidates(configs, m: int, n: int, element_size: int, device) -> L
     (the batch is not counted: it is in the grid, not an argument of the kernel): the skinny tiles
     for a skinny problem, the others for the rest."""
     return _prune(
-        for_rows(configs, m), m, n, 1,
+        for_rows(configs, m, element_size), m, n, 1,
         lambda c: _portable_smem(c.kwargs, c.num_stages, element_size), max_shared_memory(device),
         _portable_large_candidate,
     )  # fmt: skip

@@ -446,7 +446,7 @@ def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype,
         if path == "ws":
             raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
     # Small products, and skinny ones (bound by the weight's bytes), go to the portable kernel.
-    small = (batch * m * n * k < SMALL_MACS and k <= SMALL_K) or skinny_problem(m)
+    small = (batch * m * n * k < SMALL_MACS and k <= SMALL_K) or skinny_problem(m, dtype.itemsize)
     if path == "tma" or (path is None and not INTERPRETING and not small):
         tma_args = (a_shape, a_stride, b_shape, b_stride)
         if ab_aligned and bias_stride is None and not activation and not has_z:  # a plain product may split K

@@ -151,9 +151,10 @@ def forward_configs(interpreting: bool = INTERPRETING):
     return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), rows)
 
 
-def skinny_problem(m: int) -> bool:
-    """A forward the skinny tiles serve (and only they do)."""
-    return m <= SKINNY_ROWS
+def skinny_problem(m: int, element_size: int) -> bool:
+    """A forward the skinny tiles serve (and only they do): 16-bit operands (fp32's two-level sum
+    in kernels.matmul was sized for the other tiles' K steps)."""
+    return m <= SKINNY_ROWS and element_size == 2
 
 
 def forward_tma_configs(interpreting: bool = INTERPRETING):
@@ -257,7 +258,7 @@ def prune_forward(configs, named_args, **kwargs):
     size = _element_size(named_args, "x_ptr", "x_desc")
     m = named_args["M"]
     # The skinny tiles for a skinny problem, the others for the rest (all where a pinned list has none).
-    configs = [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny_problem(m)] or configs
+    configs = [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny_problem(m, size)] or configs
     return _prune(configs, m, named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, size)
 
 

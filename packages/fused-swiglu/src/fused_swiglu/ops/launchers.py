@@ -168,7 +168,8 @@ def _forward_plan(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, s
                   device) -> KernelChoice:  # fmt: skip
     key = (M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, device)
     # A skinny forward streams the weights through the pointer kernel's 16-row tiles.
-    tma = forward_tma_suits(dtype, N, x_strides, wg_strides, wu_strides, device) and not skinny_problem(M)
+    skinny = skinny_problem(M, dtype.itemsize)
+    tma = forward_tma_suits(dtype, N, x_strides, wg_strides, wu_strides, device) and not skinny
     return KernelChoice(_forward_launch(*key, False), _forward_launch(*key, True) if tma else None)
 
 
