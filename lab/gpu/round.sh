@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
-# Stages: any of tests gpu host norms model model410 decode hf (default: tests host norms model).
+# Stages: any of tests gpu host norms model model410 decode generate decode_step hf (default: tests host
+# norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -31,6 +32,11 @@ for stage in ${@:-tests host norms model}; do
     norms) timeout "${T_NORMS:-100}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_norms.py \
              -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
     decode) timeout "${T_DECODE:-60}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
+    # The generation rows with their anchors (the 1.4B first), then where the batch-1 step goes.
+    generate) timeout "${T_GENERATE:-420}" python3 -m tritonformer.bench --generate --presets llama-1.4B llama-410M \
+                llama-160M --providers tritonformer+graph torch.compile hf-llama --out-dir "$OUT/gen" 2>&1 | grep "^|" ;;
+    decode_step) DECODE_LAB_MODELS=ours,compiled timeout "${T_DECODE_STEP:-200}" python3 lab/gpu/decode_lab.py step \
+                   attention_small 2>&1 | grep "^|\|###" | tee "$OUT/decode_step.md" ;;
     model410) timeout "${T_MODEL:-150}" python3 -m tritonformer.bench --providers tritonformer tritonformer+graph \
              --config 410M:2048:8 --out-dir "$OUT/model" 2>&1 | tail -6 ;;
     model) timeout "${T_MODEL:-200}" python3 -m tritonformer.bench --providers tritonformer tritonformer+graph torch.compile \
