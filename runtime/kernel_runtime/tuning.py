@@ -173,3 +173,22 @@ class TunedKernel:
     def __len__(self) -> int:
         """Plans tuned over the current config list."""
         return len(self.entries())
+
+
+# Products of at most SKINNY_ROWS rows (a decode step's tokens) read each weight element for a few
+# multiply-adds: the weights' bytes bound them, not the tensor cores. Kernels give them tiles of
+# their own, SKINNY_ROWS tall, and time only those there.
+SKINNY_ROWS = 16
+
+
+def skinny_problem(rows: int, element_size: int) -> bool:
+    """A product those tiles serve: at most SKINNY_ROWS rows of 16-bit operands (fp32 keeps the
+    other tiles, whose K steps the kernels' two-level fp32 sums were sized for)."""
+    return rows <= SKINNY_ROWS and element_size == 2
+
+
+def configs_for_rows(configs: Sequence[triton.Config], rows: int, element_size: int, block: str = "BLOCK_M") -> list:
+    """The skinny tiles (`block` == SKINNY_ROWS) for a skinny problem, the others for the rest; the
+    whole list where it has none of that kind (a test's pinned config)."""
+    skinny = skinny_problem(rows, element_size)
+    return [c for c in configs if (c.kwargs[block] == SKINNY_ROWS) == skinny] or list(configs)

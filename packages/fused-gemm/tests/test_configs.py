@@ -3,6 +3,7 @@
 import pytest
 
 from fused_gemm._runtime.compat import HOPPER_SHARED_MEMORY_PER_BLOCK
+from fused_gemm._runtime.tuning import configs_for_rows
 from fused_gemm.kernels.configs import (
     GRAD_TILE,
     _portable_large_candidate,
@@ -10,7 +11,6 @@ from fused_gemm.kernels.configs import (
     _prune,
     _tma_large_candidate,
     _tma_smem,
-    for_rows,
     grad_rows,
     grad_tile,
     interpreter_config,
@@ -40,7 +40,7 @@ def _tma(m, n, batch=1, halves=False):
 def _portable(m, n, element_size=2):
     configs = portable_configs(interpreting=False)
     smem = lambda c: _portable_smem(c.kwargs, c.num_stages, element_size)  # noqa: E731
-    return _tiles(_prune(for_rows(configs, m, element_size), m, n, 1, smem, H100, _portable_large_candidate))
+    return _tiles(_prune(configs_for_rows(configs, m, element_size), m, n, 1, smem, H100, _portable_large_candidate))
 
 
 COOPERATIVE = {(128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (256, 128, 64, 8, 3, 1)}

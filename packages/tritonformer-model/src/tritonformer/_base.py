@@ -222,7 +222,7 @@ class CausalLM(nn.Module):
 
     def release_decode_graph(self) -> None:
         """Free the decode graph and KV cache that generate(cuda_graph=True) keeps for the next call."""
-        generation.release_graphs(self)
+        generation.release_decode_graph(self)
 
     def forward_cached(self, idx: torch.Tensor, cache) -> torch.Tensor:
         """Final hidden states (B, S, d) of idx through the KV cache (generation.KVCache): a

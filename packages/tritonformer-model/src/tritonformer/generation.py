@@ -217,7 +217,7 @@ class DecodeGraph:
     in static buffers; the cache's buffers and lengths are the ones the graph reads and writes.
     A prefill between steps (when a row's cache is full) writes the same buffers, so the graph
     stays valid for the whole generate call, and for later calls of the same shapes on the same
-    parameters (see _reusable_graph)."""
+    parameters (see _take_kept_graph)."""
 
     WARMUP = 2  # eager steps before the capture: every kernel compiled and tuned outside it
 
@@ -246,13 +246,15 @@ class DecodeGraph:
 
 
 class _GraphEntry:
-    """A model's last decode graph, the cache it reads and writes, and what they were made for."""
+    """A model's last decode graph, the cache it reads and writes, and what they were made for;
+    made locked by the generate call that captured it (a lock is held by the call replaying it)."""
 
     __slots__ = ("key", "cache", "graph", "lock")
 
     def __init__(self, key: tuple, cache: KVCache, graph: DecodeGraph):
         self.key, self.cache, self.graph = key, cache, graph
-        self.lock = threading.Lock()  # held by the generate call replaying it
+        self.lock = threading.Lock()
+        self.lock.acquire()
 
 
 # Each model's last decode graph (a weak key: the entry goes with the model, and the model itself
@@ -268,9 +270,30 @@ def _graph_key(model: nn.Module, batch: int, capacity: int, token_dtype: torch.d
     return batch, capacity, token_dtype, device, autocast_state(device.type), tensors
 
 
-def release_graphs(model: nn.Module) -> None:
+def release_decode_graph(model: nn.Module) -> None:
     """Free the decode graph and KV cache that generate(cuda_graph=True) keeps for `model`."""
     _GRAPHS.pop(model, None)
+
+
+def _take_kept_graph(model: nn.Module, key: tuple) -> Optional[_GraphEntry]:
+    """The model's kept decode graph for `key`, locked for this call; None where it has none for
+    `key` (one for other shapes or parameters is dropped first, freeing its cache before this call
+    makes its own) or another thread is replaying it."""
+    entry = _GRAPHS.get(model)
+    if entry is None:
+        return None
+    if entry.key != key:
+        if not entry.lock.locked():
+            release_decode_graph(model)
+        return None
+    return entry if entry.lock.acquire(blocking=False) else None
+
+
+def _keep_graph(model: nn.Module, entry: _GraphEntry) -> None:
+    """Keep `entry` for the model's next call, unless the one kept now is being replayed."""
+    kept = _GRAPHS.get(model)
+    if kept is None or not kept.lock.locked():
+        _GRAPHS[model] = entry
 
 
 @torch.no_grad()
@@ -311,14 +334,8 @@ def generate(
     was_training = model.training
     model.eval()
     graphed = cuda_graph and max_new_tokens > 1 and longest < capacity
-    entry = None
-    if graphed:
-        key = _graph_key(model, batch, capacity, idx.dtype, device)
-        entry = _GRAPHS.get(model)
-        if entry is not None and entry.key != key and not entry.lock.locked():
-            release_graphs(model)  # other shapes or parameters: its cache freed before this call's is made
-        if entry is not None and (entry.key != key or not entry.lock.acquire(blocking=False)):
-            entry = None  # or in use by another thread: a graph of this call's own
+    key = _graph_key(model, batch, capacity, idx.dtype, device) if graphed else None
+    entry = _take_kept_graph(model, key) if graphed else None
     try:
         cache = entry.cache if entry is not None else KVCache(model.config.n_layer, batch, capacity, device)
         if entry is None:
@@ -329,9 +346,7 @@ def generate(
         if graphed:
             if entry is None:
                 entry = _GraphEntry(key, cache, DecodeGraph(model, cache, batch, idx.dtype, device))
-                entry.lock.acquire()
-                if _GRAPHS.get(model) is None or not _GRAPHS[model].lock.locked():
-                    _GRAPHS[model] = entry  # kept for the next call of the same shapes (one per model)
+                _keep_graph(model, entry)
             decode = entry.graph
         steps = 0
         for steps in range(1, max_new_tokens + 1):

@@ -26,6 +26,7 @@ from typing import Dict, List
 import triton
 
 from .._runtime.compat import INTERPRETING, max_shared_memory
+from .._runtime.tuning import SKINNY_ROWS, configs_for_rows
 
 # Autotune keys: the problem size and every constexpr that changes the work per tile.
 PORTABLE_KEY = ["M", "N", "K", "HAS_BIAS", "ACTIVATION", "STORE_Z", "ALLOW_TF32"]
@@ -115,14 +116,11 @@ def portable_configs(interpreting: bool = INTERPRETING) -> List[triton.Config]:
     ]
 
 
-# Products of at most SKINNY_ROWS rows (a decode step's tokens) read each weight element once for
-# a few multiply-adds: they are bound by the weight's bytes. Their tiles are SKINNY_ROWS tall, narrow
-# (so that even a 2048-wide output spreads over every SM) and deep in K (each stage streams 8-32 KB
-# of the weight, three to five in flight per program). Measured at the 1.4B model's decode (H100, one row):
+# Products of at most SKINNY_ROWS rows of 16-bit operands (_runtime.tuning.skinny_problem: a decode
+# step's tokens) are bound by the weight's bytes. Their tiles are SKINNY_ROWS tall, narrow (so that
+# even a 2048-wide output spreads over every SM) and deep in K (each stage streams 8-32 KB of the
+# weight, three to five in flight per program). Measured at the 1.4B model's decode (H100, one row):
 # the 32x64x32 tile these problems had before read its weights at 0.65-1.8 TB/s, cuBLAS 1.6-3.0.
-SKINNY_ROWS = 16
-
-
 def skinny_configs() -> List[triton.Config]:
     return [
         _config(SKINNY_ROWS, 16, 256, 4, 4),
@@ -132,19 +130,6 @@ def skinny_configs() -> List[triton.Config]:
         _config(SKINNY_ROWS, 32, 128, 4, 5),
         _config(SKINNY_ROWS, 64, 128, 4, 4),
     ]
-
-
-def skinny_problem(m: int, element_size: int) -> bool:
-    """A product the skinny tiles serve (and only they do): 16-bit operands. fp32 keeps the other
-    tiles, whose 32-deep K steps its two-level sum was sized for (kernels.matmul)."""
-    return m <= SKINNY_ROWS and element_size == 2
-
-
-def for_rows(configs: List[triton.Config], m: int, element_size: int) -> List[triton.Config]:
-    """The skinny tiles for a skinny problem, the others for the rest (the whole list where it has
-    none of that kind: a test's pinned config)."""
-    skinny = skinny_problem(m, element_size)
-    return [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny] or configs
 
 
 def splits_epilogue(meta: Dict, activation, store_z, fp32_out=False) -> bool:
@@ -292,7 +277,7 @@ def portable_candidates(configs, m: int, n: int, element_size: int, device) -> L
     (the batch is not counted: it is in the grid, not an argument of the kernel): the skinny tiles
     for a skinny problem, the others for the rest."""
     return _prune(
-        for_rows(configs, m, element_size), m, n, 1,
+        configs_for_rows(configs, m, element_size), m, n, 1,
         lambda c: _portable_smem(c.kwargs, c.num_stages, element_size), max_shared_memory(device),
         _portable_large_candidate,
     )  # fmt: skip

@@ -14,7 +14,7 @@ launcher picks the kernel:
   (row-major, or the transpose of row-major);
 - the portable kernel (kernels.matmul) otherwise: any GPU, any Triton, any strides, fp32; small
   products, which it runs as fast and launches with less host time (SMALL_MACS); products of at
-  most configs.SKINNY_ROWS rows (decode steps), with tiles that stream the weight; and under the
+  most SKINNY_ROWS rows of 16-bit operands (decode steps), with tiles that stream the weight; and under the
   interpreter (tests force the emulated TMA kernel with path="tma"), with a tile that
   follows the problem's size (configs.interpreter_config).
 
@@ -49,12 +49,12 @@ from .._runtime.compat import (
     tensor_descriptor,
 )
 from .._runtime.launch import Launch, launch_options
+from .._runtime.tuning import skinny_problem
 from ..kernels.configs import (
     grad_rows,
     grad_tile,
     interpreter_config,
     portable_candidates,
-    skinny_problem,
     split_k,
     splits_epilogue,
     tma_block_shapes,

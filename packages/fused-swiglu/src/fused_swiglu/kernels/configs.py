@@ -20,6 +20,7 @@ anything without a GPU); tests pin the other epilogue variant explicitly.
 import triton
 
 from .._compat import INTERPRETING
+from .._runtime.tuning import SKINNY_ROWS, configs_for_rows
 
 # Shared memory one block may use on an H100 (the opt-in maximum); a config that still does not
 # fit elsewhere (A100: 163 KB) fails to launch and the autotuner skips it.
@@ -64,17 +65,17 @@ _DUAL_ROWS = [
     (64, 128, 64, 8, 4, 4),  # 160 KB: small M (few rows)
     (64, 64, 32, 8, 4, 3),  # 36 KB: anything, fp32 included
 ]
-# The forward of at most SKINNY_ROWS rows (a decode step's tokens) is bound by the weights' bytes:
-# 16-row tiles, narrow (an intermediate of 5632 spreads over every SM) and deep in K, so that each
-# stage streams 8-16 KB of the two weights. The pointer kernel only (the TMA kernel's wgmma tiles are
-# 64 rows tall). Before them, a 1.4B model's decode step read its gate and up weights at 1.5 TB/s (H100).
-SKINNY_ROWS = 16
+# The forward of at most SKINNY_ROWS (16) rows of 16-bit operands (_runtime.tuning.skinny_problem:
+# a decode step's tokens) is bound by the weights' bytes: 16-row tiles, narrow (an intermediate of
+# 5632 spreads over every SM) and deep in K, so that each stage streams 8-16 KB of the two weights.
+# The pointer kernel only (the TMA kernel's wgmma tiles are 64 rows tall). Before them, a 1.4B
+# model's decode step read its gate and up weights at 1.5 TB/s (H100).
 _SKINNY_FORWARD_ROWS = [
-    # M,  N,   K, group, warps, stages   smem (16-bit)
-    (16, 16, 256, 8, 4, 4),  # 96 KB
-    (16, 32, 128, 8, 4, 4),  # 80 KB
-    (16, 32, 256, 8, 4, 3),  # 120 KB
-    (16, 64, 128, 8, 4, 3),  # 108 KB
+    # M,          N,   K, group, warps, stages   smem (16-bit)
+    (SKINNY_ROWS, 16, 256, 8, 4, 4),  # 96 KB
+    (SKINNY_ROWS, 32, 128, 8, 4, 4),  # 80 KB
+    (SKINNY_ROWS, 32, 256, 8, 4, 3),  # 120 KB
+    (SKINNY_ROWS, 64, 128, 8, 4, 3),  # 108 KB
 ]
 # The persistent TMA forward (Hopper): PROGRAMS_PER_SM programs per SM walk the tiles; with two,
 # one program's epilogue runs beside the other's main loop. The epilogue's TMA stores stage one
@@ -149,12 +150,6 @@ def forward_configs(interpreting: bool = INTERPRETING):
     # The skinny rows before the last, the smallest, which the GPU tests pin.
     rows = _INTERPRETER_ROW if interpreting else _DUAL_ROWS[:-1] + _SKINNY_FORWARD_ROWS + _DUAL_ROWS[-1:]
     return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), rows)
-
-
-def skinny_problem(m: int, element_size: int) -> bool:
-    """A forward the skinny tiles serve (and only they do): 16-bit operands (fp32's two-level sum
-    in kernels.matmul was sized for the other tiles' K steps)."""
-    return m <= SKINNY_ROWS and element_size == 2
 
 
 def forward_tma_configs(interpreting: bool = INTERPRETING):
@@ -257,9 +252,7 @@ def _prune(configs, size_p, size_q, p, q, r, b_tiles, element_size):
 def prune_forward(configs, named_args, **kwargs):
     size = _element_size(named_args, "x_ptr", "x_desc")
     m = named_args["M"]
-    # The skinny tiles for a skinny problem, the others for the rest (all where a pinned list has none).
-    configs = [c for c in configs if (c.kwargs["BLOCK_M"] == SKINNY_ROWS) == skinny_problem(m, size)] or configs
-    return _prune(configs, m, named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, size)
+    return _prune(configs_for_rows(configs, m, size), m, named_args["N"], "BLOCK_M", "BLOCK_N", "BLOCK_K", 2, size)
 
 
 def prune_weight_grad(configs, named_args, **kwargs):

@@ -23,7 +23,7 @@ import triton
 from .._compat import HOPPER_TMA, INTERPRETING, is_hopper, multiprocessor_count
 from .._runtime.launch import Launch
 from .._runtime.registration import custom_op
-from .._runtime.tuning import TunedKernel, TunedPlan
+from .._runtime.tuning import TunedKernel, TunedPlan, skinny_problem
 from ..kernels.backward import (
     _mlp_down_grad_kernel,
     _mlp_down_grad_tma_kernel,
@@ -34,7 +34,7 @@ from ..kernels.backward import (
     _swiglu_weight_grad_tma_kernel,
     _weight_grad_reduce_kernel,
 )
-from ..kernels.configs import skinny_problem, weight_grad_split
+from ..kernels.configs import weight_grad_split
 from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 Tensor = torch.Tensor
