@@ -23,23 +23,14 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
+from tritonformer_testkit.bench import graph_replay
 
 CALLS = 20
 
 
 def graph_us(fn, calls: int = CALLS) -> float:
     """Microseconds per fn call: `calls` calls captured into one CUDA graph, replay median."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3 / calls
+    return triton.testing.do_bench(graph_replay(fn, calls), warmup=10, rep=60, return_mode="median") * 1e3 / calls
 
 
 def decode_problem(length: int, heads: int, kv_heads: int, head_dim: int = 128):

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tritonformer_testkit import triton_version
-from tritonformer_testkit.bench import OURS, measure
+from tritonformer_testkit.bench import OURS, graph_replay, measure
 
 from fused_norm_xent import add_dropout_norm, layer_norm, rms_norm
 
@@ -28,20 +28,6 @@ SHAPES = [HEADLINE, (4096, 8192), (65536, 1024)]
 # "tritonformer+graph": our same call replayed from a CUDA graph (no host path), beside the eager one.
 GRAPHED = OURS + "+graph"
 PROVIDERS = [OURS, GRAPHED, "torch", "torch.compile", "liger"]
-
-
-def _graphed(fn):
-    """fn captured once in a CUDA graph (after warm-up on a side stream); returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _liger(kind: str, n_cols: int, requires_grad: bool):
@@ -100,7 +86,7 @@ def test_norm(benchmark, kind, shape, provider, mode):
         wrt = [t for t in (x, w, b) if t is not None]
         call = lambda: torch.autograd.grad(fn(x, w, b), wrt, dy)  # noqa: E731
     if provider == GRAPHED:
-        call = _graphed(call)
+        call = graph_replay(call)
     with torch.no_grad() if mode == "fwd" else contextlib.nullcontext():
         measure(benchmark, group=group, shape=f"{rows}x{cols}", provider=provider, fn=call,
                 bytes=(2 if mode == "fwd" else 5) * elements)  # fmt: skip

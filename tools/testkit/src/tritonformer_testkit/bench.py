@@ -54,6 +54,22 @@ def median_ms(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) 
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_replay(fn: Callable[[], object], calls: int = 1) -> Callable[[], None]:
+    """`calls` calls of fn captured once in a CUDA graph (after warm-up on a side stream); returns
+    the graph's replay: the kernels' time without the host path."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
 def peak_extra_mib(fn: Callable[[], object]) -> float:
     """Memory fn allocates beyond what is already held, at its peak, in MiB."""
     torch.cuda.synchronize()
