@@ -33,13 +33,13 @@ def graph_us(fn, calls: int = CALLS) -> float:
     return triton.testing.do_bench(graph_replay(fn, calls), warmup=10, rep=60, return_mode="median") * 1e3 / calls
 
 
-def decode_problem(length: int, heads: int, kv_heads: int, head_dim: int = 128):
-    """(q, k_cache, v_cache, seqlens, sdpa): one query token per head at batch 1 against a full
+def decode_problem(length: int, heads: int, kv_heads: int, head_dim: int = 128, batch: int = 1):
+    """(q, k_cache, v_cache, seqlens, sdpa): one query token per head and row against a full
     bf16 cache of `length`, and SDPA over the same cache (GQA heads shared without copies)."""
-    k_cache = torch.randn(1, length, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(batch, length, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
-    q = torch.randn(1, 1, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    seqlens = torch.full((1,), length, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, 1, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     sdpa = functools.partial(
         F.scaled_dot_product_attention, q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
         enable_gqa=heads != kv_heads,
@@ -180,17 +180,26 @@ def compiled_decode(twin):
 
 
 def attention_small() -> None:
-    """The 1.4B model's decode attention (16 heads, no GQA, D 128) at short caches, by split count."""
+    """Decode attention at short caches by split count: the 1.4B model's heads (16, no GQA) and
+    32 query over 8 KV heads, D 128, batch 1 and 4."""
     from fused_attention import flash_attention_with_kvcache
 
-    print("| cache | splits | ours us | SDPA us |")
-    print("|---:|---:|---:|---:|")
-    for length in (512, 768, 1024, 2048):
-        q, k_cache, v_cache, seqlens, sdpa = decode_problem(length, 16, 16)
-        sdpa_us = graph_us(sdpa)
-        for splits in (0, 1, 2, 4, 8):
-            fn = functools.partial(flash_attention_with_kvcache, q, k_cache, v_cache, seqlens, num_splits=splits)
-            print(f"| {length} | {splits or 'auto'} | {graph_us(fn):.1f} | {sdpa_us:.1f} |", flush=True)
+    print("| heads | batch | cache | " + " | ".join(f"{s or 'auto'} splits us" for s in SMALL_SPLITS) + " | SDPA us |")
+    print("|---|---:|---:|" + "---:|" * (len(SMALL_SPLITS) + 1))
+    for heads, kv_heads in ((16, 16), (32, 8)):
+        for batch in (1, 4):
+            for length in (256, 512, 768, 1024, 2048, 4096):
+                q, k_cache, v_cache, seqlens, sdpa = decode_problem(length, heads, kv_heads, batch=batch)
+                cells = []
+                for splits in SMALL_SPLITS:
+                    fn = functools.partial(flash_attention_with_kvcache, q, k_cache, v_cache, seqlens,
+                                           num_splits=splits)  # fmt: skip
+                    cells.append(f"{graph_us(fn):.1f}")
+                row = f"| {heads}/{kv_heads} | {batch} | {length} | " + " | ".join(cells)
+                print(row + f" | {graph_us(sdpa):.1f} |", flush=True)
+
+
+SMALL_SPLITS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 
 
 if __name__ == "__main__":
