@@ -20,9 +20,9 @@ from fused_attention.ops.decode import (
     choose_splits,
     flash_attention_with_kvcache,
 )
-from fused_attention.reference_decode import attention_with_kvcache_reference
+from fused_attention.reference_decode import attention_with_kvcache_reference, rotary_reference
 
-BF16, FP16 = torch.bfloat16, torch.float16
+BF16, FP16, F32 = torch.bfloat16, torch.float16, torch.float32
 
 
 def make_inputs(batch, seqlen_q, n_heads, n_kv_heads, head_dim, capacity, lengths, new, dtype, device):
@@ -53,21 +53,49 @@ def twin_out(attn, q, k_after, v_after, cache_seqlens, added, causal=True, alibi
     return torch.cat(outs)
 
 
+def rope_tables(positions: int, rotary_dim: int, dtype=torch.float32, device="cpu"):
+    """cos, sin (positions, rotary_dim) of the rotate-half angles pos * 10000^(-2j / rotary_dim)."""
+    inv_freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq).repeat(1, 2)
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+def assert_within_one_rounding(ours: torch.Tensor, expected: torch.Tensor, scale: float) -> None:
+    """ours within one unit in the last place of expected (an fp64 result rounded once), plus the
+    fp32 arithmetic's own error (2^-22 of the operands' `scale`): what 'computed in fp32 and
+    rounded once' allows."""
+    ulp = (torch.nextafter(expected.abs(), torch.tensor(float("inf"), dtype=expected.dtype)) - expected.abs()).float()
+    error = (ours.float() - expected.float()).abs()
+    assert bool((error <= ulp + scale * 2**-22).all()), f"max error {error.max().item():.3g}"
+
+
 def check_decode(attn, q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, **options) -> torch.Tensor:
     """Run the kernel on copies of the caches (every allocation poisoned) and check the output
-    under the tolerance rule and the caches exactly: k_new/v_new at their positions, the rest kept."""
+    under the tolerance rule and the caches: k_new/v_new at their positions (rotated keys within
+    one rounding, everything else exactly), the rest kept."""
+    reference_options = {name: value for name, value in options.items() if name != "num_splits"}
     expected, _, k_after, v_after = attention_with_kvcache_reference(
-        q, k_cache, v_cache, cache_seqlens, k_new, v_new,
-        **{name: value for name, value in options.items() if name != "num_splits"},
-    )  # fmt: skip
+        q, k_cache, v_cache, cache_seqlens, k_new, v_new, **reference_options
+    )
     ours_k, ours_v = k_cache.clone(), v_cache.clone()
     with poisoned_allocations():
         out = flash_attention_with_kvcache(q, ours_k, ours_v, cache_seqlens, k_new, v_new, **options)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
-    assert torch.equal(ours_k, k_after) and torch.equal(ours_v, v_after), "the caches after the append"
+    rotary_cos, rotary_sin = reference_options.pop("rotary_cos", None), reference_options.pop("rotary_sin", None)
+    if rotary_cos is None:
+        assert torch.equal(ours_k, k_after), "the key cache after the append"
+    else:
+        new_rows = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device=k_cache.device)
+        for b, length in enumerate(cache_seqlens.tolist()):
+            new_rows[b, length : length + q.shape[1]] = True
+        assert torch.equal(ours_k[~new_rows], k_after[~new_rows]), "the key cache outside the appended rows"
+        assert_within_one_rounding(ours_k[new_rows], k_after[new_rows], k_new.abs().max().item())
+        positions = cache_seqlens.long()[:, None] + torch.arange(q.shape[1], device=q.device)
+        q = rotary_reference(q, positions, rotary_cos, rotary_sin)
+        k_after = ours_k  # the twin attends to the keys the kernel rotated
+    assert torch.equal(ours_v, v_after), "the value cache after the append"
     added = 0 if k_new is None else q.shape[1]
-    twin_options = {name: value for name, value in options.items() if name != "num_splits"}
-    twin = twin_out(attn, q, k_after, v_after, cache_seqlens, added, **twin_options)
+    twin = twin_out(attn, q, k_after, v_after, cache_seqlens, added, **reference_options)
     assert_close_to_reference(out, expected, twin, name="out")
     return out
 
@@ -88,6 +116,11 @@ CASES = {
                              {"causal": False, "window_size": (7, 1), "num_splits": 2}, BF16),
     "rows-over-one-block": (1, 3, 32, 1, 16, 40, [20], True, {"softmax_scale": 0.3}, BF16),
     "d256-group16-row-blocks": (1, 3, 32, 2, 256, 70, [45], True, {}, BF16),
+    "rotary-gqa4-full": (3, 1, 8, 2, 64, 150, [37, 1, 149], True, {"rotary": (64, torch.float32)}, BF16),
+    "rotary-partial-sq3-splits": (2, 3, 4, 2, 32, 80, [0, 61], True,
+                                  {"rotary": (16, torch.float32), "num_splits": 3}, FP16),
+    "rotary-d80-bf16-tables-window": (2, 2, 4, 4, 80, 64, [5, 62], True,
+                                      {"rotary": (80, BF16), "window_size": (9, 0)}, BF16),
 }
 # fmt: on
 
@@ -102,6 +135,9 @@ def test_against_the_reference(case, attn, device):
         options["alibi_slopes"] = alibi_slopes(n_heads, device=device)
     elif kind == "rows":  # small slopes: keys at the window's far edge still weigh
         options["alibi_slopes"] = 0.1 * torch.rand(batch, n_heads, device=device) + 0.01
+    if "rotary" in options:  # tables with a few positions past the cache
+        rotary_dim, table_dtype = options.pop("rotary")
+        options["rotary_cos"], options["rotary_sin"] = rope_tables(capacity + 5, rotary_dim, table_dtype, device)
     inputs = make_inputs(batch, seqlen_q, n_heads, n_kv_heads, head_dim, capacity, lengths, new, dtype, device)
     check_decode(attn, *inputs, **options)
 
@@ -210,13 +246,18 @@ def test_a_single_sequence_is_split_to_fill_the_gpu():
 
 
 def test_splits_never_outnumber_the_cache_blocks():
-    assert choose_splits(programs=1, capacity=100, block_n=64, sm_count=132) == 2
+    assert choose_splits(programs=1, capacity=1000, block_n=64, sm_count=132) == 16  # one block each
     assert choose_splits(programs=1, capacity=0, block_n=64, sm_count=132) == 1
     assert choose_splits(programs=1, capacity=10**6, block_n=64, sm_count=132) <= MAX_SPLITS
 
 
+def test_short_caches_are_not_split_where_the_combine_costs_more():
+    assert choose_splits(programs=1, capacity=100, block_n=64, sm_count=132) == 1  # two blocks
+    assert choose_splits(programs=16, capacity=768, block_n=64, sm_count=132) == 6  # 2 blocks each, one wave
+
+
 def test_block_sizes_pack_the_query_group():
-    spec = DecodeSpec(1, 1, 32, 4, 128, 4096, 0.1, -1, 0, False, True, 0)
+    spec = DecodeSpec(1, 1, 32, 4, 128, 4096, 0.1, -1, 0, False, True, 0, 0)
     assert block_sizes(spec) == (16, 64)  # 8 query heads padded to 16 rows
     assert block_sizes(spec._replace(seqlen_q=12)) == (64, 64)  # 96 rows in two blocks
     assert block_sizes(spec._replace(head_dim=256)) == (16, 32)
@@ -292,11 +333,31 @@ def test_bad_arguments_are_named(changes, error, message):
         (dict(softmax_scale=0.0), ValueError, r"^softmax_scale must be positive and finite"),
         (dict(num_splits=65), ValueError, r"^num_splits=65 must be <= 64"),
         (dict(num_splits=True), TypeError, r"^num_splits must be an int, got bool"),
+        (dict(rotary_cos=meta(40, 64, dtype=F32)), ValueError, r"^rotary_cos and rotary_sin must be given together, "
+         "got rotary_cos alone"),
+        (dict(rotary_cos=meta(40, 64, dtype=torch.int32), rotary_sin=meta(40, 64, dtype=torch.int32)), TypeError,
+         r"^rotary_cos has dtype torch.int32"),
+        (dict(rotary_cos=meta(1, 40, 64, dtype=F32), rotary_sin=meta(1, 40, 64, dtype=F32)), ValueError,
+         r"^rotary_cos must have 2 dims, \(positions, rotary_dim\)"),
+        (dict(rotary_cos=meta(40, 64, dtype=F32), rotary_sin=meta(40, 32, dtype=F32)), ValueError,
+         r"^rotary_sin must have rotary_cos's shape \(40, 64\), got \(40, 32\)"),
+        (dict(rotary_cos=meta(40, 63, dtype=F32), rotary_sin=meta(40, 63, dtype=F32)), ValueError,
+         r"^rotary_cos has 63 columns; expected an even rotary_dim from 2 to the head dim 64"),
+        (dict(rotary_cos=meta(40, 80, dtype=F32), rotary_sin=meta(40, 80, dtype=F32)), ValueError,
+         r"^rotary_cos has 80 columns"),
+        (dict(rotary_cos=meta(31, 64, dtype=F32), rotary_sin=meta(31, 64, dtype=F32)), ValueError,
+         r"^rotary_cos has 31 positions but the cache has 32 \(k_cache's dim 1\)"),
     ],
-)
+)  # fmt: skip
 def test_bad_options_are_named(options, error, message):
     with pytest.raises(error, match=message):
         flash_attention_with_kvcache(**meta_inputs(), **options)
+
+
+def test_rotary_needs_the_new_keys():
+    tables = dict(rotary_cos=meta(40, 64, dtype=F32), rotary_sin=meta(40, 64, dtype=F32))
+    with pytest.raises(ValueError, match=r"^rotary_cos and rotary_sin rotate the new queries and keys: give k_new"):
+        flash_attention_with_kvcache(**meta_inputs(k_new=None, v_new=None), **tables)
 
 
 def test_the_device_check_comes_last():
@@ -319,7 +380,7 @@ def test_inputs_that_require_grad_are_refused_before_any_launch(device):
 
 
 def _type(name: str, dtype: str) -> str:
-    if name in ("slopes_ptr", "o_part_ptr", "lse_part_ptr"):
+    if name in ("slopes_ptr", "cos_ptr", "sin_ptr", "o_part_ptr", "lse_part_ptr"):
         return "*fp32"
     if name == "cache_seqlens_ptr":
         return "*i32"
@@ -328,28 +389,30 @@ def _type(name: str, dtype: str) -> str:
     return "fp32" if name == "softmax_scale" else "i32"
 
 
-# (head dim, dtype, arch, group, S_q, N_SPLITS, HAS_NEW, HAS_LEFT, HAS_RIGHT, ALIBI)
+# (head dim, dtype, arch, group, S_q, N_SPLITS, HAS_NEW, HAS_LEFT, HAS_RIGHT, ALIBI, ROTARY_DIM)
 SPLIT_KERNELS = [
-    (64, "bf16", 90, 4, 1, 16, True, False, True, False),
-    (64, "fp16", 80, 1, 1, 1, True, False, True, True),
-    (128, "bf16", 80, 8, 1, 8, True, True, True, False),
-    (128, "fp16", 90, 1, 4, 1, False, False, False, False),
-    (80, "bf16", 90, 2, 3, 4, True, True, False, True),
-    (256, "fp16", 90, 8, 1, 32, True, False, True, True),
-    (256, "bf16", 80, 4, 2, 1, True, True, True, False),
+    (64, "bf16", 90, 4, 1, 16, True, False, True, False, 64),
+    (64, "fp16", 80, 1, 1, 1, True, False, True, True, 0),
+    (128, "bf16", 80, 8, 1, 8, True, True, True, False, 128),
+    (128, "fp16", 90, 1, 4, 1, False, False, False, False, 0),
+    (80, "bf16", 90, 2, 3, 4, True, True, False, True, 32),
+    (256, "fp16", 90, 8, 1, 32, True, False, True, True, 0),
+    (256, "bf16", 80, 4, 2, 1, True, True, True, False, 256),
 ]
 
 
 @pytest.mark.aot
 @pytest.mark.parametrize(
-    "head_dim, dtype, arch, group, seqlen_q, n_splits, has_new, has_left, has_right, alibi", SPLIT_KERNELS
+    "head_dim, dtype, arch, group, seqlen_q, n_splits, has_new, has_left, has_right, alibi, rotary_dim", SPLIT_KERNELS
 )
-def test_split_kernel_compiles(head_dim, dtype, arch, group, seqlen_q, n_splits, has_new, has_left, has_right, alibi):
-    spec = DecodeSpec(1, seqlen_q, 8 * group, 8, head_dim, 4096, 0.1, -1, 0, alibi, has_new, n_splits)
+def test_split_kernel_compiles(head_dim, dtype, arch, group, seqlen_q, n_splits, has_new, has_left, has_right, alibi,
+                               rotary_dim):  # fmt: skip
+    spec = DecodeSpec(1, seqlen_q, 8 * group, 8, head_dim, 4096, 0.1, -1, 0, alibi, has_new, rotary_dim, n_splits)
     block_m, block_n = block_sizes(spec)
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
-        N_SPLITS=n_splits, HAS_NEW=has_new, HAS_LEFT=has_left, HAS_RIGHT=has_right, ALIBI=alibi, UPCAST=False,
+        N_SPLITS=n_splits, HAS_NEW=has_new, HAS_LEFT=has_left, HAS_RIGHT=has_right, ALIBI=alibi,
+        ROTARY_DIM=rotary_dim, UPCAST=False,
     )  # fmt: skip
     kernel = _decode_split_kernel
     signature = {name: _type(name, dtype) for name in kernel.arg_names if name not in constexprs}

@@ -21,6 +21,11 @@ cache rows they go to) and written into the cache by its first row block: one la
 and attends. Within a split, the blocks every row sees whole (inside the band and below the
 length) take no mask; the band's edges and the length's tail do.
 
+Rotary embedding (ROTARY_DIM > 0, with new keys): the queries and the new keys are rotated
+rotate-half over their first ROTARY_DIM columns at their positions (query i and new key i at
+cache_len + i), in fp32 and rounded once, as they are loaded; the rotated keys are what the
+cache receives. The tables are read at rows below capacity only.
+
 Memory safety whatever cache_seqlens holds: a length is clamped into [0, capacity - S_new], so no
 program reads or writes outside the cache (the row's output is then that of the clamped length).
 """
@@ -29,6 +34,22 @@ import triton
 import triton.language as tl
 
 from .common import LN2, LOG2E, _dot, _dot_acc, _to_dtype
+
+
+@triton.jit
+def _rotary(x, ptrs, offs_d, pos, rows_mask, cos_ptr, sin_ptr, stride_cos, stride_sin, ROTARY_DIM: tl.constexpr,
+            UPCAST: tl.constexpr):  # fmt: skip
+    """x, the tile loaded from ptrs (rows x offs_d), rotated rotate-half over its first ROTARY_DIM
+    columns at positions pos (rows): x * cos + rotate_half(x) * sin in fp32, rounded once."""
+    HALF: tl.constexpr = ROTARY_DIM // 2
+    partner = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+    mask = rows_mask[:, None] & (offs_d < ROTARY_DIM)[None, :]
+    x_pair = tl.load(ptrs + (partner - offs_d)[None, :], mask=mask, other=0.0).to(tl.float32)
+    pos64 = pos.to(tl.int64)[:, None]
+    cos = tl.load(cos_ptr + pos64 * stride_cos + offs_d[None, :], mask=mask, other=1.0).to(tl.float32)
+    sin = tl.load(sin_ptr + pos64 * stride_sin + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    return _to_dtype(x.to(tl.float32) * cos + sign[None, :] * x_pair * sin, x.dtype, UPCAST)
 
 
 @triton.jit
@@ -65,12 +86,14 @@ def _decode_update(
 @triton.jit
 def _decode_blocks(
     acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, hi, key_offset, key_end, q_pos, qk_scale, slope2,
-    window_left, window_right,
+    window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ROTARY_DIM: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Tensor rows [lo, hi) of k_base/v_base in blocks of BLOCK_N, at key positions row + key_offset;
-    MASKED blocks load and see only keys < key_end inside each query's band."""
+    MASKED blocks load and see only keys < key_end inside each query's band. ROTARY_DIM > 0: the
+    keys are rotated at their positions as they are loaded."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for start in range(lo, hi, BLOCK_N):
@@ -88,6 +111,9 @@ def _decode_blocks(
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
+        if ROTARY_DIM > 0:
+            k = _rotary(k, k_ptrs, offs_d, keys, keys < key_end, cos_ptr, sin_ptr, stride_cos, stride_sin, ROTARY_DIM,
+                        UPCAST)  # fmt: skip
         acc, l_i, m_i = _decode_update(
             acc, l_i, m_i, q, k, v, q_pos, keys, key_end, qk_scale, slope2, window_left, window_right, MASKED,
             HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
@@ -97,24 +123,31 @@ def _decode_blocks(
 
 @triton.jit
 def _append_rows(
-    src_base, dst_base, stride_src, stride_dst, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    src_base, dst_base, stride_src, stride_dst, n_rows, first_pos, cos_ptr, sin_ptr, stride_cos, stride_sin,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROTARY_DIM: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Copy rows [0, n_rows) of one head from src_base to dst_base."""
+    """Copy rows [0, n_rows) of one head from src_base to dst_base; ROTARY_DIM > 0: rotated at
+    positions first_pos + row."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for start in range(0, n_rows, BLOCK_N):
         rows = (start + offs_n).to(tl.int64)
         mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-        tile = tl.load(src_base + rows[:, None] * stride_src + offs_d[None, :], mask=mask)
+        src_ptrs = src_base + rows[:, None] * stride_src + offs_d[None, :]
+        tile = tl.load(src_ptrs, mask=mask)
+        if ROTARY_DIM > 0:
+            tile = _rotary(tile, src_ptrs, offs_d, first_pos + rows, rows < n_rows, cos_ptr, sin_ptr, stride_cos,
+                           stride_sin, ROTARY_DIM, UPCAST)  # fmt: skip
         tl.store(dst_base + rows[:, None] * stride_dst + offs_d[None, :], tile, mask=mask)
 
 
 @triton.jit(do_not_specialize=["n_kv_heads", "seqlen_q", "capacity", "window_left", "window_right"])
 def _decode_split_kernel(
-    # pointers (k_new/v_new unused without HAS_NEW, slopes without ALIBI, the partials with one split)
-    q_ptr, k_cache_ptr, v_cache_ptr, cache_seqlens_ptr, k_new_ptr, v_new_ptr, slopes_ptr, out_ptr, o_part_ptr,
-    lse_part_ptr,
+    # pointers (k_new/v_new unused without HAS_NEW, slopes without ALIBI, the rotary tables without
+    # ROTARY_DIM, the partials with one split)
+    q_ptr, k_cache_ptr, v_cache_ptr, cache_seqlens_ptr, k_new_ptr, v_new_ptr, slopes_ptr, cos_ptr, sin_ptr, out_ptr,
+    o_part_ptr, lse_part_ptr,
     # strides (batch, position, head); the head dim has unit stride
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -123,12 +156,13 @@ def _decode_split_kernel(
     stride_vnb, stride_vns, stride_vnh,
     stride_ob, stride_os, stride_oh,
     stride_slope_b, stride_slope_h,
+    stride_cos, stride_sin,
     # sizes and options
     n_heads, n_kv_heads, seqlen_q, capacity, softmax_scale, window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, N_SPLITS: tl.constexpr, HAS_NEW: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ROTARY_DIM: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     split = tl.program_id(0)
     batch_kv = tl.program_id(1)
@@ -183,6 +217,8 @@ def _decode_split_kernel(
         + offs_d[None, :]
     )  # fmt: skip
     q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    if ROTARY_DIM > 0:
+        q = _rotary(q, q_ptrs, offs_d, q_pos, row_valid, cos_ptr, sin_ptr, stride_cos, stride_sin, ROTARY_DIM, UPCAST)
     qk_scale = softmax_scale * LOG2E
     if ALIBI:
         slopes = tl.load(slopes_ptr + batch64 * stride_slope_b + head * stride_slope_h, mask=row_valid, other=0.0)
@@ -197,15 +233,18 @@ def _decode_split_kernel(
     v_base = v_cache_ptr + batch64 * stride_vb + kv_head.to(tl.int64) * stride_vh
     acc, l_i, m_i = _decode_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start, full_start, 0, hi_cache, q_pos, qk_scale,
-        slope2, window_left, window_right, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+        slope2, window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+        HAS_LEFT, HAS_RIGHT, ALIBI, 0, UPCAST,
     )  # fmt: skip
     acc, l_i, m_i = _decode_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, full_start, full_end, 0, hi_cache, q_pos, qk_scale,
-        slope2, window_left, window_right, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+        slope2, window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, False,
+        HAS_LEFT, HAS_RIGHT, ALIBI, 0, UPCAST,
     )  # fmt: skip
     acc, l_i, m_i = _decode_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, full_end, end, 0, hi_cache, q_pos, qk_scale,
-        slope2, window_left, window_right, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+        slope2, window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+        HAS_LEFT, HAS_RIGHT, ALIBI, 0, UPCAST,
     )  # fmt: skip
     if HAS_NEW:
         if split == N_SPLITS - 1:
@@ -213,15 +252,16 @@ def _decode_split_kernel(
             vn_base = v_new_ptr + batch64 * stride_vnb + kv_head.to(tl.int64) * stride_vnh
             acc, l_i, m_i = _decode_blocks(
                 acc, l_i, m_i, q, kn_base, vn_base, stride_kns, stride_vns, 0, seqlen_q, cache_len, seqlen_k, q_pos,
-                qk_scale, slope2, window_left, window_right, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
-                ALIBI, UPCAST,
+                qk_scale, slope2, window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin, HEAD_DIM,
+                BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, ROTARY_DIM, UPCAST,
             )  # fmt: skip
             if pid_m == 0:
                 row0 = cache_len.to(tl.int64)
-                _append_rows(kn_base, k_base + row0 * stride_ks, stride_kns, stride_ks, seqlen_q, HEAD_DIM, BLOCK_D,
-                             BLOCK_N)  # fmt: skip
-                _append_rows(vn_base, v_base + row0 * stride_vs, stride_vns, stride_vs, seqlen_q, HEAD_DIM, BLOCK_D,
-                             BLOCK_N)  # fmt: skip
+                _append_rows(kn_base, k_base + row0 * stride_ks, stride_kns, stride_ks, seqlen_q, cache_len, cos_ptr,
+                             sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, ROTARY_DIM,
+                             UPCAST)  # fmt: skip
+                _append_rows(vn_base, v_base + row0 * stride_vs, stride_vns, stride_vs, seqlen_q, cache_len, cos_ptr,
+                             sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, 0, UPCAST)  # fmt: skip
 
     # A row that saw no key has l = 0: output 0, LSE -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
