@@ -437,11 +437,14 @@ def test_combine_kernel_compiles(head_dim, dtype, arch, n_splits):
 
 @pytest.mark.gpu("cache lengths in the thousands and head dim 128: too slow for the interpreter")
 @pytest.mark.parametrize(
-    "batch, n_heads, n_kv_heads, capacity, seqlen_q, window",
-    [(1, 32, 8, 8192, 1, (-1, -1)), (16, 32, 32, 4096, 1, (-1, -1)), (4, 16, 2, 2048, 4, (256, 0))],
+    "batch, n_heads, n_kv_heads, capacity, seqlen_q, window, rotary_dim",
+    [(1, 32, 8, 8192, 1, (-1, -1), 128), (16, 32, 32, 4096, 1, (-1, -1), 0), (4, 16, 2, 2048, 4, (256, 0), 64)],
 )
-def test_production_shapes_on_the_gpu(attn, batch, n_heads, n_kv_heads, capacity, seqlen_q, window):
+def test_production_shapes_on_the_gpu(attn, batch, n_heads, n_kv_heads, capacity, seqlen_q, window, rotary_dim):
     lengths = torch.randint(1, capacity - seqlen_q + 1, (batch,)).tolist()
     lengths[0] = capacity - seqlen_q
     inputs = make_inputs(batch, seqlen_q, n_heads, n_kv_heads, 128, capacity, lengths, True, BF16, "cuda")
-    check_decode(attn, *inputs, window_size=window, alibi_slopes=alibi_slopes(n_heads, device="cuda"))
+    options = dict(window_size=window, alibi_slopes=alibi_slopes(n_heads, device="cuda"))
+    if rotary_dim:
+        options["rotary_cos"], options["rotary_sin"] = rope_tables(capacity, rotary_dim, device="cuda")
+    check_decode(attn, *inputs, **options)
