@@ -64,7 +64,8 @@ def assert_within_one_rounding(ours: torch.Tensor, expected: torch.Tensor, scale
     """ours within one unit in the last place of expected (an fp64 result rounded once), plus the
     fp32 arithmetic's own error (2^-22 of the operands' `scale`): what 'computed in fp32 and
     rounded once' allows."""
-    ulp = (torch.nextafter(expected.abs(), torch.tensor(float("inf"), dtype=expected.dtype)) - expected.abs()).float()
+    infinity = torch.full_like(expected, float("inf"))
+    ulp = (torch.nextafter(expected.abs(), infinity) - expected.abs()).float()
     error = (ours.float() - expected.float()).abs()
     assert bool((error <= ulp + scale * 2**-22).all()), f"max error {error.max().item():.3g}"
 
