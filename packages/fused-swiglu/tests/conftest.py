@@ -35,7 +35,6 @@ from fused_swiglu.kernels.backward import (
     _swiglu_weight_grad_kernel,
     _swiglu_weight_grad_tma_kernel,
 )
-from fused_swiglu.kernels.down import _down_projection_kernel
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 AUTOTUNED_KERNELS = (
@@ -47,7 +46,6 @@ AUTOTUNED_KERNELS = (
     _swiglu_input_grad_tma_kernel,
     _swiglu_weight_grad_kernel,
     _swiglu_weight_grad_tma_kernel,
-    _down_projection_kernel,
 )
 # Each kernel's own list, before any test pins one.
 ALL_CONFIGS = {kernel: list(kernel.configs) for kernel in AUTOTUNED_KERNELS}

@@ -22,7 +22,6 @@ from fused_swiglu.kernels.backward import (
     _swiglu_weight_grad_tma_kernel,
     _weight_grad_reduce_kernel,
 )
-from fused_swiglu.kernels.down import _down_projection_kernel
 from fused_swiglu.kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARPS, REDUCE_NUM_WARPS, REDUCE_ROWS
 
@@ -59,12 +58,6 @@ KERNELS = {
         ["x_ptr", "dg_ptr", "du_ptr", "dwg_ptr", "dwu_ptr", "ws_ptr"],
         ["stride_xm", "stride_xk", "stride_dm", "stride_dwk", "M", "N", "K", "split"],
         ["stride_xk", "split"],
-    ),
-    "down_projection": (
-        _down_projection_kernel,
-        ["h_ptr", "wd_ptr", "bd_ptr", "y_ptr"],
-        ["stride_hm", "stride_hk", "stride_wk", "stride_wn", "stride_ym", "M", "N", "K"],
-        ["stride_hk", "stride_wn"],
     ),
     "down_grad": (
         _mlp_down_grad_kernel,
@@ -105,14 +98,6 @@ CASES = {
         ("fp32", True, dict(ALLOW_TF32=True, EVEN_M=True)),
         ("bf16", True, dict(ALLOW_TF32=False, EVEN_M=False)),
         ("fp32", True, dict(ALLOW_TF32=False, EVEN_M=False)),
-    ],
-    # 16-bit operands only (a skinny call of fp32 keeps cuBLAS).
-    "down_projection": [
-        ("bf16", True, dict(HAS_BIAS=False, EVEN_K=True)),
-        ("fp16", True, dict(HAS_BIAS=True, EVEN_K=False)),
-        ("bf16", False, dict(HAS_BIAS=True, EVEN_K=True)),
-        ("fp16", False, dict(HAS_BIAS=False, EVEN_K=True)),
-        ("bf16", True, dict(HAS_BIAS=False, EVEN_K=False)),
     ],
     "down_grad": [
         ("bf16", True, dict(ALLOW_TF32=False, EVEN_D=True)),

@@ -9,7 +9,6 @@ from fused_swiglu import FusedSwiGLUMLP, _compat, swiglu_mlp
 from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_weight_grad_tma_kernel
 from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.ops import launchers
-from fused_swiglu.ops import mlp as mlp_ops
 from fused_swiglu.reference import swiglu_mlp_reference
 
 pytestmark = pytest.mark.kernels
@@ -51,27 +50,6 @@ def test_non_contiguous_input_weights_and_gradient(device, sw):
     assert_close_to_reference(y, y_ref, y_low, name="y")
     for name, g, g_ref, g_low in zip(("dx", "dw_gate", "dw_up", "dw_down"), grads, grads_ref, grads_low):
         assert_close_to_reference(g, g_ref, g_low, name=name)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows, bias", [(1, False), (16, True)])
-def test_skinny_calls_take_the_down_projection_kernel(rows, bias, dtype, device, sw, monkeypatch):
-    """A few rows of 16-bit operands (a decode step) go through the down-projection kernel, not
-    cuBLAS: forward and backward meet the rule, w_down transposed (any strides) and an odd output width."""
-    calls = []
-    monkeypatch.setattr(mlp_ops, "down_projection", lambda *a: calls.append(a) or launchers.down_projection(*a))
-    inputs = make_mlp_inputs(sw, (rows,), 40, 72, dtype, device, bias=bias, d_out=33)
-    w_down = inputs[3].detach().t().contiguous().t().requires_grad_()  # (72, 33) with strides (1, 72)
-    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, [*inputs[:3], w_down, *inputs[4:]])
-    assert len(calls) == 1
-
-
-def test_fp32_and_wide_calls_keep_cublas(device, sw, monkeypatch):
-    monkeypatch.setattr(mlp_ops, "down_projection", lambda *a: pytest.fail("the skinny kernel ran"))
-    for rows, dtype in ((4, torch.float32), (17, torch.bfloat16)):
-        inputs = make_mlp_inputs(sw, (rows,), 32, 48, dtype, device)
-        with torch.no_grad():
-            swiglu_mlp(*inputs)
 
 
 @pytest.mark.parametrize("trainable", ["x-only", "w_down-only", "weights-only"])

@@ -140,19 +140,6 @@ _WEIGHT_GRAD_TMA_ROWS = [
     (64, 128, 64, 8, 4, 4),  # 160 KB: small d_model
     (64, 64, 32, 8, 4, 3),  # 36 KB: anything
 ]
-# The down projection of a skinny forward (ops/mlp.py): y = h @ w_down over at most SKINNY_ROWS
-# rows, one program per BLOCK_N columns streaming w_down's whole reduction, so that a 2048-wide
-# output spreads over 128 programs at 16 columns; deep steps keep 16-32 KB of the weight in
-# flight per stage.
-_SKINNY_DOWN_ROWS = [
-    # M,          N,   K, warps, stages   smem (16-bit)
-    (SKINNY_ROWS, 16, 256, 4, 4),  # 64 KB
-    (SKINNY_ROWS, 16, 512, 4, 4),  # 128 KB
-    (SKINNY_ROWS, 32, 256, 4, 4),  # 96 KB
-    (SKINNY_ROWS, 32, 512, 4, 3),  # 144 KB
-    (SKINNY_ROWS, 64, 128, 4, 4),  # 80 KB
-]
-_INTERPRETER_DOWN_PROJECTION_ROW = [(16, 16, 32, 4, 1)]
 _INTERPRETER_ROW = [(32, 32, 16, 2, 4, 1)]
 _INTERPRETER_TMA_ROW = [(32, 32, 16, 2, 4, 1, 1)]
 # Row slices of 16 in the interpreter's 32-row tile: the sliced epilogue; tests pin the one-pass one.
@@ -163,14 +150,6 @@ def forward_configs(interpreting: bool = INTERPRETING):
     # The skinny rows before the last, the smallest, which the GPU tests pin.
     rows = _INTERPRETER_ROW if interpreting else _DUAL_ROWS[:-1] + _SKINNY_FORWARD_ROWS + _DUAL_ROWS[-1:]
     return _configs(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), rows)
-
-
-def down_projection_configs(interpreting: bool = INTERPRETING):
-    rows = _INTERPRETER_DOWN_PROJECTION_ROW if interpreting else _SKINNY_DOWN_ROWS
-    return [
-        triton.Config(dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k), num_warps=warps, num_stages=stages)
-        for m, n, k, warps, stages in rows
-    ]
 
 
 def forward_tma_configs(interpreting: bool = INTERPRETING):

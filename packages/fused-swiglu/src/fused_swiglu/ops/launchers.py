@@ -35,7 +35,6 @@ from ..kernels.backward import (
     _weight_grad_reduce_kernel,
 )
 from ..kernels.configs import weight_grad_split
-from ..kernels.down import _down_projection_kernel
 from ..kernels.forward import _swiglu_fwd_kernel, _swiglu_fwd_tma_kernel
 
 Tensor = torch.Tensor
@@ -49,9 +48,8 @@ INPUT_GRAD = TunedKernel(_swiglu_input_grad_kernel)
 INPUT_GRAD_TMA = TunedKernel(_swiglu_input_grad_tma_kernel)
 WEIGHT_GRAD = TunedKernel(_swiglu_weight_grad_kernel)
 WEIGHT_GRAD_TMA = TunedKernel(_swiglu_weight_grad_tma_kernel)
-DOWN_PROJECTION = TunedKernel(_down_projection_kernel)
 TUNED_KERNELS = (FORWARD, FORWARD_TMA, DOWN_GRAD, DOWN_GRAD_TMA, INPUT_GRAD, INPUT_GRAD_TMA, WEIGHT_GRAD,
-                 WEIGHT_GRAD_TMA, DOWN_PROJECTION)  # fmt: skip
+                 WEIGHT_GRAD_TMA)  # fmt: skip
 
 # The elementwise gradient kernel: 64 x 128 tiles, 32 elements per thread over 8 warps.
 GRAD_BLOCK_M = 64
@@ -240,42 +238,6 @@ def swiglu_fwd(
     if g is None:
         g, u = x.new_empty((0,)), x.new_empty((0,))
     return h, g, u
-
-
-# ---------------------------------------------------------------------------------------------
-# Forward: the down projection of a skinny call (elsewhere cuBLAS takes it, ops/mlp.py)
-
-
-def skinny_down_projection_suits(h: Tensor, w_down: Tensor) -> bool:
-    """The skinny down-projection kernel takes h @ w_down: few rows of 16-bit operands."""
-    return skinny_problem(h.shape[0], h.dtype.itemsize)
-
-
-@functools.lru_cache(maxsize=PLANS)
-def _down_projection_plan(M, N, K, h_strides, wd_strides, has_bias, device) -> TunedPlan:
-    """y = h @ w_down (+ b_down) into a new contiguous (M, N); per call: h, w_down, b_down, y."""
-    names = ("stride_hm", "stride_hk", "stride_wk", "stride_wn", "stride_ym")
-    sizes = (("M", M), ("N", N), ("K", K), ("HAS_BIAS", has_bias), ("UPCAST", INTERPRETING))
-    return TunedPlan(
-        DOWN_PROJECTION, fixed=(*zip(names, (*h_strides, *wd_strides, N)), *sizes),
-        tensors=("h_ptr", "wd_ptr", "bd_ptr", "y_ptr"), grid=_tile_grid("N", "M", "BLOCK_N", "BLOCK_M"),
-    )  # fmt: skip
-
-
-def _down_projection_fake(h, w_down, b_down):
-    return h.new_empty((h.shape[0], w_down.shape[1]))
-
-
-@custom_op("fused_swiglu::down_projection", fake=_down_projection_fake)
-def down_projection(h: Tensor, w_down: Tensor, b_down: Optional[Tensor]) -> Tensor:
-    """y = h @ w_down (+ b_down), (M, N) contiguous in h's dtype, for skinny_down_projection_suits."""
-    M, K = h.shape
-    N = w_down.shape[1]
-    y = torch.empty((M, N), dtype=h.dtype, device=h.device)
-    if M > 0 and N > 0:
-        plan = _down_projection_plan(M, N, K, h.stride(), w_down.stride(), b_down is not None, h.get_device())
-        plan.kernel(plan, h, w_down, y if b_down is None else b_down.contiguous(), y)
-    return y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,7 +558,7 @@ def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dty
 
 
 PLAN_BUILDERS = (_forward_launch, _forward_plan, _grad_launch, _down_grad_launch, _down_grad_plan, _input_grad_launch,
-                 _input_grad_plan, _weight_grad_launch, _weight_grad_plan, _down_projection_plan)  # fmt: skip
+                 _input_grad_plan, _weight_grad_launch, _weight_grad_plan)  # fmt: skip
 
 
 def clear_plans() -> None:

@@ -1,9 +1,7 @@
 """FusedSwiGLUMLP: the LLaMA-style MLP, y = swiglu(x) @ w_down + b_down, forward and backward.
 
 Forward: the fused gate/up/activation kernel writes h (and g, u for the backward); the down
-projection is cuBLAS (torch.mm), the fastest honest choice for a plain matmul, except for a few
-rows of 16-bit operands (a decode step), which a kernel streaming w_down's columns takes
-(kernels/down.py: one launch where cuBLAS makes two). h is not kept:
+projection is cuBLAS (torch.mm), the fastest honest choice for a plain matmul. h is not kept:
 between forward and backward this MLP holds x, g and u (Liger-Kernel's MLP holds x, gate, up
 and h), a quarter less activation memory.
 
@@ -26,7 +24,7 @@ import torch
 from .._runtime.compat import custom_bwd, custom_fwd
 from .._runtime.validation import FLOAT_DTYPES, check_device, check_optional_tensor, check_same_dtype, check_tensor
 from .._validation import autocast_inputs, check_vector
-from .launchers import down_projection, mlp_down_grad_, skinny_down_projection_suits, swiglu_input_grad
+from .launchers import mlp_down_grad_, swiglu_input_grad
 from .swiglu import (
     check_swiglu_operands,
     flat_rows,
@@ -61,10 +59,7 @@ def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down) -> torch.Ten
     x2d = flat_rows(xc)
     save = ctx is not None and any(ctx.needs_input_grad)
     h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, False)
-    if skinny_down_projection_suits(h, wd):
-        y = down_projection(h, wd, bd)
-    else:
-        y = torch.mm(h, wd) if bd is None else torch.addmm(bd, h, wd)
+    y = torch.mm(h, wd) if bd is None else torch.addmm(bd, h, wd)
     if save:
         ctx.save_for_backward(x2d, wg, wu, wd, g, u)
         # Before autocast's casts: the dtypes the weight and bias gradients are written in.
