@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
-from tritonformer_testkit.aot import compile_to_cubin
+from tritonformer_testkit.aot import compile_to_cubin, shared_memory_bytes
 
 from fused_attention import alibi_slopes
 from fused_attention.kernels.decode import _decode_combine_kernel, _decode_split_kernel
@@ -418,6 +418,25 @@ def test_split_kernel_compiles(head_dim, dtype, arch, group, seqlen_q, n_splits,
     kernel = _decode_split_kernel
     signature = {name: _type(name, dtype) for name in kernel.arg_names if name not in constexprs}
     compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=4, num_stages=3)
+
+
+@pytest.mark.aot
+@pytest.mark.parametrize("arch", [80, 90])
+def test_rotary_adds_no_pipeline_stages_of_shared_memory(arch):
+    """The new keys' loop (with the rotary tables' tiles) is not software-pipelined: rotary needs
+    less extra shared memory than one K/V block, where pipelined stages of its tiles took 145 KB."""
+    if triton.__version__ < "3":
+        pytest.skip("the compile metadata that gives the shared memory is Triton 3's")
+    constexprs = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=1, BLOCK_M=16, BLOCK_N=64, N_SPLITS=7, HAS_NEW=True,
+                      HAS_LEFT=False, HAS_RIGHT=True, ALIBI=False, UPCAST=False)  # fmt: skip
+    signature = {name: _type(name, "bf16") for name in _decode_split_kernel.arg_names if name not in constexprs}
+    signature.pop("ROTARY_DIM")
+    plain, rotary = (
+        shared_memory_bytes(_decode_split_kernel, signature=signature, constexprs=dict(constexprs, ROTARY_DIM=dim),
+                            arch=arch)
+        for dim in (0, 128)
+    )  # fmt: skip
+    assert rotary < plain + 2 * 64 * 128 * 2, (plain, rotary)
 
 
 @pytest.mark.aot

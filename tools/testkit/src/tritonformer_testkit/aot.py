@@ -66,12 +66,11 @@ def _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages):
         (i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if full_signature[name].startswith("*")
     }
     source = ASTSource(fn, signature=full_signature, constexprs=dict(constexprs), attrs=aligned)
-    compiled = triton.compile(
+    return triton.compile(
         source,
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
-    return compiled.asm
 
 
 _Triton2Specialization = collections.namedtuple(
@@ -127,8 +126,10 @@ def compile_to_asm(
         raise RuntimeError(blocker)
     fn = base_jit_function(kernel)
     _check_arguments(fn, signature, constexprs)
-    compile_fn = _compile_triton3 if triton_version() >= (3, 0) else _compile_triton2
-    asm = compile_fn(fn, signature, constexprs, arch, num_warps, num_stages)
+    if triton_version() >= (3, 0):
+        asm = _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages).asm
+    else:
+        asm = _compile_triton2(fn, signature, constexprs, arch, num_warps, num_stages)
     if not asm.get("cubin"):
         raise AssertionError(f"{fn.__name__}: empty cubin for sm_{arch}")
     COMPILED.append((fn.__name__, arch))
@@ -162,3 +163,19 @@ def serialized_wgmma_notes(ptx: str) -> List[str]:
             capture_output=True, text=True, check=True,
         ).stderr  # fmt: skip
     return [line for line in log.splitlines() if "wgmma.mma_async instructions are serialized" in line]
+
+
+def shared_memory_bytes(
+    kernel, *, signature: Mapping[str, str], constexprs: Mapping[str, Any], arch: int, num_warps: int = 4,
+    num_stages: int = 3,
+) -> int:  # fmt: skip
+    """The shared memory one program of this specialization needs (Triton >= 3.0: its compile
+    metadata), as compile_to_asm compiles it."""
+    blocker = aot_blocker()
+    if blocker:
+        raise RuntimeError(blocker)
+    if triton_version() < (3, 0):
+        raise RuntimeError("shared_memory_bytes needs Triton >= 3.0 (its compile metadata)")
+    fn = base_jit_function(kernel)
+    _check_arguments(fn, signature, constexprs)
+    return int(_compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages).metadata.shared)

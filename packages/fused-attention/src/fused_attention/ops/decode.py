@@ -93,9 +93,9 @@ def block_sizes(spec: DecodeSpec) -> Tuple[int, int]:
 def choose_splits(programs: int, capacity: int, block_n: int, sm_count: int) -> int:
     """Splits of the cache length per program (`programs`: batch x key/value heads x row blocks):
     1 when the programs fill most SMs; else the count with the least modelled time, waves x key
-    blocks per split, plus COMBINE_BLOCKS when split; the fewer splits on a tie. At most one per block of the cache, sm_count and MAX_SPLITS.
-    On an H100 (batch 1 and 4, 16 and 32 query heads, caches 256-4096) its choice was within
-    0.4 us of the best count measured."""
+    blocks per split, plus COMBINE_BLOCKS when split; the fewer splits on a tie. At most one per
+    block of the cache, sm_count and MAX_SPLITS. On an H100 (batch 1 and 4, 16 and 32 query heads,
+    caches 256-4096) its choice was within 0.4 us of the best count measured."""
     n_blocks = max(1, -(-capacity // block_n))
     programs = max(1, programs)
     if programs >= BUSY_FRACTION * sm_count:
