@@ -2,7 +2,10 @@
 weights (more bytes than L2 holds, as in a model step), captured once in a CUDA graph.
 
 python3 lab/gpu/decode_ab.py attention LABEL   (this PYTHONPATH's fused_attention; markdown rows)
-python3 lab/gpu/decode_ab.py down              (the skinny down projection: cuBLAS, then each config)
+python3 lab/gpu/decode_ab.py gateup            (the skinny gate/up forward: cuBLAS, each skinny tile, candidates)
+
+(A streaming kernel for the skinny down projection, 1 x 5632 -> 2048, measured here on an H100:
+14.6-19.3 us over five tiles against cuBLAS's 12.5; it was dropped.)
 
 attention: batch 1, 16 query and key/value heads, D 128, bf16, cache capacity 812 with 512 keys
 and one new token (the 1.4B model's decode step in decode_lab.py), rotary off and on where the
@@ -58,18 +61,36 @@ def attention(label: str) -> None:
                   f"stages {meta.num_stages} shared {meta.shared}")  # fmt: skip
 
 
-def down() -> None:
+# Candidate skinny forward tiles beside the package's: (BLOCK_N, BLOCK_K, warps, stages).
+GATEUP_CANDIDATES = [(16, 128, 4, 4), (16, 128, 4, 6), (16, 64, 4, 8), (32, 64, 4, 6), (16, 256, 4, 3), (16, 128, 2, 4)]
+
+
+def gateup() -> None:
+    """x (1, 2048) @ [w_gate | w_up] (2048, 5632) and the activation, the 1.4B model's decode MLP."""
+    import triton as _triton
+
+    from fused_swiglu import swiglu
+    from fused_swiglu.kernels import forward
     from fused_swiglu.ops import launchers
 
-    h = torch.randn(1, 5632, device="cuda", dtype=torch.bfloat16)
-    weights = [torch.randn(5632, 2048, device="cuda", dtype=torch.bfloat16) / 75 for _ in range(CALLS)]
-    print(f"| cuBLAS | {cold_us([lambda w=w: torch.mm(h, w) for w in weights]):.2f} |")
-    kernel = launchers.DOWN_PROJECTION.tuner
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    weights = [
+        [torch.randn(2048, 5632, device="cuda", dtype=torch.bfloat16) / 45 for _ in range(2)] for _ in range(CALLS)
+    ]
+    cublas = cold_us([lambda w=w: torch.nn.functional.silu(x @ w[0]) * (x @ w[1]) for w in weights])
+    print(f"| cuBLAS (two products, unfused activation) | {cublas:.2f} |")
+    kernel = forward._swiglu_fwd_kernel
     configs = list(kernel.configs)
-    for config in configs:
+    skinny = [c for c in configs if c.kwargs["BLOCK_M"] == 16]
+    extra = [
+        _triton.Config(dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=k, GROUP_M=8), num_warps=w, num_stages=s)
+        for n, k, w, s in GATEUP_CANDIDATES
+    ]
+    for config in skinny + extra:
         kernel.configs = [config]
         launchers.clear_plans()
-        us = cold_us([lambda w=w: launchers.down_projection(h, w, None) for w in weights])
+        with torch.no_grad():
+            us = cold_us([lambda w=w: swiglu(x, w[0], w[1]) for w in weights])
         print(f"| {config} | {us:.2f} |", flush=True)
     kernel.configs = configs
 
@@ -78,4 +99,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "attention":
         attention(sys.argv[2])
     else:
-        down()
+        gateup()
