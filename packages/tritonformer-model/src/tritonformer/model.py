@@ -10,8 +10,7 @@ both; every computation runs in the kernel packages:
                             RoPE flash_attention_qkvpacked on the qkv projection's output, whose
                             backward writes the packed gradient (no concatenation of dq, dk, dv);
                             generate's decode steps: flash_attention_with_kvcache on the KV cache
-    rotary embedding        fused_rope.apply_rotary_qk (q and k in one launch, rotate-half); decode
-                            steps rotate inside flash_attention_with_kvcache (rotary_cos/rotary_sin)
+    rotary embedding        fused_rope.apply_rotary_qk (q and k in one launch, rotate-half)
     SwiGLU MLP              fused_swiglu.swiglu_mlp (gate, up and activation in one kernel)
     norms                   fused_norm_xent.add_dropout_norm: residual add + dropout + norm
     loss                    fused_norm_xent.cross_entropy / linear_cross_entropy (fused_loss)
@@ -130,30 +129,26 @@ class Attention(nn.Module):
         self.proj = fused_gemm.Linear(c.n_head * c.head_dim, c.d_model, bias=c.qkv_bias)
 
     def forward(self, x: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
-        """x (B, S, d); position: (cos, sin) (S, D) fp32 for rope (decode steps: the (capacity, D)
-        tables, read by the decode kernel at each row's position), (slopes (H,) fp32,) for alibi.
-        cache: this layer's generation.LayerCache: a prefill writes its keys and values there, a
-        decode step attends to it and appends."""
+        """x (B, S, d); position: (cos, sin) (S, D) fp32 for rope (decode steps: (B, 1, D), each
+        row's position), (slopes (H,) fp32,) for alibi. cache: this layer's generation.LayerCache:
+        a prefill writes its keys and values there, a decode step attends to it and appends."""
         c = self.config
         B, S, _ = x.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
         qkv = self.qkv(x).view(B, S, H + 2 * Hkv, D)  # query heads, then key heads, then value heads
         slopes = position[0] if c.position == "alibi" else None
-        decoding = cache is not None and cache.decoding
         if c.position == "rope" or cache is not None:
             q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # strided (B, S, heads, D) views of qkv
-        if c.position == "rope" and not decoding:
+        if c.position == "rope":
             cos, sin = position
             # One launch for q and k; (B, H, S, D) views in, results keep the (B, S, H, D) memory.
             q, k = fused_rope.apply_rotary_qk(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H or Hkv, D) views
-        if decoding:
-            k_cache, v_cache = cache.buffers(k)  # y: (B, 1, H, D)
-            cos, sin = position if c.position == "rope" else (None, None)
+        if cache is not None and cache.decoding:
+            k_cache, v_cache = cache.buffers(k)
             y = fused_attention.flash_attention_with_kvcache(
-                q, k_cache, v_cache, cache.lengths, k_new=k, v_new=v, rotary_cos=cos, rotary_sin=sin, causal=True,
-                alibi_slopes=slopes,
-            )  # fmt: skip
+                q, k_cache, v_cache, cache.lengths, k_new=k, v_new=v, causal=True, alibi_slopes=slopes
+            )  # (B, 1, H, D)
         elif c.position == "rope":
             y = fused_attention.flash_attention(q, k, v, causal=True, layout="bshd")  # (B, S, H, D)
         else:
@@ -220,8 +215,8 @@ class Transformer(CausalLM):
         self.init_weights()
 
     def _decode_position(self, cache, pos: torch.Tensor) -> Optional[tuple]:
-        # The tables as they are: the decode kernel reads each row's rotary rows, and biases by the ALiBi slopes.
-        return cache.tables
+        # RoPE: the tables' rows at each row's position; ALiBi: the slopes as they are (the decode kernel biases).
+        return self._decode_rope(cache.tables, pos) if self.config.position == "rope" else cache.tables
 
     def _hidden(self, idx: torch.Tensor, pos: torch.Tensor, position: Optional[tuple], cache=None) -> torch.Tensor:
         """The blocks and the final norm over idx (B, S) at positions pos ((S,) or (B, S))."""

@@ -116,36 +116,76 @@ def _decode_blocks(
 
 
 @triton.jit
+def _new_keys_block(
+    acc, l_i, m_i, start, q, kn_base, vn_base, stride_kns, stride_vns, n_new, cache_len, q_pos, qk_scale, slope2,
+    window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ROTARY_DIM: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Rows [start, start + BLOCK_N) of k_new/v_new, at key positions cache_len + row (rotated when
+    ROTARY_DIM > 0), into the online softmax."""
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = start + tl.arange(0, BLOCK_N)
+    keys = rows + cache_len
+    mask = (rows[:, None] < n_new) & (offs_d[None, :] < HEAD_DIM)
+    k_ptrs = kn_base + rows.to(tl.int64)[:, None] * stride_kns + offs_d[None, :]
+    k = tl.load(k_ptrs, mask=mask, other=0.0)
+    v = tl.load(vn_base + rows.to(tl.int64)[:, None] * stride_vns + offs_d[None, :], mask=mask, other=0.0)
+    if ROTARY_DIM > 0:
+        k = _rotary(k, k_ptrs, offs_d, keys, rows < n_new, cos_ptr, sin_ptr, stride_cos, stride_sin, ROTARY_DIM, UPCAST)
+    return _decode_update(
+        acc, l_i, m_i, q, k, v, q_pos, keys, cache_len + n_new, qk_scale, slope2, window_left, window_right, True,
+        HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
+    )  # fmt: skip
+
+
+@triton.jit
 def _decode_new_keys(
     acc, l_i, m_i, q, kn_base, vn_base, stride_kns, stride_vns, n_new, cache_len, q_pos, qk_scale, slope2,
     window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ROTARY_DIM: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """The n_new rows of k_new/v_new, at key positions cache_len + row, in blocks of BLOCK_N (rotated
-    when ROTARY_DIM > 0). A while loop, which Triton does not software-pipeline: pipelined, the
-    rotary tables' tiles were buffered per stage (212 KB of shared memory on sm_90, 2.7x the
-    kernel's time at a 512-key cache) for a loop that runs once per decode step."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    key_end = cache_len + n_new
-    start = n_new * 0
-    while start < n_new:
-        rows = start + offs_n
-        keys = rows + cache_len
-        mask = (rows[:, None] < n_new) & (offs_d[None, :] < HEAD_DIM)
-        k_ptrs = kn_base + rows.to(tl.int64)[:, None] * stride_kns + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=mask, other=0.0)
-        v = tl.load(vn_base + rows.to(tl.int64)[:, None] * stride_vns + offs_d[None, :], mask=mask, other=0.0)
-        if ROTARY_DIM > 0:
-            k = _rotary(k, k_ptrs, offs_d, keys, rows < n_new, cos_ptr, sin_ptr, stride_cos, stride_sin, ROTARY_DIM,
-                        UPCAST)  # fmt: skip
-        acc, l_i, m_i = _decode_update(
-            acc, l_i, m_i, q, k, v, q_pos, keys, key_end, qk_scale, slope2, window_left, window_right, True,
-            HAS_LEFT, HAS_RIGHT, ALIBI, UPCAST,
-        )  # fmt: skip
-        start += BLOCK_N
+    """The n_new rows of k_new/v_new in blocks of BLOCK_N. With rotary, a while loop, which Triton
+    does not software-pipeline: pipelined, the tables' tiles were buffered per stage (212 KB of
+    shared memory on sm_90, 2.7x the kernel's time at a 512-key cache) for a loop that runs once
+    per decode step."""
+    if ROTARY_DIM > 0:
+        start = n_new * 0
+        while start < n_new:
+            acc, l_i, m_i = _new_keys_block(
+                acc, l_i, m_i, start, q, kn_base, vn_base, stride_kns, stride_vns, n_new, cache_len, q_pos, qk_scale,
+                slope2, window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D,
+                BLOCK_N, HAS_LEFT, HAS_RIGHT, ALIBI, ROTARY_DIM, UPCAST,
+            )  # fmt: skip
+            start += BLOCK_N
+    else:
+        for start in range(0, n_new, BLOCK_N):
+            acc, l_i, m_i = _new_keys_block(
+                acc, l_i, m_i, start, q, kn_base, vn_base, stride_kns, stride_vns, n_new, cache_len, q_pos, qk_scale,
+                slope2, window_left, window_right, cos_ptr, sin_ptr, stride_cos, stride_sin, HEAD_DIM, BLOCK_D,
+                BLOCK_N, HAS_LEFT, HAS_RIGHT, ALIBI, ROTARY_DIM, UPCAST,
+            )  # fmt: skip
     return acc, l_i, m_i
+
+
+@triton.jit
+def _append_block(
+    start, src_base, dst_base, stride_src, stride_dst, n_rows, first_pos, cos_ptr, sin_ptr, stride_cos, stride_sin,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROTARY_DIM: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Copy rows [start, start + BLOCK_N) of one head from src_base to dst_base (rotated at positions
+    first_pos + row when ROTARY_DIM > 0)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = (start + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    src_ptrs = src_base + rows[:, None] * stride_src + offs_d[None, :]
+    tile = tl.load(src_ptrs, mask=mask)
+    if ROTARY_DIM > 0:
+        tile = _rotary(tile, src_ptrs, offs_d, first_pos + rows, rows < n_rows, cos_ptr, sin_ptr, stride_cos,
+                       stride_sin, ROTARY_DIM, UPCAST)  # fmt: skip
+    tl.store(dst_base + rows[:, None] * stride_dst + offs_d[None, :], tile, mask=mask)
 
 
 @triton.jit
@@ -154,21 +194,18 @@ def _append_rows(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROTARY_DIM: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Copy rows [0, n_rows) of one head from src_base to dst_base; ROTARY_DIM > 0: rotated at
-    positions first_pos + row. A while loop, as in _decode_new_keys."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    start = n_rows * 0
-    while start < n_rows:
-        rows = (start + offs_n).to(tl.int64)
-        mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-        src_ptrs = src_base + rows[:, None] * stride_src + offs_d[None, :]
-        tile = tl.load(src_ptrs, mask=mask)
-        if ROTARY_DIM > 0:
-            tile = _rotary(tile, src_ptrs, offs_d, first_pos + rows, rows < n_rows, cos_ptr, sin_ptr, stride_cos,
-                           stride_sin, ROTARY_DIM, UPCAST)  # fmt: skip
-        tl.store(dst_base + rows[:, None] * stride_dst + offs_d[None, :], tile, mask=mask)
-        start += BLOCK_N
+    """Copy rows [0, n_rows) of one head from src_base to dst_base; with rotary (rotated at positions
+    first_pos + row) in a while loop, as in _decode_new_keys."""
+    if ROTARY_DIM > 0:
+        start = n_rows * 0
+        while start < n_rows:
+            _append_block(start, src_base, dst_base, stride_src, stride_dst, n_rows, first_pos, cos_ptr, sin_ptr,
+                          stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, ROTARY_DIM, UPCAST)  # fmt: skip
+            start += BLOCK_N
+    else:
+        for start in range(0, n_rows, BLOCK_N):
+            _append_block(start, src_base, dst_base, stride_src, stride_dst, n_rows, first_pos, cos_ptr, sin_ptr,
+                          stride_cos, stride_sin, HEAD_DIM, BLOCK_D, BLOCK_N, ROTARY_DIM, UPCAST)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["n_kv_heads", "seqlen_q", "capacity", "window_left", "window_right"])

@@ -376,7 +376,9 @@ def flash_attention_with_kvcache(
         k_new: the new queries and keys are rotated rotate-half (GPT-NeoX / LLaMA pairs j and
         j + rotary_dim / 2; columns from rotary_dim on pass through) at their positions,
         cache_seqlens + i, before they attend and before the keys enter the cache, in fp32 and
-        rounded once (fused_rope's tables and arithmetic; one launch instead of two).
+        rounded once (fused_rope's tables and arithmetic; one launch instead of two). The query's
+        rotation waits for its table rows before the cache streams: on an H100 (batch 1, 16 heads,
+        512 keys) the call took 1.5 us longer, about what a separate rotary launch costs.
     causal: the queries sit at the last S_q positions of the keys (bottom-right): query i sees
         positions below cache_seqlens + i + 1 with k_new, below cache_seqlens - S_q + i + 1 without.
     alibi_slopes: fp32 (H,) or (B, H): adds -slope * |query position - key position|.
