@@ -17,6 +17,9 @@ from torch.autograd.function import once_differentiable
 
 from .compat import HAS_CUSTOM_OP, custom_bwd, custom_fwd, is_compiling
 
+# Whether a functorch transform (vmap, grad, ...) is active; never on torch without the query.
+_functorch_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
 # Tags on custom ops (e.g. nondeterministic_seeded: never deduplicated or recomputed).
 CUSTOM_OP_TAGS = HAS_CUSTOM_OP and "tags" in inspect.signature(torch.library.custom_op).parameters
 
@@ -25,6 +28,26 @@ def needs_autograd(*tensors) -> bool:
     """Whether a call on `tensors` (None entries skipped) must record an autograd node: grad mode
     is on and one of them requires grad. Without one, the forward runs with no Function at all."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def eager_function_apply(function: type) -> Callable:
+    """`function.apply` (a torch.autograd.Function whose forward takes ctx) for eager calls,
+    positional arguments only.
+
+    torch's apply is a Python layer (functorch's checks, dead functorch wrappers unwrapped) over
+    the C++ apply; the layer costs 2.4 us of a 6.6 us call on a desktop CPU. The C++ apply is
+    called directly unless torch.compile traces or a functorch transform (vmap, grad) is active,
+    where the layer does its work. (A dead wrapper, a tensor escaped from a finished transform, is
+    not unwrapped: it would reach the launchers as it does on their no-grad path.)
+    """
+    c_apply = super(torch.autograd.Function, function).apply
+
+    def apply(*args):
+        if is_compiling() or _functorch_transforms_active():
+            return function.apply(*args)
+        return c_apply(*args)
+
+    return apply
 
 
 def custom_op(name: str, fake: Callable, mutates_args: Tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
@@ -112,9 +135,11 @@ def differentiable_op(
 
     Function.__name__ = Function.__qualname__ = "".join(part.title() for part in name.split("_")) + "Function"
 
+    function_apply = eager_function_apply(Function)
+
     def eager_apply(*args):
         if needs_autograd(*(args[i] for i in differentiable_args)):
-            return Function.apply(*args)
+            return function_apply(*args)
         return forward(*args)
 
     if not HAS_CUSTOM_OP:  # pragma: no cover - torch < 2.4: the autograd.Function everywhere

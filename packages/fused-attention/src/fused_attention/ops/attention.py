@@ -22,7 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._runtime.compat import autocast_dtype, custom_bwd, custom_fwd, is_compiling
-from .._runtime.registration import differentiable_op
+from .._runtime.registration import differentiable_op, eager_function_apply
 from .._validation import (
     check_alibi_slopes,
     check_bool,
@@ -71,6 +71,9 @@ class FlashAttentionFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: a second backward through this one must raise
             return _backward_once(ctx, dout, dlse)
         return _backward(ctx, dout, dlse)
+
+
+_attention_apply = eager_function_apply(FlashAttentionFunction)
 
 
 def _backward(ctx, dout, dlse):
@@ -306,7 +309,7 @@ def flash_attention(
         if plan.copies is not None:
             q, k, v = _copied(plan.copies, q, k, v)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out, lse = FlashAttentionFunction.apply(q, k, v, alibi_slopes, None, None, plan.forward)
+            out, lse = _attention_apply(q, k, v, alibi_slopes, None, None, plan.forward)
         else:
             out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None)
     return (out, lse) if return_lse else out
@@ -410,7 +413,7 @@ def flash_attention_varlen(
     if plan.copies is not None:
         q, k, v = _copied(plan.copies, q, k, v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = FlashAttentionFunction.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, forward)
+        out, lse = _attention_apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, forward)
     else:
         out, lse = forward.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     return (out, lse) if return_lse else out

@@ -18,6 +18,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._runtime.compat import KERNEL_DEVICE_TYPE, custom_bwd, custom_fwd, is_compiling
+from .._runtime.registration import eager_function_apply
 from .._validation import ATTENTION_DTYPES, check_device, check_head_dim, check_tensor
 from .attention import (
     _addressable,
@@ -63,6 +64,9 @@ class FlashAttentionQKVPackedFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: a second backward through this one must raise
             return _backward_once(ctx, dout)
         return _backward(ctx, dout)
+
+
+_packed_apply = eager_function_apply(FlashAttentionQKVPackedFunction)
 
 
 def _backward(ctx, dout):
@@ -142,7 +146,7 @@ def flash_attention_qkvpacked(
     if plan.copy:
         qkv = qkv.contiguous()
     if torch.is_grad_enabled() and qkv.requires_grad:
-        return FlashAttentionQKVPackedFunction.apply(qkv, alibi_slopes, plan)
+        return _packed_apply(qkv, alibi_slopes, plan)
     q, k, v = qkv.split(plan.split, dim=2)
     return plan.forward.forward(q, k, v, alibi_slopes, None, None)[0]
 

@@ -23,6 +23,7 @@ import torch
 
 from .._compat import tf32_allowed_by_torch
 from .._runtime.compat import KERNEL_DEVICE_TYPE, autocast_dtype, custom_bwd, custom_fwd
+from .._runtime.registration import eager_function_apply
 from .._runtime.validation import check_device, check_same_dtype, check_tensor
 from .._validation import check_activation, check_allow_tf32
 from .custom_ops import gemm_backward_op, gemm_forward_op
@@ -80,6 +81,9 @@ class GemmFunction(torch.autograd.Function):
             da = da.view(a_shape) if need_da else None
             db = db[0] if need_db else None
         return (da if need_da else None, db if need_db else None, dbias if need_dbias else None, None, None, None)
+
+
+_gemm_apply = eager_function_apply(GemmFunction)
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -146,7 +150,7 @@ def _apply(a, b, bias, activation, allow_tf32, dtype):
     requiring grad), else the launcher alone; a and b in any dtype, multiplied in `dtype`, shaped
     as GemmFunction takes them."""
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
-        return GemmFunction.apply(a, b, bias, activation, allow_tf32, dtype)
+        return _gemm_apply(a, b, bias, activation, allow_tf32, dtype)
     a_shape, linear = a.shape, b.dim() == 2
     a, b = _as_3d(a, b, dtype)
     c = gemm_forward_op(a, b, bias, activation, False, allow_tf32)[0]

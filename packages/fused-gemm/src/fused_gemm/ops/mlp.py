@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._runtime.compat import custom_bwd, custom_fwd
-from .._runtime.registration import custom_op
+from .._runtime.registration import custom_op, eager_function_apply
 from .._runtime.validation import check_tensor
 from ..kernels.common import ACTIVATION_CODES
 from .custom_ops import gemm_forward_op
@@ -132,6 +132,9 @@ class MLPFunction(torch.autograd.Function):
         return (*(g if n else None for g, n in zip(grads, need[:5])), None, None, None)
 
 
+_mlp_apply = eager_function_apply(MLPFunction)
+
+
 def mlp(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -164,7 +167,7 @@ def mlp(
     tf32 = _tf32(allow_tf32, dtype)
     operands = (x, w1, b1, w2, b2)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
-        return MLPFunction.apply(*operands, activation, tf32, dtype)
+        return _mlp_apply(*operands, activation, tf32, dtype)
     x_shape = x.shape
     a, w1_3d = _as_3d(x, w1, dtype)
     y, _, _ = _forward(a, w1_3d, b1, _cast(w2, dtype).unsqueeze(0), b2, activation, False, tf32)

@@ -18,7 +18,7 @@ import torch
 from .. import _compat
 from .._runtime.compat import custom_bwd, custom_fwd
 from .._runtime.launch import Launch
-from .._runtime.registration import custom_op
+from .._runtime.registration import custom_op, eager_function_apply
 from .._runtime.validation import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -237,6 +237,9 @@ class RoPEFunction(torch.autograd.Function):
         return dt, None, None, None, None, None
 
 
+_rope_apply = eager_function_apply(RoPEFunction)
+
+
 def _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions) -> None:
     """Every check of apply_rotary_pos_emb, each attribute read once; the messages are built only on failure."""
     if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_DTYPES:
@@ -338,6 +341,6 @@ def apply_rotary_pos_emb(
     """
     _check_rope_args(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
     if torch.is_grad_enabled() and t.requires_grad:
-        return RoPEFunction.apply(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
+        return _rope_apply(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)
     # Nothing to differentiate (inference, no_grad): the operator alone, no autograd node.
     return rope_fwd(t, freqs, start_positions, cu_seqlens, tensor_format, interleaved)

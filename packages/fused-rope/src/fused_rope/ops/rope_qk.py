@@ -18,7 +18,7 @@ import torch
 
 from .._runtime.compat import custom_bwd, custom_fwd, is_compiling
 from .._runtime.launch import Launch
-from .._runtime.registration import custom_op
+from .._runtime.registration import custom_op, eager_function_apply
 from .._runtime.validation import FLOAT_DTYPES, INDEX_DTYPES, check_bool, check_device, check_ndim, check_tensor
 from .._validation import check_overwritable, check_rotary_dim, on_kernel_device
 from ..kernels.rope_qk import _rope_qk_kernel
@@ -253,6 +253,9 @@ class RoPEQKFunction(torch.autograd.Function):
         return dq, dk, None, None, None
 
 
+_rope_qk_apply = eager_function_apply(RoPEQKFunction)
+
+
 class RoPEQKInplaceFunction(torch.autograd.Function):
     """apply_rotary_qk in place: one launch rotates q and k; returns q, declared modified.
 
@@ -391,13 +394,13 @@ def apply_rotary_qk(
             return q, k
         return rope_qk_fwd(q, k, cos, sin, position_ids)
     if not inplace:
-        return RoPEQKFunction.apply(q, k, cos, sin, position_ids)
+        return _rope_qk_apply(q, k, cos, sin, position_ids)
     if is_compiling():
         # Dynamo before torch 2.13 drops ctx.mark_dirty (pytorch/pytorch#184113, fixed by
         # #184267): the gradient would skip the rotation when, as usual, the caller reads the
         # result through the buffer q and k are views of. Traced, the update is written as
         # what AOTAutograd makes of any in-place op anyway: new tensors copied back.
-        q_out, k_out = RoPEQKFunction.apply(q, k, cos, sin, position_ids)
+        q_out, k_out = _rope_qk_apply(q, k, cos, sin, position_ids)
         return q.copy_(q_out), k.copy_(k_out)
     q = RoPEQKInplaceFunction.apply(q, k, cos, sin, position_ids)
     return q, _RotatedInPlace.apply(k, cos, sin, position_ids)

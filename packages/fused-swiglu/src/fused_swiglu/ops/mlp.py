@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from .._runtime.compat import custom_bwd, custom_fwd
+from .._runtime.registration import eager_function_apply
 from .._runtime.validation import FLOAT_DTYPES, check_device, check_optional_tensor, check_same_dtype, check_tensor
 from .._validation import autocast_inputs, check_vector
 from .launchers import mlp_down_grad_, swiglu_input_grad
@@ -96,6 +97,9 @@ class FusedSwiGLUMLP(torch.autograd.Function):
         return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
+_swiglu_mlp_apply = eager_function_apply(FusedSwiGLUMLP)
+
+
 def swiglu_mlp(
     x: torch.Tensor,
     w_gate: torch.Tensor,
@@ -113,5 +117,5 @@ def swiglu_mlp(
     b_down: (d_out,) or None. dtypes and devices as for `swiglu`. Returns (..., d_out).
     """
     if needs_autograd(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
-        return FusedSwiGLUMLP.apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+        return _swiglu_mlp_apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
     return mlp_forward(None, x, w_gate, w_up, w_down, b_gate, b_up, b_down)

@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 import torch
 
 from .._runtime.compat import custom_bwd, custom_fwd, is_compiling
+from .._runtime.registration import eager_function_apply
 from .._runtime.validation import (
     FLOAT_DTYPES,
     check_bool,
@@ -153,6 +154,9 @@ class FusedSwiGLU(torch.autograd.Function):
         return dx, dw_gate, dw_up, db_gate, db_up
 
 
+_swiglu_apply = eager_function_apply(FusedSwiGLU)
+
+
 class FastAccumFusedSwiGLU(torch.autograd.Function):
     """FusedSwiGLU on fp16 operands, optionally accumulating in fp16 (consumer GPUs).
 
@@ -198,5 +202,5 @@ def swiglu(
     in it by the kernel that computes it (the module docstring).
     """
     if needs_autograd(x, w_gate, w_up, b_gate, b_up):
-        return FusedSwiGLU.apply(x, w_gate, w_up, b_gate, b_up)
+        return _swiglu_apply(x, w_gate, w_up, b_gate, b_up)
     return swiglu_forward(None, x, w_gate, w_up, b_gate, b_up, False, FLOAT_DTYPES)
