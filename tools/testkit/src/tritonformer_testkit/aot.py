@@ -102,6 +102,17 @@ def _compile_triton2(fn, signature, constexprs, arch, num_warps, num_stages):
     return asm
 
 
+def _checked_function(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any]):
+    """The JIT function under `kernel`, its arguments checked against signature and constexprs;
+    raises where this machine cannot compile ahead of time."""
+    blocker = aot_blocker()
+    if blocker:
+        raise RuntimeError(blocker)
+    fn = base_jit_function(kernel)
+    _check_arguments(fn, signature, constexprs)
+    return fn
+
+
 def compile_to_asm(
     kernel,
     *,
@@ -121,11 +132,7 @@ def compile_to_asm(
     On sm_90 with Triton 3.x the compile fails if ptxas serialized the kernel's wgmma instructions
     (`serialized_wgmma_notes`), unless `serialized_wgmma_ok` (a known case, documented where passed).
     """
-    blocker = aot_blocker()
-    if blocker:
-        raise RuntimeError(blocker)
-    fn = base_jit_function(kernel)
-    _check_arguments(fn, signature, constexprs)
+    fn = _checked_function(kernel, signature, constexprs)
     if triton_version() >= (3, 0):
         asm = _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages).asm
     else:
@@ -171,11 +178,7 @@ def shared_memory_bytes(
 ) -> int:  # fmt: skip
     """The shared memory one program of this specialization needs (Triton >= 3.0: its compile
     metadata), as compile_to_asm compiles it."""
-    blocker = aot_blocker()
-    if blocker:
-        raise RuntimeError(blocker)
     if triton_version() < (3, 0):
         raise RuntimeError("shared_memory_bytes needs Triton >= 3.0 (its compile metadata)")
-    fn = base_jit_function(kernel)
-    _check_arguments(fn, signature, constexprs)
+    fn = _checked_function(kernel, signature, constexprs)
     return int(_compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages).metadata.shared)
