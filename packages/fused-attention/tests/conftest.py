@@ -42,7 +42,7 @@ def _to_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def lowp_twin(q, k, v, dout, dlse=None, causal=False, softmax_scale=None, alibi_slopes=None, window_size=(-1, -1),
-              layout="bshd") -> Dict[str, torch.Tensor]:  # fmt: skip
+              layout="bshd", softcap=0.0) -> Dict[str, torch.Tensor]:  # fmt: skip
     """out, lse, dq, dk, dv of the FlashAttention-2 algorithm in q's dtype, from torch ops."""
     dtype = q.dtype
     lowp = lambda t: t.to(dtype).float()  # noqa: E731 - round to the input dtype, keep computing in fp32
@@ -53,6 +53,10 @@ def lowp_twin(q, k, v, dout, dlse=None, causal=False, softmax_scale=None, alibi_
     seqlen_k = kf.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     scores = qf @ kf.transpose(-1, -2) * scale
+    cap_grad = 1.0
+    if softcap:
+        capped = torch.tanh(scores / softcap)
+        scores, cap_grad = softcap * capped, 1.0 - capped * capped
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes, seqlen_q, seqlen_k, torch.float32)
     visible = visible_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
@@ -65,7 +69,7 @@ def lowp_twin(q, k, v, dout, dlse=None, causal=False, softmax_scale=None, alibi_
     if dlse is not None:
         delta = delta - (dlse.float()[..., None] if dlse.dim() == 3 else dlse.float())
     dv = lowp(p).transpose(-1, -2) @ dof
-    ds = lowp(p * (dof @ vf.transpose(-1, -2) - delta))
+    ds = lowp(p * (dof @ vf.transpose(-1, -2) - delta) * cap_grad)
     dq = ds @ kf * scale
     dk = ds.transpose(-1, -2) @ qf * scale
 

@@ -44,6 +44,10 @@ CASES = {
     # Full range of 4 query blocks, 3 key blocks: the middle one starts its query loop mid-range
     # (atomic dQ), the last one is ragged (all its query blocks masked).
     "full-rotated-start": (1, 70, 80, 2, 1, 32, {}, (BF16,)),
+    # Softcapped scores (Gemma-2): caps of 2 and 3 bend unit-variance scores far from linear.
+    "softcap-causal": (2, 37, 50, 2, 1, 64, {"causal": True, "softcap": 2.0}, BOTH),
+    "softcap-alibi-far-both-sides": (1, 100, 40, 2, 1, 64, {"alibi": "batch", "softcap": 3.0}, (FP16,)),
+    "softcap-sliding-window": (1, 40, 47, 2, 2, 64, {"window_size": (5, 3), "softcap": 50.0}, (BF16,)),
 }
 DTYPE_IDS = {FP16: "fp16", BF16: "bf16"}
 
@@ -149,8 +153,17 @@ def test_rows_that_see_no_key(attn, device):
         (1, 70, 80, 2, 1, 32, {"window_size": (20, 9)}),
         (1, 50, 20, 2, 2, 128, {"causal": True}),
         (1, 100, 90, 2, 1, 32, {"alibi": "batch"}),
+        (1, 100, 90, 2, 1, 32, {"alibi": "batch", "softcap": 3.0}),
+        (2, 37, 50, 2, 1, 64, {"causal": True, "softcap": 2.0}),
     ],
-    ids=["gqa-causal-alibi", "window", "empty-rows-d128", "alibi-far-both-sides"],
+    ids=[
+        "gqa-causal-alibi",
+        "window",
+        "empty-rows-d128",
+        "alibi-far-both-sides",
+        "softcap-alibi-far",
+        "softcap-causal",
+    ],  # fmt: skip
 )
 def test_deterministic_backward(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options, attn, device):
     """deterministic=True: dQ from its own kernel (no atomics), as checked as the default path."""
@@ -167,3 +180,11 @@ def test_very_negative_scores_with_ragged_keys(attn, device):
     v = torch.randn(1, 45, 2, 32, device=device).to(BF16)
     ours = attn.check_attention(q, k, v)
     assert torch.isfinite(ours["dq"]).all()
+
+
+def test_softcap_saturated_scores(attn, device):
+    """Scores in the hundreds against a cap of 1: every tanh saturates (its derivative underflows
+    towards 0), and out, lse and the gradients stay finite and match the reference."""
+    q, k, v = attn.random_qkv(1, 33, 40, 2, 1, 32, FP16, device)
+    ours = attn.check_attention(q * 16, k * 16, v, causal=True, softcap=1.0)
+    assert all(torch.isfinite(ours[name]).all() for name in ("out", "lse", "dq", "dk", "dv"))

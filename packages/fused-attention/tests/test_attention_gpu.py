@@ -186,12 +186,23 @@ def test_atomic_dq_when_forced(causal, attn, monkeypatch):
         ({"causal": True, "window_size": (512, 0), "alibi": "batch"}, "bshd", FP16),
         ({"causal": True, "alibi": "heads", "softmax_scale": 0.05}, "bhsd", FP16),
         ({}, "bhsd", FP16),
+        ({"causal": True, "window_size": (512, 0), "softcap": 2.0}, "bhsd", BF16),
+        ({"alibi": "batch", "softcap": 50.0}, "bshd", BF16),
     ],
-    ids=["alibi-full", "window-alibi", "local-causal-alibi", "causal-alibi-scale-sdpa", "full-sdpa"],
+    ids=[
+        "alibi-full",
+        "window-alibi",
+        "local-causal-alibi",
+        "causal-alibi-scale-sdpa",
+        "full-sdpa",
+        "local-causal-softcap-sdpa",
+        "alibi-softcap",
+    ],  # fmt: skip
 )
 def test_options_and_layouts(options, layout, dtype, attn):
     """ALiBi with and without masks (per-batch slopes up to 1.05 test the fp32 LSE near the
-    diagonal), a softmax scale, and the SDPA layout (TMA descriptors with heads outside positions)."""
+    diagonal), a softmax scale, softcapped scores, and the SDPA layout (TMA descriptors with heads
+    outside positions)."""
     options = dict(options)
     slopes = _slopes(options.pop("alibi", None), 2, 8)
     q, k, v = attn.random_qkv(2, 1531, 1531, 8, 8, 64, dtype, "cuda", layout=layout)

@@ -94,6 +94,29 @@ def test_rejects_softmax_scale_outside_fp32(scale):
         flash_attention(*qkv(), softmax_scale=scale)
 
 
+@pytest.mark.parametrize(
+    "softcap, error, message",
+    [
+        (-1.0, ValueError, r"^softcap=-1.0 must be a finite number in \[0.0, inf\]"),
+        (float("nan"), ValueError, r"^softcap=nan must be a finite number"),
+        (float("inf"), ValueError, r"^softcap=inf must be a finite number"),
+        (1e-40, ValueError, r"^softcap must be 0 or lie in \[1.18e-38, 2.36e\+38\] \(fp32 range\), got 1e-40"),
+        ("1", TypeError, r"^softcap must be a float, got str"),
+    ],
+)
+def test_rejects_bad_softcap(softcap, error, message):
+    q, k, v = qkv()
+    with pytest.raises(error, match=message):
+        flash_attention(q, k, v, softcap=softcap)
+    with pytest.raises(error, match=message):
+        flash_attention_varlen(
+            q[0], k[0], v[0], torch.tensor([0, 8], dtype=torch.int32, device="meta"),
+            torch.tensor([0, 8], dtype=torch.int32, device="meta"), 8, 8, softcap=softcap,
+        )  # fmt: skip
+    with pytest.raises(error, match=message):
+        FlashAttention(softcap=softcap)
+
+
 def test_rejects_zero_kv_heads():
     with pytest.raises(ValueError, match=r"^k and v have 0 heads: at least one key/value head is needed"):
         flash_attention(*qkv(heads=0, kv_heads=0))
@@ -108,7 +131,7 @@ def test_cached_checks_still_reject(packed, device):
     argument of the wrong type (1 for True, (True, 0) for (1, 0)) is still rejected after the valid
     one passed."""
     q, k, v = (t.normal_() for t in qkv(batch=1, seqlen=3, heads=2, kv_heads=2, head_dim=16, device=device))
-    valid = dict(causal=True, softmax_scale=1.0, window_size=(1, 0), deterministic=False)
+    valid = dict(causal=True, softmax_scale=1.0, window_size=(1, 0), deterministic=False, softcap=1.0)
 
     def call(**options):
         if packed:
@@ -117,7 +140,9 @@ def test_cached_checks_still_reject(packed, device):
 
     for _ in range(2):  # builds the plan, then finds it
         call(**valid)
-    for name, bad in [("causal", 1), ("softmax_scale", True), ("window_size", (True, 0)), ("deterministic", 0)]:
+    bad_options = [("causal", 1), ("softmax_scale", True), ("window_size", (True, 0)), ("deterministic", 0),
+                   ("softcap", True)]  # fmt: skip
+    for name, bad in bad_options:
         with pytest.raises(TypeError, match=rf"^{name} must be"):
             call(**dict(valid, **{name: bad}))
 

@@ -16,6 +16,7 @@ CASES = {
     "causal-alibi-per-batch": ([9, 1, 33], [14, 6, 20], 2, 1, {"causal": True, "alibi": "batch"}, BF16),
     "window-gqa": ([23, 40, 2], None, 4, 1, {"window_size": (4, 2)}, FP16),
     "causal-window-alibi": ([31, 12], [35, 12], 2, 2, {"causal": True, "window_size": (6, 0), "alibi": "heads"}, BF16),
+    "causal-softcap-gqa": ([1, 25, 0, 9], None, 4, 2, {"causal": True, "softcap": 2.5}, FP16),
 }
 
 

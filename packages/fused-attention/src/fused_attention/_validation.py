@@ -11,6 +11,7 @@ import torch
 from ._runtime.validation import (  # noqa: F401 - re-exported for the package's modules
     check_bool,
     check_device,
+    check_float,
     check_int,
     check_same_dtype,
     check_tensor,
@@ -70,6 +71,16 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     if not low <= softmax_scale <= high:
         raise ValueError(f"softmax_scale must lie in the fp32 range [{low:.3g}, {high:.3g}], got {softmax_scale}")
     return float(softmax_scale)
+
+
+def check_softcap(softcap, softmax_scale: float) -> float:
+    """0 (no softcap) or a positive float for which the kernels' fp32 factors, softcap * log2(e)
+    and 2 * softmax_scale * log2(e) / softcap, are finite normal numbers."""
+    value = check_float("softcap", softcap, 0.0)
+    low, high = max(_FP32_TINY, 2.0 * softmax_scale * _LOG2E / _FP32_MAX), _FP32_MAX / _LOG2E
+    if value and not low <= value <= high:
+        raise ValueError(f"softcap must be 0 or lie in [{low:.3g}, {high:.3g}] (fp32 range), got {value}")
+    return value
 
 
 def check_window(window_size, causal, max_seqlen_q: int, max_seqlen_k: int) -> Tuple[int, int]:

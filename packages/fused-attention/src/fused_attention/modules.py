@@ -12,6 +12,7 @@ from ._validation import (
     check_head_dim,
     check_int,
     check_layout,
+    check_softcap,
     check_softmax_scale,
     check_window,
 )
@@ -26,11 +27,13 @@ class FlashAttention(nn.Module):
     """
 
     def __init__(self, causal: bool = False, softmax_scale: Optional[float] = None, window_size=(-1, -1),
-                 layout: str = "bshd", deterministic: bool = False):  # fmt: skip
+                 layout: str = "bshd", deterministic: bool = False, softcap: float = 0.0):  # fmt: skip
         super().__init__()
         check_layout(layout)
         check_window(window_size, causal, 2**31, 2**31)
-        check_softmax_scale(softmax_scale, 64)  # the head dim only sets the default
+        # The head dim only sets the default scale; a softcap is checked again against the call's scale.
+        check_softcap(softcap, check_softmax_scale(softmax_scale, 64))
+        self.softcap = softcap
         self.causal = causal
         self.softmax_scale = softmax_scale
         self.window_size = tuple(window_size)
@@ -40,13 +43,13 @@ class FlashAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor] = None):
         return flash_attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, alibi_slopes=alibi_slopes,
-            window_size=self.window_size, layout=self.layout, deterministic=self.deterministic,
+            window_size=self.window_size, layout=self.layout, deterministic=self.deterministic, softcap=self.softcap,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, softmax_scale={self.softmax_scale}, window_size={self.window_size}, "
-            f"layout={self.layout!r}, deterministic={self.deterministic}"
+            f"layout={self.layout!r}, deterministic={self.deterministic}, softcap={self.softcap}"
         )
 
 
@@ -56,8 +59,8 @@ class MultiheadSelfAttention(nn.Module):
     Parameters (nn.Linear modules, so state dicts load like any Linear):
       q_proj: d_model -> n_head * head_dim;  k_proj, v_proj: d_model -> n_kv_head * head_dim;
       out_proj: n_head * head_dim -> d_model;  head_dim = d_model // n_head.
-    Buffer (not saved): alibi_slopes, fp32 (n_head,), when alibi=True. deterministic: as
-    flash_attention's (bit-reproducible dQ in the backward, slower).
+    Buffer (not saved): alibi_slopes, fp32 (n_head,), when alibi=True. deterministic, softcap: as
+    flash_attention's (bit-reproducible dQ in the backward, slower; Gemma-2's capped scores).
 
     forward(x, qk_transform=None): x (B, S, d_model) -> (B, S, d_model). qk_transform, if given,
     maps (q, k) in (B, S, heads, head_dim) to new (q, k) before attention, e.g. rotary embeddings.
@@ -76,6 +79,7 @@ class MultiheadSelfAttention(nn.Module):
         window_size: Tuple[int, int] = (-1, -1),
         softmax_scale: Optional[float] = None,
         deterministic: bool = False,
+        softcap: float = 0.0,
         device=None,
         dtype=None,
     ):
@@ -89,7 +93,7 @@ class MultiheadSelfAttention(nn.Module):
             raise ValueError(f"n_head={n_head} must be a multiple of n_kv_head={n_kv_head}")
         check_head_dim(d_model // n_head)
         check_window(window_size, causal, 2**31, 2**31)
-        check_softmax_scale(softmax_scale, d_model // n_head)
+        self.softcap = check_softcap(softcap, check_softmax_scale(softmax_scale, d_model // n_head))
         self.d_model, self.n_head, self.n_kv_head = d_model, n_head, n_kv_head
         self.head_dim = d_model // n_head
         self.causal, self.window_size, self.softmax_scale = causal, tuple(window_size), softmax_scale
@@ -118,7 +122,7 @@ class MultiheadSelfAttention(nn.Module):
         slopes = None if self.alibi_slopes is None else self.alibi_slopes.float()
         out = flash_attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, alibi_slopes=slopes,
-            window_size=self.window_size, deterministic=self.deterministic,
+            window_size=self.window_size, deterministic=self.deterministic, softcap=self.softcap,
         )  # fmt: skip
         return self.out_proj(out.reshape(batch, seqlen, self.n_head * self.head_dim))  # (B, S, d_model)
 

@@ -1,10 +1,10 @@
 """Pure-PyTorch reference of the attention kernels; the tests and benchmarks import it.
 
-softmax(Q K^T * scale + bias + mask) V, in a chosen precision (float64 or float32 on upcast
+softmax(cap(Q K^T * scale) + bias + mask) V, in a chosen precision (float64 or float32 on upcast
 inputs for the reference), differentiable in q, k and v. Semantics match the kernels:
 query i sees key j when -left <= j - (i + S_k - S_q) <= right (bottom-right alignment; causal is
 right = 0), the ALiBi bias is -slope * |i + S_k - S_q - j|, and a query that sees no key gets
-an output of 0 and an LSE of -inf.
+an output of 0 and an LSE of -inf. cap(s) = softcap * tanh(s / softcap), or s without a softcap.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def attention_reference(
     window_size=(-1, -1),
     layout: str = "bshd",
     dtype: torch.dtype = torch.float64,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) computed in `dtype`: out in q's layout, lse (B, H, S_q) natural-log.
 
@@ -68,6 +69,8 @@ def attention_reference(
     seqlen_k = k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     scores = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes.to(q.device), seqlen_q, seqlen_k, dtype)
     visible = visible_mask(seqlen_q, seqlen_k, causal, window_size, device=q.device)
@@ -94,6 +97,7 @@ def attention_reference_varlen(
     alibi_slopes: Optional[torch.Tensor] = None,
     window_size=(-1, -1),
     dtype: torch.dtype = torch.float64,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed (total, H, D) batches: each sequence through attention_reference; lse (H, total_q)."""
     outs, lses = [], []
@@ -105,7 +109,16 @@ def attention_reference_varlen(
         if alibi_slopes is not None:
             slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
         out, lse = attention_reference(
-            q[None, rows_q], k[None, rows_k], v[None, rows_k], causal, softmax_scale, slopes, window_size, "bshd", dtype
+            q[None, rows_q],
+            k[None, rows_k],
+            v[None, rows_k],
+            causal,
+            softmax_scale,
+            slopes,
+            window_size,
+            "bshd",
+            dtype,
+            softcap,
         )
         outs.append(out[0])
         lses.append(lse[0])

@@ -44,6 +44,7 @@ from .common import (
     _load_rows,
     _load_tile,
     _seq_bounds,
+    _softcap_scores,
     _store_tile,
     _to_dtype,
 )
@@ -123,13 +124,18 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_update(
     dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
-    window_right, qk_scale, slope2,
+    window_right, qk_scale, softcap_in, softcap_out, slope2,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
     and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
-    s_t = _dot(k, tl.trans(q), UPCAST) * qk_scale
+    qk_t = _dot(k, tl.trans(q), UPCAST)
+    if SOFTCAP:
+        s_t, dcap_t = _softcap_scores(qk_t, softcap_in, softcap_out)
+    else:
+        s_t = qk_t * qk_scale
     if ALIBI:
         s_t += _alibi_tile(offs_m[None, :], offs_n[:, None], diag, slope2)
     p_t = tl.math.exp2(s_t - lse2[None, :])
@@ -143,7 +149,10 @@ def _dkdv_update(
         p_t = tl.where(visible, p_t, 0.0)
     dv = _dot_acc(_to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
     dp_t = _dot(v, tl.trans(do), UPCAST)
-    ds_t = _to_dtype(p_t * (dp_t - delta[None, :]), q.dtype, UPCAST)
+    ds_t = p_t * (dp_t - delta[None, :])
+    if SOFTCAP:
+        ds_t *= dcap_t
+    ds_t = _to_dtype(ds_t, q.dtype, UPCAST)
     dk = _dot_acc(ds_t, q, dk, UPCAST)
     if DQ_ATOMIC:
         dq_t = _dot(tl.trans(k), ds_t, UPCAST)  # [BLOCK_D, BLOCK_M]: (dS K)^T, the head dim as M
@@ -161,9 +170,10 @@ def _dkdv_update(
 def _dkdv_blocks(
     dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
     stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
-    slope2, lo, hi, rotate,
+    softcap_in, softcap_out, slope2, lo, hi, rotate,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
     ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block; with ROTATE the loop
@@ -198,9 +208,9 @@ def _dkdv_blocks(
             lse2 = tl.load(lse_base + rows) * LOG2E
             delta = tl.load(delta_base + rows)
         dk, dv = _dkdv_update(
-            dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d,
-            seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, slope2, HEAD_DIM, BLOCK_D,
-            MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, DQ_ATOMIC, UPCAST,
+            dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d, seqlen_q, seqlen_k, diag,
+            window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, HEAD_DIM, BLOCK_D, MASKED, HAS_LEFT,
+            HAS_RIGHT, ALIBI, SOFTCAP, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
 
@@ -221,11 +231,12 @@ def _attn_bwd_dkdv_kernel(
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
     # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
-    n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, window_left, window_right,
+    n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, softcap_in, softcap_out,
+    window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
-    HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -299,21 +310,21 @@ def _attn_bwd_dkdv_kernel(
         if HAS_RIGHT:
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-                qk_scale, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
-                HAS_RIGHT, ALIBI, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+                head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
+                softcap_in, softcap_out, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
+                HAS_RIGHT, ALIBI, SOFTCAP, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
-            ALIBI, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
+            stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
+            softcap_out, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
+            ALIBI, SOFTCAP, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         dk, dv = _dkdv_blocks(
-            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
-            head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
-            DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
+            stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
+            softcap_out, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
+            SOFTCAP, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
@@ -368,14 +379,18 @@ def _attn_bwd_dq_convert_kernel(
 
 @triton.jit
 def _dq_update(
-    dq, q, do, k, v, lse2, delta, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
-    key_bias, row_bias,
+    dq, q, do, k, v, lse2, delta, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
+    softcap_out, slope2, key_bias, row_bias,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    ALIBI_FAR: tl.constexpr, UPCAST: tl.constexpr,
+    ALIBI_FAR: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One key block's contribution to a query block's dQ (before the softmax scale). ALIBI_FAR: a
     fully visible block far off the diagonal, its bias key_bias[c] + row_bias[r] (common.py)."""
-    s = _dot(q, tl.trans(k), UPCAST) * qk_scale
+    qk = _dot(q, tl.trans(k), UPCAST)
+    if SOFTCAP:
+        s, dcap = _softcap_scores(qk, softcap_in, softcap_out)
+    else:
+        s = qk * qk_scale
     if ALIBI_FAR:
         p = tl.math.exp2(s + key_bias[None, :] - (lse2 - row_bias)[:, None])
     else:
@@ -387,16 +402,18 @@ def _dq_update(
         p = tl.where(visible & (offs_n[None, :] < seqlen_k), p, 0.0)
     dp = _dot(do, tl.trans(v), UPCAST)
     ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds *= dcap
     return _dot_acc(_to_dtype(ds, k.dtype, UPCAST), k, dq, UPCAST)
 
 
 @triton.jit
 def _dq_blocks(
     dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
-    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi, far_sign,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, lo, hi, far_sign,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
-    TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    SOFTCAP: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi) against the resident query block; ALIBI_FAR as in the forward's _fwd_blocks."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -418,8 +435,9 @@ def _dq_blocks(
         )  # fmt: skip
         row_bias = far_sign * slope2 * (start_n - row_pos).to(tl.float32)
         dq = _dq_update(
-            dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right,
-            qk_scale, slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, UPCAST,
+            dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
+            softcap_in, softcap_out, slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, SOFTCAP,
+            UPCAST,
         )  # fmt: skip
     return dq
 
@@ -438,10 +456,12 @@ def _attn_bwd_dq_kernel(
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
     # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
-    n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, window_left, window_right,
+    n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, softcap_in, softcap_out,
+    window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -494,9 +514,9 @@ def _attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if HAS_LEFT:
         dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start,
-            full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False,
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, start,
+            full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
             USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     # ALiBi in dense batches, as in the forward (kernels/attention_fwd.py): the far blocks in the
@@ -509,42 +529,45 @@ def _attn_bwd_dq_kernel(
             masked_start = below_end
     if (ALIBI and HAS_RIGHT) and not IS_VARLEN:
         dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end,
-            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
+            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if ALIBI and not IS_VARLEN:
         if not HAS_RIGHT:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end,
-                above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA,
-                HEADS_OUTER, UPCAST,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2,
+                below_end, above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False,
+                SOFTCAP, USE_TMA, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end,
-            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
+            below_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, USE_TMA,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
         if not HAS_RIGHT:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start,
-                full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
-                HEADS_OUTER, UPCAST,
+                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2,
+                above_start, full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True,
+                SOFTCAP, USE_TMA, HEADS_OUTER, UPCAST,
             )  # fmt: skip
     else:
         dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end,
-            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
+            full_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if not ((ALIBI and HAS_RIGHT) and not IS_VARLEN):
         dq = _dq_blocks(
-            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-            stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end,
-            1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-            HEADS_OUTER, UPCAST,
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
+            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
+            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh

@@ -2,7 +2,7 @@
 
 Scope: fp16/bf16 inputs, head dims up to 256 (the tile is padded to a power of two and masked),
 any sequence lengths (ragged tails masked), dense (B, S, H, D) or packed varlen batches, GQA/MQA,
-causal and sliding-window masks aligned bottom-right, ALiBi. Outputs O in the input dtype and the
+causal and sliding-window masks aligned bottom-right, ALiBi, softcapped scores. Outputs O in the input dtype and the
 natural-log LSE in fp32 (-inf, with O = 0, for a query that sees no key).
 
 Algorithm: the query tile stays in registers while key/value tiles stream through an online
@@ -35,6 +35,7 @@ from .common import (
     _dot_acc,
     _load_rows,
     _load_tile,
+    _scores,
     _seq_bounds,
     _store_tile,
     _to_dtype,
@@ -43,27 +44,27 @@ from .common import (
 
 @triton.jit
 def _fwd_update(
-    acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, slope2,
-    key_bias, row_bias,
+    acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
+    softcap_out, slope2, key_bias, row_bias,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    ALIBI_FAR: tl.constexpr, UPCAST: tl.constexpr,
+    ALIBI_FAR: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One key block of the online softmax: returns the updated (acc, l_i, m_i). ALIBI_FAR: a fully
     visible block far off the diagonal, its bias the rank-1 key_bias[c] + row_bias[r] (common.py)."""
     qk = _dot(q, tl.trans(k), UPCAST)
     if ALIBI_FAR:
         # The per-key bias rides in the scale's FMA; the per-query one shifts the row's max only.
-        s = qk * qk_scale + key_bias[None, :]
+        s = _scores(qk, qk_scale, softcap_in, softcap_out, SOFTCAP) + key_bias[None, :]
         m_new = tl.maximum(m_i, tl.max(s, 1) + row_bias)
         p = tl.math.exp2(s - (m_new - row_bias)[:, None])
         alpha = tl.math.exp2(m_i - m_new)
-    elif (not ALIBI) and (not MASKED):
+    elif (not ALIBI) and (not MASKED) and (not SOFTCAP):
         # Fully visible block, no bias: the row max of the raw scores, then one FMA per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
     else:
-        s = qk * qk_scale
+        s = _scores(qk, qk_scale, softcap_in, softcap_out, SOFTCAP)
         if ALIBI:
             s += _alibi_tile(offs_m[:, None], offs_n[None, :], diag, slope2)
         if MASKED:
@@ -85,10 +86,10 @@ def _fwd_update(
 @triton.jit
 def _fwd_blocks(
     acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
-    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, lo, hi, far_sign,
+    offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, lo, hi, far_sign,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
-    TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    SOFTCAP: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi): MASKED ones on the band's edges or past the key tail, the others fully
     visible. TMA: K/V tiles through descriptors (the caller only asks for it where a tile cannot
@@ -115,7 +116,8 @@ def _fwd_blocks(
         row_bias = far_sign * slope2 * (start_n - row_pos).to(tl.float32)
         acc, l_i, m_i = _fwd_update(
             acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
-            slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, UPCAST,
+            softcap_in, softcap_out, slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, SOFTCAP,
+            UPCAST,
         )  # fmt: skip
     return acc, l_i, m_i
 
@@ -135,10 +137,12 @@ def _attn_fwd_kernel(
     stride_lse_b, stride_lse_h,
     stride_slope_b, stride_slope_h,
     # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
-    n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, window_left, window_right,
+    n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, softcap_in, softcap_out,
+    window_left, window_right,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
+    HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -191,9 +195,9 @@ def _attn_fwd_kernel(
     if HAS_LEFT:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, start, full_start, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-            HEADS_OUTER, UPCAST,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, start,
+            full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
+            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     # ALiBi in dense batches: the fully visible blocks far off the diagonal take the rank-1 bias
     # (common.py). With a right bound the near blocks join the masked loop of the diagonal (which
@@ -210,41 +214,44 @@ def _attn_fwd_kernel(
     if (ALIBI and HAS_RIGHT) and not IS_VARLEN:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
+            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if ALIBI and not IS_VARLEN:
         if not HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
-                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, below_end,
-                above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA,
-                HEADS_OUTER, UPCAST,
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+                offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, below_end,
+                above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
+                USE_TMA, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, below_end, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA, HEADS_OUTER, UPCAST,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
+            below_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, USE_TMA,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
         if not HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
-                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
-                stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, above_start,
-                full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, USE_TMA,
-                HEADS_OUTER, UPCAST,
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
+                offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2,
+                above_start, full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True,
+                SOFTCAP, USE_TMA, HEADS_OUTER, UPCAST,
             )  # fmt: skip
     else:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, full_start, full_end, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA, HEADS_OUTER, UPCAST,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
+            full_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if not ((ALIBI and HAS_RIGHT) and not IS_VARLEN):
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
-            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, slope2, masked_start, end, 1.0,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, USE_TMA and not IS_VARLEN,
-            HEADS_OUTER, UPCAST,
+            offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
+            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
+            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.

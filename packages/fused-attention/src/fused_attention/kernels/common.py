@@ -13,6 +13,9 @@ Conventions (all kernels):
   (causal is window_right = 0).
 - Scores live in the log2 domain: s2 = (q.k) * softmax_scale * log2(e) + bias * log2(e), so the
   softmax uses exp2. The saved LSE is natural-log, fp32: lse = ln(sum_j exp(s_j)).
+- Softcap (SOFTCAP, Gemma-2): the scaled product is capped before any bias or mask,
+  softcap * tanh(q.k * softmax_scale / softcap); the backward multiplies dS by the cap's
+  derivative, 1 - tanh^2, recomputed with the scores.
 - ALiBi (bias = -slope * |i + diag - j|, ALIBI a 0/1 flag): near the diagonal the distance is
   formed in fp32 from the exact float positions (j - (i + diag), integers below 2^24: exact),
   then scaled once, so a score near the diagonal carries only its own rounding, as PyTorch's fp32
@@ -209,3 +212,29 @@ def _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI
     else:
         slope2 = 0.0
     return slope2
+
+
+@triton.jit
+def _softcap_scores(qk, softcap_in, softcap_out):
+    """Softcapped scores of the raw products qk = q.k in log2 units, and the cap's derivative:
+    softcap * tanh(qk * softmax_scale / softcap) * log2(e) and 1 - tanh^2, given
+    softcap_in = 2 * softmax_scale * log2(e) / softcap and softcap_out = softcap * log2(e).
+
+    tanh comes from one exp2 of -2|x| (at most 1: it never overflows), without a libdevice call;
+    1 - tanh^2 = 4e / (1 + e)^2 has no cancellation where the cap saturates.
+    """
+    e = tl.math.exp2(-tl.abs(qk) * softcap_in)
+    r = 1.0 / (1.0 + e)
+    t = (1.0 - e) * r
+    t = tl.where(qk < 0.0, -t, t)
+    return t * softcap_out, 4.0 * e * r * r
+
+
+@triton.jit
+def _scores(qk, qk_scale, softcap_in, softcap_out, SOFTCAP: tl.constexpr):
+    """The scores of raw products qk in log2 units: qk * qk_scale, or softcapped (SOFTCAP)."""
+    if SOFTCAP:
+        s, _ = _softcap_scores(qk, softcap_in, softcap_out)
+    else:
+        s = qk * qk_scale
+    return s

@@ -33,6 +33,7 @@ from .._validation import (
     check_int,
     check_layout,
     check_qkv_dtypes,
+    check_softcap,
     check_softmax_scale,
     check_window,
 )
@@ -86,7 +87,7 @@ def _backward(ctx, dout, dlse):
 _backward_once = once_differentiable(_backward)
 
 
-# The launchers as custom ops, for torch.compile: the spec travels as ints and a float.
+# The launchers as custom ops, for torch.compile: the spec travels as ints and floats.
 
 
 def _op_forward(
@@ -97,14 +98,14 @@ def _op_forward(
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
     spec_ints: List[int],
-    softmax_scale: float,
+    spec_floats: List[float],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+    spec = AttentionSpec.from_op_args(spec_ints, spec_floats)
     return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
 
 
-def _op_forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale):
-    spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+def _op_forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, spec_floats):
+    spec = AttentionSpec.from_op_args(spec_ints, spec_floats)
     lse = q.new_empty(lse_shape(spec, q.shape[0]), dtype=torch.float32)
     return torch.empty_like(q, memory_format=torch.contiguous_format), lse
 
@@ -121,20 +122,20 @@ def _op_backward(
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
     spec_ints: List[int],
-    softmax_scale: float,
+    spec_floats: List[float],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    spec = AttentionSpec.from_op_args(spec_ints, softmax_scale)
+    spec = AttentionSpec.from_op_args(spec_ints, spec_floats)
     return attention_bwd(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
 
 
-def _op_backward_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, scale):
+def _op_backward_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, floats):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _op_setup_context(ctx, inputs, output):
-    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, softmax_scale = inputs
+    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, spec_floats = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    ctx.spec = (spec_ints, softmax_scale)
+    ctx.spec = (spec_ints, spec_floats)
 
 
 def _op_backward_rule(ctx, grads, backward, eager):
@@ -212,12 +213,13 @@ def _copied(copies: Tuple[bool, ...], *tensors) -> tuple:
     return tuple(t.contiguous() if copy else t for t, copy in zip(tensors, copies))
 
 
-def _option_key(causal, softmax_scale, window_size, deterministic) -> tuple:
+def _option_key(causal, softmax_scale, window_size, deterministic, softcap) -> tuple:
     """The options with their types (an equal value of the wrong type must reach the checks: 1 for
     True, (True, 0) for (1, 0)); raises for options that no check would pass."""
     return (
         causal, causal.__class__, softmax_scale, softmax_scale.__class__, tuple(window_size),
-        window_size[0].__class__, window_size[1].__class__, deterministic, deterministic.__class__,
+        window_size[0].__class__, window_size[1].__class__, deterministic, deterministic.__class__, softcap,
+        softcap.__class__,
     )  # fmt: skip
 
 
@@ -261,6 +263,7 @@ def flash_attention(
     return_lse: bool = False,
     layout: str = "bshd",
     deterministic: bool = False,
+    softcap: float = 0.0,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, differentiable in q, k, v.
 
@@ -281,6 +284,8 @@ def flash_attention(
         GPU every call takes that path today, the faster one as measured (ops.configs); the flag
         guarantees it should the choice change. (An fp32-atomic dQ, FlashAttention-2's default,
         remains for head dims up to 64: its last bits may differ between runs.)
+    softcap: 0 for none; positive: the scaled scores are capped as Gemma-2's attention does,
+        softcap * tanh(q.k * softmax_scale / softcap), before the ALiBi bias and the masks.
 
     Returns out, or (out, lse). A query that sees no key gets out = 0 and lse = -inf. Under
     torch.autocast, fp32 inputs are cast to the autocast dtype first.
@@ -289,7 +294,7 @@ def flash_attention(
         check_bool("return_lse", return_lse)
     q, k, v = _autocast_inputs(q, k, v)
     if is_compiling():
-        spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
+        spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap)
         out, lse = _traced(q, k, v, alibi_slopes, None, None, spec)
     else:
         try:  # the plan key, built inline (the hot path): _dense_key's
@@ -298,14 +303,14 @@ def flash_attention(
                 k.device, v.device, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15,
                 None if alibi_slopes is None else _slopes_key(alibi_slopes), layout, causal, causal.__class__,
                 softmax_scale, softmax_scale.__class__, tuple(window_size), window_size[0].__class__,
-                window_size[1].__class__, deterministic, deterministic.__class__,
+                window_size[1].__class__, deterministic, deterministic.__class__, softcap, softcap.__class__,
             )  # fmt: skip
             plan = _DENSE_PLANS.get(key)
         except Exception:  # a non-tensor or an unhashable option: the checks name the culprit
             key = plan = None
         if plan is None:
             plan = publish(_DENSE_PLANS, key, _dense_plan, q, k, v, causal, softmax_scale, alibi_slopes,
-                           window_size, layout, deterministic)  # fmt: skip
+                           window_size, layout, deterministic, softcap)  # fmt: skip
         if plan.copies is not None:
             q, k, v = _copied(plan.copies, q, k, v)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -318,12 +323,16 @@ def flash_attention(
 _DENSE_PLANS = call_plan_cache()
 
 
-def _dense_plan(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> CallPlan:
-    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic)
+def _dense_plan(
+    q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap
+) -> CallPlan:  # fmt: skip
+    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap)
     return call_plan((q, k, v), alibi_slopes, spec)
 
 
-def _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic) -> AttentionSpec:
+def _check_dense(
+    q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap
+) -> AttentionSpec:  # fmt: skip
     """flash_attention's checks, in order (the device last); returns the call's spec."""
     check_qkv_dtypes(q, k, v)
     bhsd = check_layout(layout)
@@ -345,10 +354,11 @@ def _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layo
     window_left, window_right = check_window(window_size, causal, seqlen_q, seqlen_k)
     check_alibi_slopes(alibi_slopes, batch, n_heads)
     check_bool("deterministic", deterministic)
+    softcap = check_softcap(softcap, scale)
     check_device(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
     return AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, seqlen_q, seqlen_k, scale, window_left, window_right,
-        alibi_slopes is not None, False, bhsd, deterministic,
+        alibi_slopes is not None, False, bhsd, deterministic, softcap,
     )  # fmt: skip
 
 
@@ -371,6 +381,7 @@ def flash_attention_varlen(
     return_lse: bool = False,
     check_seqlens: bool = True,
     deterministic: bool = False,
+    softcap: float = 0.0,
 ):
     """flash_attention over a packed batch of variable-length sequences, differentiable in q, k, v.
 
@@ -391,13 +402,13 @@ def flash_attention_varlen(
         rows past max_seqlen are not computed. The values of every output and gradient row
         that such a sequence covers, or that no sequence covers, are unspecified; the rows of
         the other sequences are exact.
-    deterministic: as flash_attention.
+    deterministic, softcap: as flash_attention.
 
     Returns out (total_q, H, D), or (out, lse).
     """
     q, k, v = _autocast_inputs(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-            window_size, return_lse, check_seqlens, deterministic)  # fmt: skip
+            window_size, return_lse, check_seqlens, deterministic, softcap)  # fmt: skip
     if is_compiling():
         spec = _check_varlen(*args)
         out, lse = _traced(q, k, v, alibi_slopes, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), spec)
@@ -428,31 +439,31 @@ def _offsets_key(t) -> tuple:
 
 def _varlen_key(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-    window_size, return_lse, check_seqlens, deterministic,
+    window_size, return_lse, check_seqlens, deterministic, softcap,
 ) -> tuple:  # fmt: skip
     return (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device,
         v.device, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15, _offsets_key(cu_seqlens_q),
         _offsets_key(cu_seqlens_k), max_seqlen_q, max_seqlen_q.__class__, max_seqlen_k, max_seqlen_k.__class__,
         _slopes_key(alibi_slopes), return_lse.__class__, check_seqlens.__class__,
-        *_option_key(causal, softmax_scale, window_size, deterministic),
+        *_option_key(causal, softmax_scale, window_size, deterministic, softcap),
     )  # fmt: skip
 
 
 def _varlen_plan(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-    window_size, return_lse, check_seqlens, deterministic,
+    window_size, return_lse, check_seqlens, deterministic, softcap,
 ) -> CallPlan:  # fmt: skip
     spec = _check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-        window_size, return_lse, check_seqlens, deterministic,
+        window_size, return_lse, check_seqlens, deterministic, softcap,
     )  # fmt: skip
     return call_plan((q, k, v), alibi_slopes, spec)
 
 
 def _check_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-    window_size, return_lse, check_seqlens, deterministic,
+    window_size, return_lse, check_seqlens, deterministic, softcap,
 ) -> AttentionSpec:  # fmt: skip
     """flash_attention_varlen's checks, in order (the device last; the offsets' values are read by
     the caller after them); returns the call's spec."""
@@ -481,8 +492,9 @@ def _check_varlen(
     check_alibi_slopes(alibi_slopes, batch, n_heads)
     for name, flag in (("return_lse", return_lse), ("check_seqlens", check_seqlens), ("deterministic", deterministic)):
         check_bool(name, flag)
+    softcap = check_softcap(softcap, scale)
     check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
     return AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
-        alibi_slopes is not None, True, False, deterministic,
+        alibi_slopes is not None, True, False, deterministic, softcap,
     )  # fmt: skip

@@ -57,8 +57,9 @@ class AttentionSpec(NamedTuple):
     Dense: tensors are (B, S, H, D) (`bhsd=False`) or (B, H, S, D) (`bhsd=True`). Varlen
     (`varlen=True`): (total, H, D) with cu_seqlens; max_seqlen_* bound every sequence.
     window_left/right: -1 for no bound; causal is window_right = 0. deterministic: the backward
-    computes dQ without atomics (bit-reproducible, slower). A tuple, so that it hashes fast as
-    part of a launch plan key.
+    computes dQ without atomics (bit-reproducible, slower). softcap: 0 for none, else the scores
+    are softcap * tanh(q.k * softmax_scale / softcap). A tuple, so that it hashes fast as part of
+    a launch plan key.
     """
 
     batch: int
@@ -74,14 +75,15 @@ class AttentionSpec(NamedTuple):
     varlen: bool
     bhsd: bool
     deterministic: bool = False
+    softcap: float = 0.0
 
-    def to_op_args(self) -> Tuple[List[int], float]:
-        """The fields as (ints, softmax_scale): what a torch custom op can take."""
-        return [int(getattr(self, name)) for name in _INT_FIELDS], self.softmax_scale
+    def to_op_args(self) -> Tuple[List[int], List[float]]:
+        """The fields as (ints, [softmax_scale, softcap]): what a torch custom op can take."""
+        return [int(getattr(self, name)) for name in _INT_FIELDS], [self.softmax_scale, self.softcap]
 
     @classmethod
-    def from_op_args(cls, ints: List[int], softmax_scale: float) -> AttentionSpec:
-        fields = dict(zip(_INT_FIELDS, ints), softmax_scale=softmax_scale)
+    def from_op_args(cls, ints: List[int], floats: List[float]) -> AttentionSpec:
+        fields = dict(zip(_INT_FIELDS, ints), softmax_scale=floats[0], softcap=floats[1])
         for name in ("has_alibi", "varlen", "bhsd", "deterministic"):
             fields[name] = bool(fields[name])
         return cls(**fields)
@@ -97,7 +99,8 @@ class AttentionSpec(NamedTuple):
         return 0 if self.varlen else 2 if self.bhsd else 1
 
 
-_INT_FIELDS = tuple(name for name in AttentionSpec._fields if name != "softmax_scale")
+_INT_FIELDS = tuple(name for name in AttentionSpec._fields if name not in ("softmax_scale", "softcap"))
+_LOG2E = 1.4426950408889634
 
 
 def contiguous_strides(shape) -> Tuple[int, ...]:
@@ -175,9 +178,20 @@ def _strides(name: str, strides: Tuple[int, int, int]) -> Dict[str, int]:
     return {f"stride_{name}b": strides[0], f"stride_{name}s": strides[1], f"stride_{name}h": strides[2]}
 
 
+def _softcap_args(spec: AttentionSpec) -> Dict[str, float]:
+    """The kernels' softcap factors (kernels/common.py, _softcap_scores); 0 without a softcap."""
+    if not spec.softcap:
+        return {"softcap_in": 0.0, "softcap_out": 0.0}
+    return {
+        "softcap_in": 2.0 * spec.softmax_scale * _LOG2E / spec.softcap,
+        "softcap_out": spec.softcap * _LOG2E,
+    }
+
+
 def _sizes_and_options(spec: AttentionSpec, total_q: int, total_k: int) -> Dict[str, object]:
     """The arguments the three main kernels share: sizes, options and mask/bias constexprs."""
     return dict(
+        **_softcap_args(spec), SOFTCAP=spec.softcap > 0,
         kv_group=spec.n_heads // spec.n_kv_heads, max_seqlen_q=spec.max_seqlen_q, max_seqlen_k=spec.max_seqlen_k,
         total_q=total_q, total_k=total_k, softmax_scale=spec.softmax_scale, window_left=spec.window_left,
         window_right=spec.window_right, HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, IS_VARLEN=spec.varlen,

@@ -124,6 +124,7 @@ def flash_attention_qkvpacked(
     alibi_slopes: Optional[torch.Tensor] = None,
     window_size: Tuple[int, int] = (-1, -1),
     deterministic: bool = False,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """flash_attention over q, k and v packed in one tensor, differentiable in it.
 
@@ -131,7 +132,7 @@ def flash_attention_qkvpacked(
         heads, as a fused qkv projection's output viewed as heads. FlashAttention's packed
         (B, S, 3, H, D) is the same memory: `qkv.flatten(2, 3)` passes it without a copy.
     n_kv_heads: H_kv; None: a third of the packed heads (multi-head attention).
-    causal, softmax_scale, alibi_slopes, window_size, deterministic: as flash_attention (layout
+    causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap: as flash_attention (layout
         "bshd"; self-attention, so S_q = S_k).
 
     Returns out (B, S, H, D). The gradient of qkv is written packed by the backward kernels (no
@@ -140,9 +141,11 @@ def flash_attention_qkvpacked(
     (qkv,) = _autocast_inputs(qkv)  # once for q, k and v
     if is_compiling():
         q, k, v = _addressable(qkv, 1).split(_check_packed(qkv, n_kv_heads), dim=2)
-        return flash_attention(q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic)
+        return flash_attention(
+            q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic, softcap
+        )
     plan = lookup(_PACKED_PLANS, _packed_key, _packed_plan, qkv, n_kv_heads, causal, softmax_scale, alibi_slopes,
-                  window_size, deterministic)  # fmt: skip
+                  window_size, deterministic, softcap)  # fmt: skip
     if plan.copy:
         qkv = qkv.contiguous()
     if torch.is_grad_enabled() and qkv.requires_grad:
@@ -154,17 +157,19 @@ def flash_attention_qkvpacked(
 _PACKED_PLANS = call_plan_cache()
 
 
-def _packed_key(qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic) -> tuple:
+def _packed_key(qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap) -> tuple:
     return (
         qkv.shape, qkv.stride(), qkv.dtype, qkv.device, not qkv.data_ptr() & 15, n_kv_heads, n_kv_heads.__class__,
-        _slopes_key(alibi_slopes), *_option_key(causal, softmax_scale, window_size, deterministic),
+        _slopes_key(alibi_slopes), *_option_key(causal, softmax_scale, window_size, deterministic, softcap),
     )  # fmt: skip
 
 
-def _packed_plan(qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic) -> PackedPlan:
+def _packed_plan(
+    qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap
+) -> PackedPlan:  # fmt: skip
     split = _check_packed(qkv, n_kv_heads)
     q, k, v = qkv.split(split, dim=2)
-    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, "bshd", deterministic)
+    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, "bshd", deterministic, softcap)
     copy = not addressable(qkv.stride(), 1)
     strides = contiguous_strides(qkv.shape) if copy else qkv.stride()
     views = call_plan((q, k, v), alibi_slopes, spec, strides=[strides] * 3)
