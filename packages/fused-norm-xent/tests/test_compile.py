@@ -121,19 +121,22 @@ def _cross_entropy_cases():
         compute_loss, compute_grad, reduce = _cycle(modes, i)
         # The launcher prefetches where this Triton allows it; the portable loops compile everywhere.
         prefetch = PREFETCH_CHUNKS and i % 5 != 4
+        # The softcap with every mode, with and without smoothing, z-loss and prefetching.
+        softcap = i % 4 in (1, 2)
+        suffix = ("" if prefetch else "-noprefetch") + ("-softcap" if softcap else "")
         yield pytest.param(
             width, _cycle(DTYPES, i), _cycle(["i64", "i32"], i // 3), compute_loss, compute_grad, reduce,
-            i % 2 == 0, i % 4 < 2, prefetch, id=f"cols{width}-{_cycle(DTYPES, i)}{'' if prefetch else '-noprefetch'}",
+            i % 2 == 0, i % 4 < 2, softcap, prefetch, id=f"cols{width}-{_cycle(DTYPES, i)}{suffix}",
         )  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    "width, dtype, target_dtype, compute_loss, compute_grad, reduce, smoothing, z_loss, prefetch",
+    "width, dtype, target_dtype, compute_loss, compute_grad, reduce, smoothing, z_loss, softcap, prefetch",
     list(_cross_entropy_cases()),
 )
 def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss, compute_grad, reduce, smoothing,
-                                       z_loss, prefetch, arch):  # fmt: skip
+                                       z_loss, softcap, prefetch, arch):  # fmt: skip
     cfg = cross_entropy_config(width)
     per_row = compute_loss and not reduce
     row_scale = not compute_loss  # the backward of reduction="none"
@@ -141,7 +144,8 @@ def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss,
     flags = {
         "COMPUTE_LOSS": compute_loss, "REDUCE": reduce, "STORE_Z_LOSS": per_row and z_loss,
         "COMPUTE_GRAD": compute_grad, "MEAN_SCALE": mean, "HAS_SMOOTHING": smoothing, "HAS_Z_LOSS": z_loss,
-        "HAS_ROW_SCALE": row_scale, "PREFETCH": prefetch, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+        "HAS_SOFTCAP": softcap, "HAS_ROW_SCALE": row_scale, "PREFETCH": prefetch, "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
     }  # fmt: skip
     _spec(
         ce_kernels._cross_entropy_kernel, arch, cfg.num_warps, flags,
@@ -152,7 +156,8 @@ def test_cross_entropy_kernel_compiles(width, dtype, target_dtype, compute_loss,
         all_target_ptr=target_dtype if mean else None, stride_logits_row=width,
         stride_logits_col=1 if width != 2 else 8, stride_grad_row=width, stride_grad_col=1 if compute_grad else 0,
         stride_target=1, stride_row_scale=1 if width % 3 else 0, n_rows=4096, n_cols=width,
-        n_targets=16384 if mean else 0, ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, grad_scale=0.5,
+        n_targets=16384 if mean else 0, ignore_index=-100, label_smoothing=0.1, lse_square_scale=1e-4, softcap=30.0,
+        grad_scale=0.5,
     )  # fmt: skip
 
 

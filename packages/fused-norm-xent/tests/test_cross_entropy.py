@@ -17,11 +17,16 @@ pytestmark = [
 ]
 
 
-def torch_twin(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0):
+def torch_twin(
+    logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0, softcap=0.0
+):
     """F.cross_entropy plus the z-loss on low-precision logits, as PyTorch's CUDA kernels compute it:
     fp32 inside, results rounded to the logits' dtype. (Its CPU fp16 kernel accumulates the
-    label-smoothing sum in fp16 and overflows to inf, which would leave no baseline at all.)"""
+    label-smoothing sum in fp16 and overflows to inf, which would leave no baseline at all.) The
+    softcap, if any, in fp32 too (stricter than Gemma-2's cap in the logits' dtype)."""
     x = logits.float()
+    if softcap:
+        x = softcap * torch.tanh(x / softcap)
     loss = F.cross_entropy(
         x, target.long(), ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
     )
@@ -217,6 +222,49 @@ def test_module_is_a_drop_in(device):
         assert_close_to_reference(CrossEntropyLoss(**kwargs)(logits, target), expected, theirs(logits, target))
     loss, z_loss = CrossEntropyLoss(lse_square_scale=1e-2, return_z_loss=True)(logits, target)
     assert_close_to_reference(z_loss, cross_entropy_reference(logits, target, lse_square_scale=1e-2)[1])
+
+
+# A covering set of (rows, cols, dtype, logit scale, softcap, options): every dtype and reduction,
+# smoothing and z-loss, in place, odd widths, a multi-chunk row, the loops without prefetching;
+# logit scales that put the logits / softcap on both sides of the kernel's polynomial/exp switch.
+SOFTCAP_CASES = [
+    (37, 301, FP32, 3.0, 5.0, dict(label_smoothing=0.1, lse_square_scale=1e-3)),
+    (19, 127, FP16, 30.0, 30.0, dict(reduction="none", lse_square_scale=1e-2)),
+    (13, 1000, BF16, 30.0, 30.0, dict(reduction="sum", label_smoothing=0.1, inplace=True)),
+    (11, 33, FP32, 10.0, 2.0, dict(reduction="none", label_smoothing=0.2, inplace=True, ignore_index=0)),
+    (3, 9000, BF16, 10.0, 15.0, dict(label_smoothing=0.05, lse_square_scale=1e-4)),
+    (5, 333, FP16, 10.0, 7.0, dict(reduction="none", label_smoothing=0.1, prefetch=False)),
+]
+
+
+@pytest.mark.parametrize(
+    "n_rows, n_cols, dtype, scale, softcap, options",
+    [pytest.param(*c, id=f"{c[0]}-{c[1]}-{dtype_name(c[2])}-{c[5].get('reduction', 'mean')}") for c in SOFTCAP_CASES],
+)
+def test_softcap(helpers, monkeypatch, n_rows, n_cols, dtype, scale, softcap, options, device):
+    """Loss, z-loss and gradient on softcap * tanh(logits / softcap), against the float64 reference."""
+    options = dict(options)
+    if not options.pop("prefetch", True):
+        monkeypatch.setattr(_compat, "PREFETCH_CHUNKS", False)
+    logits, target = _inputs(n_rows, n_cols, dtype, device, scale=scale)
+    if "ignore_index" in options:
+        target[target == -100] = options["ignore_index"]
+    check(helpers, logits, target, softcap=softcap, **options)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(FP32, id="fp32"), pytest.param(BF16, id="bf16")])
+def test_softcap_saturated_logits(helpers, dtype, device):
+    """Logits up to |1e4| (tanh saturates: the cap's derivative underflows to 0) and +-inf (capped at
+    +-softcap, as the reference): finite losses and gradients, no NaN."""
+    logits, target = _inputs(12, 200, dtype, device, ignored_every=5, scale=3e3)
+    logits[0, :] = 1e4
+    logits[1, 7], logits[2, 9] = float("inf"), -float("inf")
+    logits[3, target[3]] = -1e4
+    for reduction in ("mean", "none"):
+        check(helpers, logits, target, reduction=reduction, softcap=30.0, label_smoothing=0.1, lse_square_scale=1e-3)
+    loss = CrossEntropyLoss(reduction="none", softcap=30.0)(logits.requires_grad_(True), target)
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    assert loss.isfinite().all() and grad.isfinite().all()
 
 
 def require_free_gpu_memory(gib: float) -> None:

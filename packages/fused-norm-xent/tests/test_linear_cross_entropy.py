@@ -16,9 +16,14 @@ pytestmark = [
 ]
 
 
-def _ce_twin(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0):
-    """PyTorch's cross-entropy (+ z-loss) on low-precision logits, fp32 inside as its CUDA kernels."""
+def _ce_twin(
+    logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0, softcap=0.0
+):
+    """PyTorch's cross-entropy (+ z-loss) on low-precision logits, fp32 inside as its CUDA kernels
+    (the softcap too)."""
     x = logits.float()
+    if softcap:
+        x = softcap * torch.tanh(x / softcap)
     loss = F.cross_entropy(
         x, target.long(), ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
     )
@@ -156,6 +161,20 @@ def test_no_tokens(device):
     assert loss.isnan()
     (grad,) = torch.autograd.grad(loss, weight)
     assert torch.equal(grad, torch.zeros_like(grad))
+
+
+@pytest.mark.parametrize(
+    "reduction, dtype, softcap, options",
+    [("mean", torch.float32, 2.0, dict(label_smoothing=0.1, lse_square_scale=1e-3)),
+     ("none", torch.bfloat16, 1.5, dict(label_smoothing=0.1)),
+     ("sum", torch.float16, 3.0, dict(lse_square_scale=1e-2, fp32_accumulation=False))],
+    ids=["mean-fp32", "none-bf16", "sum-fp16-weight-dtype-accumulation"],
+)  # fmt: skip
+def test_softcap(helpers, reduction, dtype, softcap, options, device):
+    """33 tokens in chunks of 8 over an odd vocabulary; logits of about +-3 (bias included) on both
+    sides of the cap's knee."""
+    hidden, weight, target, bias = _inputs(33, 16, 301, dtype, device)
+    check(helpers, hidden, weight, target, bias, chunk_size=8, reduction=reduction, softcap=softcap, **options)
 
 
 def test_default_chunk_size():

@@ -51,24 +51,24 @@ def test_add_dropout_norm(prenorm, device):
              x, residual, w)  # fmt: skip
 
 
-@pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_cross_entropy(reduction, device):
+@pytest.mark.parametrize("reduction, softcap", [("mean", 0.0), ("none", 0.0), ("mean", 2.0)])
+def test_cross_entropy(reduction, softcap, device):
     logits, target = torch.randn(7, 30, device=device), torch.randint(0, 30, (7,), device=device)
     target[2] = -100
     _compare(lambda x, t: nx.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3,
-                                           return_z_loss=True), logits, target)  # fmt: skip
+                                           softcap=softcap, return_z_loss=True), logits, target)  # fmt: skip
 
 
-@pytest.mark.parametrize("reduction", ["sum", "none"])
-def test_linear_cross_entropy(reduction, device):
+@pytest.mark.parametrize("reduction, softcap", [("sum", 0.0), ("none", 2.0)])
+def test_linear_cross_entropy(reduction, softcap, device):
     hidden, weight, bias = (
         torch.randn(9, 8, device=device),
         torch.randn(20, 8, device=device),
         torch.randn(20, device=device),
     )
     target = torch.randint(0, 20, (9,), device=device)
-    _compare(lambda h, w, b, t: nx.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=4), hidden, weight,
-             bias, target)  # fmt: skip
+    _compare(lambda h, w, b, t: nx.linear_cross_entropy(h, w, t, b, reduction=reduction, softcap=softcap, chunk_size=4),
+             hidden, weight, bias, target)  # fmt: skip
 
 
 def test_opcheck(device):
@@ -81,10 +81,10 @@ def test_opcheck(device):
     torch.library.opcheck(ops.add_dropout_norm_fwd, (x, residual, w, None, 1e-5, 0.0, True, 0.25, 7, 0, False))
     logits, target = torch.randn(4, 10, device=device, requires_grad=True), torch.randint(0, 10, (4,), device=device)
     torch.library.opcheck(
-        ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, "mean", False, True, False, logits.dtype, False)
+        ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, 30.0, "mean", False, True, False, logits.dtype, False)
     )
     torch.library.opcheck(
         ops.linear_cross_entropy_fwd,
-        (x, torch.randn(10, 16, device=device), None, target[:3], -100, 0.0, 0.0, "sum", False, True, 2, True, x.dtype,
-         x.dtype, False),
+        (x, torch.randn(10, 16, device=device), None, target[:3], -100, 0.0, 0.0, 5.0, "sum", False, True, 2, True,
+         x.dtype, x.dtype, False),
     )  # fmt: skip

@@ -109,6 +109,22 @@ def test_cross_entropy_rejects_bad_options():
         CrossEntropyLoss(reduce=False)
 
 
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_softcap_must_be_finite_and_non_negative(bad):
+    """Checked with the other options, before any launch (and before the device check: these are
+    CPU tensors, which only the interpreter runs)."""
+    message = rf"^softcap={bad} must be a finite number in \[0.0, inf\)$"
+    logits, target = _x(3, 5), torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=message):
+        cross_entropy(logits, target, softcap=bad)
+    with pytest.raises(ValueError, match=message):
+        CrossEntropyLoss(softcap=bad)(logits, target)
+    with pytest.raises(ValueError, match=message):
+        linear_cross_entropy(_x(6, 4), _x(10, 4), torch.zeros(6, dtype=torch.int64), softcap=bad)
+    with pytest.raises(TypeError, match=r"^softcap must be a float, got str"):
+        cross_entropy(logits, target, softcap="30")
+
+
 def test_cross_entropy_rejects_wrong_device():
     with pytest.raises(ValueError, match=r"^logits is on meta"):
         cross_entropy(torch.ones(3, 5, device="meta"), torch.zeros(3, dtype=torch.int64, device="meta"))

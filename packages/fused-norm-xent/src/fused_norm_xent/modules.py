@@ -151,7 +151,7 @@ def _reject_unsupported(weight, size_average, reduce) -> None:
 
 class CrossEntropyLoss(torch.nn.Module):
     """Drop-in for torch.nn.CrossEntropyLoss with class-index targets (ignore_index, reduction,
-    label_smoothing), plus z-loss (lse_square_scale, return_z_loss), inplace_backward and
+    label_smoothing), plus z-loss (lse_square_scale, return_z_loss), softcap, inplace_backward and
     check_targets, as cross_entropy. Class weights and the deprecated size_average / reduce raise ValueError."""
 
     def __init__(
@@ -164,6 +164,7 @@ class CrossEntropyLoss(torch.nn.Module):
         label_smoothing: float = 0.0,
         *,
         lse_square_scale: float = 0.0,
+        softcap: float = 0.0,
         return_z_loss: bool = False,
         inplace_backward: bool = False,
         check_targets: bool = False,
@@ -174,6 +175,7 @@ class CrossEntropyLoss(torch.nn.Module):
         self.reduction = check_choice("reduction", reduction, ("mean", "sum", "none"))
         self.label_smoothing = label_smoothing
         self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
         self.return_z_loss = return_z_loss
         self.inplace_backward = inplace_backward
         self.check_targets = check_targets
@@ -181,14 +183,14 @@ class CrossEntropyLoss(torch.nn.Module):
     def forward(self, input: Tensor, target: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         return cross_entropy(
             input, target, None, self.ignore_index, self.reduction, self.label_smoothing,
-            lse_square_scale=self.lse_square_scale, return_z_loss=self.return_z_loss,
+            lse_square_scale=self.lse_square_scale, softcap=self.softcap, return_z_loss=self.return_z_loss,
             inplace_backward=self.inplace_backward, check_targets=self.check_targets,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
-            f"lse_square_scale={self.lse_square_scale}"
+            f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}"
         )
 
 
@@ -206,6 +208,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         label_smoothing: float = 0.0,
         *,
         lse_square_scale: float = 0.0,
+        softcap: float = 0.0,
         return_z_loss: bool = False,
         chunk_size: Optional[int] = None,
         fp32_accumulation: bool = True,
@@ -216,6 +219,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.reduction = check_choice("reduction", reduction, ("mean", "sum", "none"))
         self.label_smoothing = label_smoothing
         self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
         self.return_z_loss = return_z_loss
         self.chunk_size = chunk_size
         self.fp32_accumulation = fp32_accumulation
@@ -226,13 +230,13 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         return linear_cross_entropy(
             hidden, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
-            lse_square_scale=self.lse_square_scale, return_z_loss=self.return_z_loss, chunk_size=self.chunk_size,
-            fp32_accumulation=self.fp32_accumulation, check_targets=self.check_targets,
+            lse_square_scale=self.lse_square_scale, softcap=self.softcap, return_z_loss=self.return_z_loss,
+            chunk_size=self.chunk_size, fp32_accumulation=self.fp32_accumulation, check_targets=self.check_targets,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
-            f"lse_square_scale={self.lse_square_scale}, chunk_size={self.chunk_size}, "
+            f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}, chunk_size={self.chunk_size}, "
             f"fp32_accumulation={self.fp32_accumulation}"
         )

@@ -97,13 +97,17 @@ def cross_entropy_reference(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
+    softcap: float = 0.0,
 ) -> Tuple[Tensor, Tensor]:
     """(loss, z_loss) in float64 for logits (N, V) and class indices (N,).
 
     Per row: lse - (1 - eps) * x[target] - eps * mean(x) + z * lse^2, 0 for ignored rows; "mean"
-    divides by the number of rows not ignored (NaN when there are none, as torch).
+    divides by the number of rows not ignored (NaN when there are none, as torch). softcap > 0:
+    x = softcap * tanh(logits / softcap) (Gemma-2's final-logit softcapping).
     """
     x = logits.double()
+    if softcap > 0:
+        x = softcap * torch.tanh(x / softcap)
     n_classes = x.shape[-1]
     valid = target != ignore_index
     safe_target = torch.where(valid, target, torch.zeros_like(target)).long()

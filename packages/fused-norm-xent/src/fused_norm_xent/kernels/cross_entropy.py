@@ -6,6 +6,9 @@ and z = lse_square_scale:
     dloss/dx_j = (1 + 2 z lse) * softmax(x)_j - (1 - eps) * [j == target] - eps / V
 Ignored rows have loss 0 and gradient 0 whatever their upstream gradient, NaN or inf included (as
 torch): the upstream gradient reaches a row through a select, never through a product with 0.
+With HAS_SOFTCAP (Gemma-2's final-logit softcapping, c = softcap > 0) x is c * tanh(raw / c),
+computed in fp32 as each chunk is loaded, and the gradient wrt the raw logits is the one above
+times 1 - tanh(raw / c)^2.
 
 Three kernels:
 - _cross_entropy_kernel: persistent (each program walks a strided set of row tiles, so the rows in
@@ -27,8 +30,9 @@ Three kernels:
 - _loss_finalize_kernel: one program sums the fp64 partials and divides a mean by the count.
 - _scale_kernel: multiplies a gradient computed for an upstream 1 by the actual upstream gradient.
 NaN/inf follow torch: a NaN or +inf logit makes the row NaN, an all -inf row gives NaN, a -inf
-target logit gives +inf. Offsets are int64, row and column alike, so logits past 2^31 elements
-are addressed correctly in any layout (a column-major row's column offsets reach N * V).
+target logit gives +inf (with the softcap, +-inf logits are capped at +-softcap first). Offsets
+are int64, row and column alike, so logits past 2^31 elements are addressed correctly in any
+layout (a column-major row's column offsets reach N * V).
 A target outside [0, V) that is not ignored loads nothing: its row's loss and gradient are NaN
 (the launcher rejects such targets first where asked to).
 """
@@ -67,11 +71,36 @@ def _col_offsets(cols, stride_col):
 
 
 @triton.jit
-def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr):
-    """Columns `cols` of the tile's rows in fp32 (`other` where masked)."""
+def _softcap(x, softcap):
+    """(softcap * tanh(x / softcap), its derivative 1 - tanh(x / softcap)^2), fp32.
+
+    With e = exp(-2|u|), u = x / softcap (e <= 1: no overflow, whatever x): tanh|u| = (1 - e) / (1 + e)
+    and 1 - tanh^2 = 4e / (1 + e)^2, which does not cancel where tanh saturates. Below |u| = 0.55,
+    where 1 - e would cancel, tanh|u| = |u| + |u|^3 Q(u^2), Q fitted for this kernel (relative error
+    1e-9): at most 1.7 ulp against mpmath with a correctly rounded exp (the interpreter's). No
+    libdevice tanh: its module moved between Triton versions.
+    """
+    u = x / softcap
+    a = tl.abs(u)
+    e = tl.exp(-2.0 * a)
+    s = a * a
+    q = (((-6.274300162e-03 * s + 2.107171714e-02) * s - 5.385231972e-02) * s + 1.333258599e-01) * s - 3.333331645e-01
+    t = tl.where(a < 0.55, a + a * (s * q), (1.0 - e) / (1.0 + e))
+    p = 1.0 + e
+    return softcap * tl.where(u < 0.0, -t, t), 4.0 * e / (p * p)
+
+
+@triton.jit
+def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr, softcap, SOFTCAP: tl.constexpr):
+    """Columns `cols` of the tile's rows in fp32 (`other` where masked), softcapped with SOFTCAP."""
     ptrs = row_ptrs[:, None] + _col_offsets(cols, stride_col)[None, :]
-    x = tl.load(ptrs, mask=_chunk_mask(mask_m, cols, n_cols), other=other)
-    return x.to(tl.float32)
+    mask = _chunk_mask(mask_m, cols, n_cols)
+    x = tl.load(ptrs, mask=mask, other=other).to(tl.float32)
+    if SOFTCAP:
+        # Masked columns keep `other`: a capped -inf (-softcap) would enter the row's sums.
+        capped, _ = _softcap(x, softcap)
+        x = tl.where(mask, capped, other)
+    return x
 
 
 # Specialized on n_cols and the logits/grad strides only (the loads' vector width depends on them);
@@ -80,10 +109,10 @@ def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr)
 def _cross_entropy_kernel(
     logits_ptr, target_ptr, grad_ptr, loss_ptr, z_loss_ptr, partial_ptr, lse_ptr, row_scale_ptr, all_target_ptr,
     stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
-    n_rows, n_cols, n_targets, ignore_index, label_smoothing, lse_square_scale, grad_scale,
+    n_rows, n_cols, n_targets, ignore_index, label_smoothing, lse_square_scale, softcap, grad_scale,
     COMPUTE_LOSS: tl.constexpr, REDUCE: tl.constexpr, STORE_Z_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    MEAN_SCALE: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-    PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MEAN_SCALE: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     n_tiles = (n_rows + BLOCK_M - 1) // BLOCK_M
@@ -110,16 +139,17 @@ def _cross_entropy_kernel(
             sum_exp = tl.zeros([BLOCK_M], dtype=tl.float32)
             row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
             if PREFETCH:
-                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, offs_n, n_cols, -float("inf"))
+                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, offs_n, n_cols, -float("inf"), softcap,
+                                HAS_SOFTCAP)  # fmt: skip
             for start in range(BLOCK_N, n_cols + BLOCK_N, BLOCK_N):
                 if PREFETCH:
                     # The next chunk (fully masked past the row's end: no memory access) is in
                     # flight while this one is reduced.
-                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, start + offs_n, n_cols, -float("inf"))
+                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, start + offs_n, n_cols, -float("inf"),
+                                         softcap, HAS_SOFTCAP)  # fmt: skip
                 else:
-                    x = _load_chunk(
-                        row_ptrs, stride_logits_col, mask_m, start - BLOCK_N + offs_n, n_cols, -float("inf")
-                    )
+                    x = _load_chunk(row_ptrs, stride_logits_col, mask_m, start - BLOCK_N + offs_n, n_cols,
+                                    -float("inf"), softcap, HAS_SOFTCAP)  # fmt: skip
                 new_max = tl.maximum(row_max, tl.max(x, axis=1))
                 # Rows that have seen only -inf keep a zero sum instead of exp(-inf - -inf) = NaN.
                 shift = tl.where(new_max == -float("inf"), 0.0, new_max)
@@ -134,6 +164,8 @@ def _cross_entropy_kernel(
             in_range = valid & (target >= 0) & (target < n_cols)
             target_logit = tl.load(row_ptrs + target * stride_logits_col, mask=in_range, other=float("nan"))
             target_logit = target_logit.to(tl.float32)
+            if HAS_SOFTCAP:
+                target_logit, _ = _softcap(target_logit, softcap)
             loss = lse - target_logit
             if HAS_SMOOTHING:
                 loss = lse - (1.0 - label_smoothing) * target_logit - label_smoothing * row_sum / n_cols
@@ -175,18 +207,25 @@ def _cross_entropy_kernel(
             # Last chunk first (see the module docstring); `start` walks down to the first chunk,
             # the prefetch past it is fully masked.
             last = (n_chunks - 1) * BLOCK_N
+            # The raw logits: the cap's derivative needs them (masked columns are not stored).
             if PREFETCH:
-                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, last + offs_n, n_cols, 0.0)
+                x = _load_chunk(row_ptrs, stride_logits_col, mask_m, last + offs_n, n_cols, 0.0, softcap, False)
             for chunk in range(0, n_chunks):
                 cols = last - chunk * BLOCK_N + offs_n
                 if PREFETCH:
-                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols - BLOCK_N, n_cols, 0.0)
+                    x_next = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols - BLOCK_N, n_cols, 0.0, softcap,
+                                         False)  # fmt: skip
                 else:
-                    x = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols, n_cols, 0.0)
-                grad = tl.exp(x - lse[:, None]) * softmax_scale[:, None]
+                    x = _load_chunk(row_ptrs, stride_logits_col, mask_m, cols, n_cols, 0.0, softcap, False)
+                logit = x
+                if HAS_SOFTCAP:
+                    logit, cap_grad = _softcap(x, softcap)
+                grad = tl.exp(logit - lse[:, None]) * softmax_scale[:, None]
                 grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
                 if HAS_SMOOTHING:
                     grad -= uniform_grad[:, None]
+                if HAS_SOFTCAP:
+                    grad *= cap_grad
                 grad_ptrs = grad_row_ptrs[:, None] + _col_offsets(cols, stride_grad_col)[None, :]
                 tl.store(grad_ptrs, grad.to(grad_ptr.dtype.element_ty), mask=_chunk_mask(mask_m, cols, n_cols))
                 if PREFETCH:

@@ -103,7 +103,7 @@ def rows_and_strides(shape, strides) -> Tuple[int, int, int, int]:
 def cross_entropy_launch(
     programs: int, n_rows: int, n_cols: int, logits_strides, grad_strides, *, stride_target: int,
     stride_row_scale: int = 0, n_targets: int = 0, ignore_index: int, label_smoothing: float,
-    lse_square_scale: float, compute_loss: bool, reduce: bool, store_z_loss: bool, compute_grad: bool,
+    lse_square_scale: float, softcap: float, compute_loss: bool, reduce: bool, store_z_loss: bool, compute_grad: bool,
     mean_scale: bool, row_scale: bool, prefetch: bool,
 ) -> Launch:  # fmt: skip
     """The cross-entropy kernel over (n_rows, n_cols) logits on `programs` programs.
@@ -112,18 +112,19 @@ def cross_entropy_launch(
     for those not used: loss (and z_loss) per row, or partial ((programs, 3) fp64: per program
     (loss, z-loss, valid rows)) with reduce; grad with compute_grad (divided by the number of
     valid rows among the n_targets all_targets with mean_scale, times row_scale[row] with
-    row_scale); lse written with compute_loss, else read.
+    row_scale); lse written with compute_loss, else read. softcap > 0 caps the logits at
+    softcap * tanh(logits / softcap) inside the kernel (0: off, the kernel compiled without it).
     """
     cfg = cross_entropy_config(n_cols)
     return Launch(
         _cross_entropy_kernel, (programs,), stride_logits_row=logits_strides[0], stride_logits_col=logits_strides[1],
         stride_grad_row=grad_strides[0], stride_grad_col=grad_strides[1], stride_target=stride_target,
         stride_row_scale=stride_row_scale, n_rows=n_rows, n_cols=n_cols, n_targets=n_targets,
-        ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, grad_scale=1.0,
-        COMPUTE_LOSS=compute_loss, REDUCE=reduce, STORE_Z_LOSS=store_z_loss, COMPUTE_GRAD=compute_grad,
-        MEAN_SCALE=mean_scale, HAS_SMOOTHING=label_smoothing != 0.0, HAS_Z_LOSS=lse_square_scale != 0.0,
-        HAS_ROW_SCALE=row_scale, PREFETCH=prefetch, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps,
+        ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
+        softcap=softcap, grad_scale=1.0, COMPUTE_LOSS=compute_loss, REDUCE=reduce, STORE_Z_LOSS=store_z_loss,
+        COMPUTE_GRAD=compute_grad, MEAN_SCALE=mean_scale, HAS_SMOOTHING=label_smoothing != 0.0,
+        HAS_Z_LOSS=lse_square_scale != 0.0, HAS_SOFTCAP=softcap != 0.0, HAS_ROW_SCALE=row_scale, PREFETCH=prefetch,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
@@ -185,12 +186,15 @@ def loss_dtype_for(dtype: torch.dtype, device_type: str) -> torch.dtype:
     return torch.float32 if autocast_dtype(device_type) is not None else dtype
 
 
-def check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale) -> Tuple[float, float]:
+def check_loss_options(
+    ignore_index, reduction, label_smoothing, lse_square_scale, softcap
+) -> Tuple[float, float, float]:
     check_int("ignore_index", ignore_index)
     check_choice("reduction", reduction, REDUCTIONS)
     label_smoothing = check_float("label_smoothing", label_smoothing, 0.0, 1.0)
     lse_square_scale = check_float("lse_square_scale", lse_square_scale, 0.0, include_high=False)
-    return label_smoothing, lse_square_scale
+    softcap = check_float("softcap", softcap, 0.0, include_high=False)
+    return label_smoothing, lse_square_scale, softcap
 
 
 # Forward --------------------------------------------------------------------------------------
@@ -212,12 +216,14 @@ class ForwardPlan(NamedTuple):
 @functools.lru_cache(maxsize=1024)
 def _forward_plan(
     shape, strides, dtype, device, target_shape, target_strides, target_dtype, target_device, ignore_index,
-    label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace, prefetch,
+    label_smoothing, lse_square_scale, softcap, reduction, return_z_loss, compute_grad, inplace, prefetch,
 ) -> ForwardPlan:  # fmt: skip
     """The plan of a forward call; raises on invalid arguments (never cached then)."""
     check_tensor("logits", stand_in((), dtype))
     check_target("target", stand_in((), target_dtype))
-    label_smoothing, lse_square_scale = check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale)
+    label_smoothing, lse_square_scale, softcap = check_loss_options(
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap
+    )
     if len(shape) not in (1, 2) or shape[-1] == 0:
         raise ValueError(
             f"logits has shape {tuple(shape)}; expected (N, V) or (V,) with V >= 1 (flatten leading dims; "
@@ -238,8 +244,8 @@ def _forward_plan(
         launch = cross_entropy_launch(
             programs, n_rows, n_cols, logits_strides, grad_strides if grad_in_forward else (0, 0),
             stride_target=target_strides[0] if target_strides else 0, n_targets=n_rows, ignore_index=ignore_index,
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, compute_loss=True, reduce=reduce,
-            store_z_loss=return_z_loss and not reduce, compute_grad=grad_in_forward,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap, compute_loss=True,
+            reduce=reduce, store_z_loss=return_z_loss and not reduce, compute_grad=grad_in_forward,
             mean_scale=reduction == "mean", row_scale=False, prefetch=prefetch,
         )  # fmt: skip
     return ForwardPlan(
@@ -264,6 +270,7 @@ def cross_entropy_forward(
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
+    softcap: float,
     reduction: str,
     return_z_loss: bool,
     compute_grad: bool,
@@ -280,8 +287,8 @@ def cross_entropy_forward(
     device = logits.device
     plan = cached_plan(_forward_plan, (
         logits.shape, logits.stride(), logits.dtype, device, target.shape, target.stride(), target.dtype,
-        target.device, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad,
-        inplace, _compat.PREFETCH_CHUNKS,
+        target.device, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, return_z_loss,
+        compute_grad, inplace, _compat.PREFETCH_CHUNKS,
     ))  # fmt: skip
     if check_targets:
         check_target_range(target, plan.n_classes, ignore_index)
@@ -306,8 +313,8 @@ def cross_entropy_forward(
 
 
 def _cross_entropy_forward_fake(
-    logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad, inplace,
-    loss_dtype, check_targets,
+    logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, return_z_loss, compute_grad,
+    inplace, loss_dtype, check_targets,
 ):  # fmt: skip
     loss_shape = target.shape if reduction == "none" else ()
     new_grad = compute_grad and reduction != "none" and not inplace
@@ -325,7 +332,7 @@ def _cross_entropy_forward_fake(
 @functools.lru_cache(maxsize=1024)
 def _backward_launch(
     shape, strides, grad_strides, device, stride_target, stride_row_scale, ignore_index, label_smoothing,
-    lse_square_scale, prefetch,
+    lse_square_scale, softcap, prefetch,
 ) -> Optional[Launch]:  # fmt: skip
     """The per-row ("none") backward: the gradient from the logits, lse and the upstream gradients."""
     n_rows, n_cols, *logits_strides = rows_and_strides(shape, strides)
@@ -335,8 +342,8 @@ def _backward_launch(
         cross_entropy_programs(n_rows, n_cols, device), n_rows, n_cols, logits_strides,
         rows_and_strides(shape, grad_strides)[2:], stride_target=stride_target, stride_row_scale=stride_row_scale,
         ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
-        compute_loss=False, reduce=False, store_z_loss=False, compute_grad=True, mean_scale=False, row_scale=True,
-        prefetch=prefetch,
+        softcap=softcap, compute_loss=False, reduce=False, store_z_loss=False, compute_grad=True, mean_scale=False,
+        row_scale=True, prefetch=prefetch,
     )  # fmt: skip
 
 
@@ -349,6 +356,7 @@ def cross_entropy_backward(
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
+    softcap: float,
 ) -> None:
     """Writes the logits gradient into `grad`.
 
@@ -361,18 +369,21 @@ def cross_entropy_backward(
         return
     launch = cached_plan(_backward_launch, (
         logits.shape, logits.stride(), grad.stride(), logits.device, _target_stride(target), _target_stride(grad_loss),
-        ignore_index, label_smoothing, lse_square_scale, _compat.PREFETCH_CHUNKS,
+        ignore_index, label_smoothing, lse_square_scale, softcap, _compat.PREFETCH_CHUNKS,
     ))  # fmt: skip
     if launch is not None:
         launch(logits, target, grad, None, None, None, lse, grad_loss, None)
 
 
-def _cross_entropy_backward_fake(grad_loss, grad, logits, target, lse, ignore_index, label_smoothing, lse_square_scale):
+def _cross_entropy_backward_fake(
+    grad_loss, grad, logits, target, lse, ignore_index, label_smoothing, lse_square_scale, softcap
+):
     return None
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction, _, _, inplace, _, _ = inputs
+    logits, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, ctx.softcap, reduction = inputs[:7]
+    inplace = inputs[9]
     _, _, lse, grad = output
     ctx.per_row = reduction == "none"
     ctx.inplace = inplace
@@ -389,13 +400,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_rule(ctx, grads, backward, eager):
     grad_loss = grads[0]
+    options = (ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, ctx.softcap)
     if ctx.per_row:
         logits, target, lse = ctx.saved_tensors
         grad = logits if ctx.inplace else torch.empty_like(logits)
-        backward(grad_loss, grad, logits, target, lse, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
+        backward(grad_loss, grad, logits, target, lse, *options)
     elif eager:
         grad, target = (ctx.grad_buffer, *ctx.saved_tensors) if ctx.inplace else ctx.saved_tensors
-        backward(grad_loss, grad, None, target, None, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
+        backward(grad_loss, grad, None, target, None, *options)
     else:
         grad, target = ctx.saved_tensors
         grad = keep_ignored_rows(grad, grad * grad_loss, target, ctx.ignore_index)
@@ -403,7 +415,7 @@ def _backward_rule(ctx, grads, backward, eager):
         # A new alias of the logits buffer: nothing else holds it, so autograd hands it on (or makes
         # it a leaf's .grad) as it is instead of copying the (N, V) buffer.
         grad = grad.detach()
-    return (grad, *([None] * 10))
+    return (grad, *([None] * 11))
 
 
 CrossEntropyFunction, _cross_entropy_apply = differentiable_op(
@@ -429,6 +441,7 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     *,
     lse_square_scale: float = 0.0,
+    softcap: float = 0.0,
     return_z_loss: bool = False,
     inplace_backward: bool = False,
     check_targets: bool = False,
@@ -441,6 +454,8 @@ def cross_entropy(
     reduction: "mean" (over the rows not ignored; NaN when all are, as torch), "sum" or "none".
     label_smoothing: in [0, 1], as torch. lse_square_scale: z-loss coefficient, adds
     lse_square_scale * logsumexp(row)^2 to each row's loss.
+    softcap: > 0 computes the loss (and its gradient, through the cap) on softcap * tanh(logits /
+    softcap), Gemma-2's final_logit_softcapping, in fp32 inside the kernel; 0 (default): off.
     return_z_loss: also return the z-loss part (reduced the same way; its gradient flows
     through the loss, the returned z-loss is for logging).
     inplace_backward: write the logits gradient into the logits buffer instead of a new one (no
@@ -463,8 +478,8 @@ def cross_entropy(
         raise ValueError("weight: class weights are not supported (pass None)")
     compute_grad = logits.requires_grad and torch.is_grad_enabled()
     loss, z_loss, _, _ = _cross_entropy_apply(
-        logits, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss, compute_grad,
-        inplace_backward and not is_compiling(), loss_dtype_for(logits.dtype, logits.device.type),
+        logits, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, return_z_loss,
+        compute_grad, inplace_backward and not is_compiling(), loss_dtype_for(logits.dtype, logits.device.type),
         check_bool("check_targets", check_targets),
     )  # fmt: skip
     return (loss, z_loss) if return_z_loss else loss

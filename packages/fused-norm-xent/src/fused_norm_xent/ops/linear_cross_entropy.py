@@ -84,7 +84,7 @@ class ChunkPlan(NamedTuple):
 @functools.lru_cache(maxsize=256)
 def _chunk_plan(
     n_tokens, vocab, chunk_size, device, stride_target, stride_row_scale, ignore_index, label_smoothing,
-    lse_square_scale, compute_loss, reduce, store_z_loss, compute_grad, mean, row_scale, prefetch,
+    lse_square_scale, softcap, compute_loss, reduce, store_z_loss, compute_grad, mean, row_scale, prefetch,
 ) -> ChunkPlan:  # fmt: skip
     rows = min(chunk_size, n_tokens)
     # Rows padded to a multiple of 64 elements: aligned vector loads in the kernel and aligned
@@ -99,9 +99,9 @@ def _chunk_plan(
         return cross_entropy_launch(
             programs, n_rows, vocab, (padded, 1), (padded, 1) if compute_grad else (0, 0), stride_target=stride_target,
             stride_row_scale=stride_row_scale, n_targets=n_tokens, ignore_index=ignore_index,
-            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, compute_loss=compute_loss,
-            reduce=reduce, store_z_loss=store_z_loss, compute_grad=compute_grad, mean_scale=mean,
-            row_scale=row_scale, prefetch=prefetch,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
+            compute_loss=compute_loss, reduce=reduce, store_z_loss=store_z_loss, compute_grad=compute_grad,
+            mean_scale=mean, row_scale=row_scale, prefetch=prefetch,
         )  # fmt: skip
 
     tail = n_tokens % chunk_size if n_tokens > chunk_size else 0
@@ -123,6 +123,7 @@ def _chunks(
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
+    softcap: float,
     chunk_size: int,
 ) -> None:
     """The chunk loop (hidden, weight, bias already in the compute dtype).
@@ -139,7 +140,7 @@ def _chunks(
     vocab = weight.shape[0]
     plan = cached_plan(_chunk_plan, (
         n_tokens, vocab, chunk_size, hidden.device, target.stride(0), 0 if row_scale is None else row_scale.stride(0),
-        ignore_index, label_smoothing, lse_square_scale, loss_rows is not None or partial is not None,
+        ignore_index, label_smoothing, lse_square_scale, softcap, loss_rows is not None or partial is not None,
         partial is not None, z_rows is not None, grads is not None, mean, row_scale is not None,
         _compat.PREFETCH_CHUNKS,
     ))  # fmt: skip
@@ -226,6 +227,7 @@ def linear_cross_entropy_forward(
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
+    softcap: float,
     reduction: str,
     return_z_loss: bool,
     compute_grad: bool,
@@ -255,7 +257,7 @@ def linear_cross_entropy_forward(
     grads = _alloc_grads(h, weight, bias, compute_dtype, fp32_accumulation) if grads_in_forward else None
     _chunks(
         h, w, b, target, lse, None if reduce else loss, z_loss if return_z_loss and not reduce else None,
-        partial, None, grads, reduction == "mean", ignore_index, label_smoothing, lse_square_scale, chunk_size,
+        partial, None, grads, reduction == "mean", ignore_index, label_smoothing, lse_square_scale, softcap, chunk_size,
     )  # fmt: skip
     if grads is not None:
         grad_hidden, grad_weight, grad_bias = _finish_grads(grads, hidden, weight, bias)
@@ -266,7 +268,7 @@ def linear_cross_entropy_forward(
 
 
 def _linear_cross_entropy_forward_fake(
-    hidden, weight, bias, target, ignore_index, label_smoothing, lse_square_scale, reduction, return_z_loss,
+    hidden, weight, bias, target, ignore_index, label_smoothing, lse_square_scale, softcap, reduction, return_z_loss,
     compute_grad, chunk_size, fp32_accumulation, compute_dtype, loss_dtype, check_targets,
 ):  # fmt: skip
     grads_in_forward = compute_grad and reduction != "none"
@@ -286,6 +288,7 @@ def linear_cross_entropy_backward(
     ignore_index: int,
     label_smoothing: float,
     lse_square_scale: float,
+    softcap: float,
     chunk_size: int,
     fp32_accumulation: bool,
     compute_dtype: torch.dtype,
@@ -314,7 +317,7 @@ def linear_cross_entropy_backward(
     acc_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     _chunks(
         h, w, b, target, lse, None, None, None, grad_loss, (acc_hidden, acc_weight, acc_bias), False, ignore_index,
-        label_smoothing, lse_square_scale, chunk_size,
+        label_smoothing, lse_square_scale, softcap, chunk_size,
     )  # fmt: skip
     for out, acc in ((grad_hidden, acc_hidden), (grad_weight, acc_weight), (grad_bias, acc_bias)):
         if out is not None and out is not acc:
@@ -323,14 +326,15 @@ def linear_cross_entropy_backward(
 
 def _linear_cross_entropy_backward_fake(
     grad_loss, grad_hidden, grad_weight, grad_bias, hidden, weight, bias, target, lse, ignore_index,
-    label_smoothing, lse_square_scale, chunk_size, fp32_accumulation, compute_dtype,
+    label_smoothing, lse_square_scale, softcap, chunk_size, fp32_accumulation, compute_dtype,
 ):  # fmt: skip
     return None
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, reduction = inputs[:8]
-    ctx.chunk_size, ctx.fp32_accumulation, ctx.compute_dtype = inputs[10:13]
+    hidden, weight, bias, target, ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, ctx.softcap = inputs[:8]
+    reduction = inputs[8]
+    ctx.chunk_size, ctx.fp32_accumulation, ctx.compute_dtype = inputs[11:14]
     _, _, lse, grad_hidden, grad_weight, grad_bias = output
     ctx.per_row = reduction == "none"
     ctx.has_bias = bias is not None
@@ -342,7 +346,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_rule(ctx, grads, backward, eager):
     grad_loss = grads[0]
-    options = (ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale)
+    options = (ctx.ignore_index, ctx.label_smoothing, ctx.lse_square_scale, ctx.softcap)
     settings = (ctx.chunk_size, ctx.fp32_accumulation, ctx.compute_dtype)
     if ctx.per_row:
         hidden, weight, bias, target, lse = ctx.saved_tensors
@@ -359,7 +363,7 @@ def _backward_rule(ctx, grads, backward, eager):
         grad_weight, grad_bias = (
             None if t is None else torch.where(any_valid, t * grad_loss, t) for t in (grad_weight, grad_bias)
         )
-    return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 12))
+    return (grad_hidden, grad_weight, grad_bias if ctx.has_bias else None, *([None] * 13))
 
 
 LinearCrossEntropyFunction, _linear_cross_entropy_apply = differentiable_op(
@@ -386,6 +390,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     *,
     lse_square_scale: float = 0.0,
+    softcap: float = 0.0,
     return_z_loss: bool = False,
     chunk_size: Optional[int] = None,
     fp32_accumulation: bool = True,
@@ -396,8 +401,8 @@ def linear_cross_entropy(
     hidden: (..., H) fp32/fp16/bf16; weight: (V, H) and bias: (V,) (optional), the same dtype as
     hidden (under torch.autocast all three are cast to the autocast dtype, as F.linear does, and
     the gradients come back in their own dtypes). target: hidden's leading shape, int64 or int32.
-    ignore_index, reduction, label_smoothing, lse_square_scale, return_z_loss, check_targets: as
-    cross_entropy.
+    ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss, check_targets:
+    as cross_entropy (the cap applies to each chunk's logits inside the kernel).
     chunk_size: tokens per chunk (default: the largest power of two <= H, clamped to
     [256, 8192], so the (chunk, V) logits buffer is no larger than the weight).
     fp32_accumulation: accumulate grad_weight across chunks in fp32 (accurate; an fp32 (V, H)
@@ -410,7 +415,9 @@ def linear_cross_entropy(
     check_tensor("weight", weight)
     check_target("target", target)
     check_optional_tensor("bias", bias)
-    label_smoothing, lse_square_scale = check_loss_options(ignore_index, reduction, label_smoothing, lse_square_scale)
+    label_smoothing, lse_square_scale, softcap = check_loss_options(
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap
+    )
     if hidden.dim() < 1 or weight.dim() != 2:
         raise ValueError(
             f"hidden has shape {tuple(hidden.shape)} and weight {tuple(weight.shape)}; expected (..., H) and (V, H)"
@@ -436,8 +443,8 @@ def linear_cross_entropy(
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     loss, z_loss, *_ = _linear_cross_entropy_apply(
-        hidden_2d, weight, bias, target.reshape(-1), ignore_index, label_smoothing, lse_square_scale, reduction,
-        return_z_loss, compute_grad, chunk, fp32_accumulation, compute_dtype,
+        hidden_2d, weight, bias, target.reshape(-1), ignore_index, label_smoothing, lse_square_scale, softcap,
+        reduction, return_z_loss, compute_grad, chunk, fp32_accumulation, compute_dtype,
         loss_dtype_for(compute_dtype, hidden.device.type), check_bool("check_targets", check_targets),
     )  # fmt: skip
     if reduction == "none":
