@@ -22,7 +22,14 @@ from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
 
 from fused_attention import flash_attention, flash_attention_varlen
 from fused_attention.ops import configs, launch
-from fused_attention.reference import alibi_bias, attention_reference, attention_reference_varlen, visible_mask
+from fused_attention.ops.attention import dropout_rng
+from fused_attention.reference import (
+    alibi_bias,
+    attention_reference,
+    attention_reference_varlen,
+    dropout_keep_reference,
+    visible_mask,
+)
 
 GRADS = ("dq", "dk", "dv")
 
@@ -42,7 +49,7 @@ def _to_bhsd(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def lowp_twin(q, k, v, dout, dlse=None, causal=False, softmax_scale=None, alibi_slopes=None, window_size=(-1, -1),
-              layout="bshd", softcap=0.0) -> Dict[str, torch.Tensor]:  # fmt: skip
+              layout="bshd", softcap=0.0, dropout_p=0.0, dropout_keep=None) -> Dict[str, torch.Tensor]:  # fmt: skip
     """out, lse, dq, dk, dv of the FlashAttention-2 algorithm in q's dtype, from torch ops."""
     dtype = q.dtype
     lowp = lambda t: t.to(dtype).float()  # noqa: E731 - round to the input dtype, keep computing in fp32
@@ -64,12 +71,17 @@ def lowp_twin(q, k, v, dout, dlse=None, causal=False, softmax_scale=None, alibi_
     any_visible = visible.any(-1, keepdim=True)
     lse = torch.logsumexp(scores.masked_fill(~any_visible, 0.0), -1, keepdim=True).masked_fill(~any_visible, -math.inf)
     p = torch.exp(scores - lse.masked_fill(~any_visible, 0.0))
-    out = lowp(lowp(p) @ vf)
+    kept = p
+    dp = dof @ vf.transpose(-1, -2)
+    if dropout_p:
+        kept = torch.where(dropout_keep, p / (1.0 - dropout_p), 0.0)
+        dp = torch.where(dropout_keep, dp / (1.0 - dropout_p), 0.0)
+    out = lowp(lowp(kept) @ vf)
     delta = (dof * out).sum(-1, keepdim=True)
     if dlse is not None:
         delta = delta - (dlse.float()[..., None] if dlse.dim() == 3 else dlse.float())
-    dv = lowp(p).transpose(-1, -2) @ dof
-    ds = lowp(p * (dof @ vf.transpose(-1, -2) - delta) * cap_grad)
+    dv = lowp(kept).transpose(-1, -2) @ dof
+    ds = lowp(p * (dp - delta) * cap_grad)
     dq = ds @ kf * scale
     dk = ds.transpose(-1, -2) @ qf * scale
 
@@ -126,23 +138,45 @@ def compare(ours, ref, twin, names=("out", "lse", *GRADS)) -> None:
             assert_close_to_reference(ours[name], ref[name], twin[name], name=name)
 
 
+def dropout_words(q, seed, seed_offset: int = 0):
+    """The kernels' three int32 dropout words for `seed`; None: the words the next call on q's
+    device will draw (the generator's state is put back)."""
+    if seed is not None:
+        return dropout_rng(q.device, seed, seed_offset).tolist()
+    with torch.random.fork_rng(devices=[q.device] if q.device.type == "cuda" else []):
+        return dropout_rng(q.device, None, seed_offset).tolist()
+
+
 def check_attention(
-    q, k, v, *, with_dlse=False, layout="bshd", fn=flash_attention, deterministic=False, **options
-) -> Dict[str, torch.Tensor]:
-    """Run flash_attention (or `fn` with its signature) on q, k, v and check out, lse and every gradient."""
+    q, k, v, *, with_dlse=False, layout="bshd", fn=flash_attention, deterministic=False, seed=None, seed_offset=0,
+    **options,
+) -> Dict[str, torch.Tensor]:  # fmt: skip
+    """Run flash_attention (or `fn` with its signature) on q, k, v and check out, lse and every
+    gradient; with options["dropout_p"] > 0, under `seed` (the reference regenerates the mask)."""
     dout = torch.randn(q.shape, device=q.device).to(q.dtype)
     dlse = None
+    bshd = layout == "bshd"
     if with_dlse:
-        lse_shape = (q.shape[0], q.shape[2 if layout == "bshd" else 1], q.shape[1 if layout == "bshd" else 2])
+        lse_shape = (q.shape[0], q.shape[2 if bshd else 1], q.shape[1 if bshd else 2])
         dlse = torch.randn(lse_shape, device=q.device)
-    ours = run_ours(fn, q, k, v, dout, dlse, layout=layout, deterministic=deterministic, **options)
-    ref = reference(q, k, v, dout, dlse, layout=layout, **options)
-    twin = lowp_twin(q, k, v, dout, dlse, layout=layout, **options)
+    seeds = {}
+    expected = dict(options)
+    if options.get("dropout_p"):
+        seeds = dict(seed=seed, seed_offset=seed_offset)
+        expected["dropout_keep"] = dropout_keep_reference(
+            dropout_words(q, seed, seed_offset), options["dropout_p"], q.shape[0], q.shape[2 if bshd else 1],
+            q.shape[1 if bshd else 2], k.shape[1 if bshd else 2], q.device,
+        )  # fmt: skip
+    ours = run_ours(fn, q, k, v, dout, dlse, layout=layout, deterministic=deterministic, **options, **seeds)
+    ref = reference(q, k, v, dout, dlse, layout=layout, **expected)
+    twin = lowp_twin(q, k, v, dout, dlse, layout=layout, **expected)
     compare(ours, ref, twin)
     return ours
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, with_dlse=False, **options) -> Dict[str, torch.Tensor]:
+def check_varlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *, with_dlse=False, seed=None, **options
+) -> Dict[str, torch.Tensor]:  # fmt: skip
     """flash_attention_varlen on a packed batch against the per-sequence reference and twin."""
     max_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     max_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
@@ -152,30 +186,41 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, with_dlse=False, **opti
     def ours_fn(q, k, v, return_lse, **kw):
         return flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, return_lse=return_lse, **kw)
 
-    ours = run_ours(ours_fn, q, k, v, dout, dlse, **options)
-    compare(ours, *varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, **options))
+    seeds, words = {}, None
+    if options.get("dropout_p"):
+        seeds, words = dict(seed=seed), dropout_words(q, seed)
+    ours = run_ours(ours_fn, q, k, v, dout, dlse, **options, **seeds)
+    compare(ours, *varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, dropout_words=words, **options))
     return ours
 
 
-def varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, **options):
+def varlen_expected(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, dropout_words=None, **options):
     """(fp64 reference, low-precision twin) of a packed batch, each sequence on its own."""
     q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
-    out, lse = attention_reference_varlen(q64, k64, v64, cu_seqlens_q, cu_seqlens_k, **options)
+    out, lse = attention_reference_varlen(
+        q64, k64, v64, cu_seqlens_q, cu_seqlens_k, dropout_words=dropout_words, **options
+    )
     loss = (out * dout.double()).sum() + (0 if dlse is None else (lse.masked_fill(lse.isinf(), 0) * dlse).sum())
     ref = dict(zip(("out", "lse", *GRADS), (out, lse, *torch.autograd.grad(loss, (q64, k64, v64)))))
-    return ref, _varlen_twin(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, **options)
+    return ref, _varlen_twin(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, dropout_words, **options)
 
 
-def _varlen_twin(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, alibi_slopes=None, **options):
+def _varlen_twin(q, k, v, dout, dlse, cu_seqlens_q, cu_seqlens_k, words, alibi_slopes=None, **options):
     parts = []
     offsets_q, offsets_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(offsets_q) - 1):
         rows_q, rows_k = slice(offsets_q[b], offsets_q[b + 1]), slice(offsets_k[b], offsets_k[b + 1])
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
+        keep = None
+        if options.get("dropout_p"):
+            keep = dropout_keep_reference(
+                words, options["dropout_p"], 1, q.shape[1], rows_q.stop - rows_q.start, rows_k.stop - rows_k.start,
+                q.device, b,
+            )  # fmt: skip
         parts.append(
             lowp_twin(
                 q[None, rows_q], k[None, rows_k], v[None, rows_k], dout[None, rows_q],
-                None if dlse is None else dlse[None, :, rows_q], alibi_slopes=slopes, **options,
+                None if dlse is None else dlse[None, :, rows_q], alibi_slopes=slopes, dropout_keep=keep, **options,
             )
         )  # fmt: skip
     twin = {name: torch.cat([p[name][0] for p in parts], dim=0) for name in ("out", "dq", "dk", "dv")}
@@ -197,6 +242,7 @@ def attn():
         random_qkv=random_qkv,
         check_attention=check_attention,
         check_varlen=check_varlen,
+        dropout_words=dropout_words,
         varlen_expected=varlen_expected,
         cu_seqlens=cu_seqlens,
         lowp_twin=lowp_twin,

@@ -12,7 +12,7 @@ from fused_attention import (
     flash_attention_varlen,
 )
 from fused_attention._runtime.compat import HAS_CUSTOM_OP
-from fused_attention.ops.attention import AttentionOpFunction, _addressable
+from fused_attention.ops.attention import AttentionOpFunction, _addressable, dropout_rng
 from fused_attention.ops.launch import MAX_POSITION_STRIDE, AttentionSpec, forward_plan
 
 pytestmark = pytest.mark.kernels
@@ -38,24 +38,29 @@ def test_autograd_function_paths_match_the_custom_op(attn, device):
     """The eager Function on a plan (what flash_attention runs), the custom ops' Function (torch <
     2.4 under torch.compile) and the custom op itself (what torch.compile traces) run the same
     launchers: identical results, through both outputs (deterministic backward: the default one's
-    dQ may differ in the last bits from run to run on a GPU)."""
+    dQ may differ in the last bits from run to run on a GPU), softcap and dropout (its words passed
+    along) included."""
     q, k, v = attn.random_qkv(2, 23, 30, 4, 2, 64, BF16, device)
     slopes = alibi_slopes(4, device=device)
     dout = torch.randn(q.shape, device=device).to(BF16)
     dlse = torch.randn(2, 4, 23, device=device)
-    spec = AttentionSpec(2, 4, 2, 64, 23, 30, 0.125, -1, 0, True, False, False, True)
+    spec = AttentionSpec(2, 4, 2, 64, 23, 30, 0.125, -1, 0, True, False, False, True, 2.0, 0.25)
+    rng = dropout_rng(q.device, 7, 3)
 
     def through_function(q, k, v):
-        return FlashAttentionFunction.apply(q, k, v, slopes, None, None, forward_plan(q, k, v, slopes, spec))
+        return FlashAttentionFunction.apply(q, k, v, slopes, None, None, rng, forward_plan(q, k, v, slopes, spec))
 
     def through_op_function(q, k, v):
-        return AttentionOpFunction.apply(q, k, v, slopes, None, None, *spec.to_op_args())
+        return AttentionOpFunction.apply(q, k, v, slopes, None, None, rng, *spec.to_op_args())
 
     def through_custom_op(q, k, v):
-        return torch.ops.fused_attention.attention_fwd(q, k, v, slopes, None, None, *spec.to_op_args())
+        return torch.ops.fused_attention.attention_fwd(q, k, v, slopes, None, None, rng, *spec.to_op_args())
 
     def through_api(q, k, v):
-        return flash_attention(q, k, v, causal=True, alibi_slopes=slopes, return_lse=True, deterministic=True)
+        return flash_attention(
+            q, k, v, causal=True, alibi_slopes=slopes, return_lse=True, deterministic=True, softcap=2.0,
+            dropout_p=0.25, seed=7, seed_offset=3,
+        )  # fmt: skip
 
     expected = _outputs_and_grads(through_api, q, k, v, dout, dlse)
     for path in (through_function, through_op_function, through_custom_op):
@@ -75,7 +80,8 @@ def test_double_backward_raises(attn, device):
 @pytest.mark.torch_compile
 @pytest.mark.skipif(not HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4")
 def test_torch_compile_fullgraph(attn, device):
-    """No graph break: the kernels are custom ops with fake implementations and registered autograd."""
+    """No graph break: the kernels are custom ops with fake implementations and registered autograd
+    (the varlen call with softcap and a seeded dropout: its words reach both kernels)."""
     q, k, v = attn.random_qkv(2, 19, 19, 2, 1, 32, BF16, device)
     dout = torch.randn(q.shape, device=device).to(BF16)
     dlse = torch.randn(2, 2, 19, device=device)
@@ -94,7 +100,10 @@ def test_torch_compile_fullgraph(attn, device):
     cu = attn.cu_seqlens([7, 12], device)
 
     def packed(q, k, v):
-        return flash_attention_varlen(q, k, v, cu, cu, 12, 12, causal=True, return_lse=True, deterministic=True)
+        return flash_attention_varlen(
+            q, k, v, cu, cu, 12, 12, causal=True, return_lse=True, deterministic=True, softcap=5.0, dropout_p=0.2,
+            seed=3,
+        )  # fmt: skip
 
     flat = [t.flatten(0, 1)[:19] for t in (q, k, v)]
     compiled = torch.compile(packed, backend="eager", fullgraph=True)
@@ -154,6 +163,24 @@ def test_flash_attention_module(attn, device):
     expected = flash_attention(q, k, v, causal=True, window_size=(3, 0), layout="bhsd")
     torch.testing.assert_close(module(q, k, v), expected, rtol=0, atol=0)
     assert "causal=True" in repr(module) and "layout='bhsd'" in repr(module) and "deterministic=False" in repr(module)
+
+
+def test_module_dropout_only_in_training(attn, device):
+    """The modules' dropout follows train()/eval(): eval gives the undropped attention, training the
+    drawn mask (repeated by torch.manual_seed)."""
+    q, k, v = attn.random_qkv(1, 16, 16, 2, 2, 32, BF16, device)
+    module = FlashAttention(causal=True, dropout=0.5)
+    plain = flash_attention(q, k, v, causal=True)
+    torch.testing.assert_close(module.eval()(q, k, v), plain, rtol=0, atol=0)
+    torch.manual_seed(1)
+    dropped = module.train()(q, k, v)
+    torch.manual_seed(1)
+    torch.testing.assert_close(flash_attention(q, k, v, causal=True, dropout_p=0.5), dropped, rtol=0, atol=0)
+    assert not torch.equal(dropped, plain) and "dropout=0.5" in repr(module)
+    block = MultiheadSelfAttention(64, 2, dropout=0.5, device=device, dtype=BF16)
+    x = torch.randn(1, 16, 64, device=device).to(BF16)
+    torch.testing.assert_close(block.eval()(x), block.eval()(x), rtol=0, atol=0)
+    assert not torch.equal(block.train()(x), block.eval()(x))
 
 
 @pytest.mark.parametrize("n_kv_head, alibi", [(None, False), (2, True)], ids=["mha", "gqa-alibi"])

@@ -48,6 +48,20 @@ CASES = {
     "softcap-causal": (2, 37, 50, 2, 1, 64, {"causal": True, "softcap": 2.0}, BOTH),
     "softcap-alibi-far-both-sides": (1, 100, 40, 2, 1, 64, {"alibi": "batch", "softcap": 3.0}, (FP16,)),
     "softcap-sliding-window": (1, 40, 47, 2, 2, 64, {"window_size": (5, 3), "softcap": 50.0}, (BF16,)),
+    # Dropout with fixed seeds (the reference regenerates the kernels' Philox mask), across the
+    # masked, fully visible and ALiBi-far loops.
+    "dropout-causal": (2, 37, 50, 2, 1, 64, {"causal": True, "dropout_p": 0.3, "seed": 11}, BOTH),
+    "dropout-softcap-alibi-far": (
+        1,
+        100,
+        40,
+        2,
+        1,
+        64,
+        {"alibi": "batch", "softcap": 3.0, "dropout_p": 0.1, "seed": 2**40 + 5},
+        (BF16,),
+    ),  # fmt: skip
+    "dropout-window": (1, 40, 47, 2, 2, 64, {"window_size": (5, 3), "dropout_p": 0.5, "seed": 3}, (FP16,)),
 }
 DTYPE_IDS = {FP16: "fp16", BF16: "bf16"}
 
@@ -155,6 +169,7 @@ def test_rows_that_see_no_key(attn, device):
         (1, 100, 90, 2, 1, 32, {"alibi": "batch"}),
         (1, 100, 90, 2, 1, 32, {"alibi": "batch", "softcap": 3.0}),
         (2, 37, 50, 2, 1, 64, {"causal": True, "softcap": 2.0}),
+        (2, 37, 50, 4, 2, 64, {"causal": True, "dropout_p": 0.2, "seed": 9}),
     ],
     ids=[
         "gqa-causal-alibi",
@@ -163,6 +178,7 @@ def test_rows_that_see_no_key(attn, device):
         "alibi-far-both-sides",
         "softcap-alibi-far",
         "softcap-causal",
+        "gqa-dropout-causal",
     ],  # fmt: skip
 )
 def test_deterministic_backward(batch, seqlen_q, seqlen_k, n_heads, n_kv_heads, head_dim, options, attn, device):

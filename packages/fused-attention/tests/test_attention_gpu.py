@@ -188,6 +188,8 @@ def test_atomic_dq_when_forced(causal, attn, monkeypatch):
         ({}, "bhsd", FP16),
         ({"causal": True, "window_size": (512, 0), "softcap": 2.0}, "bhsd", BF16),
         ({"alibi": "batch", "softcap": 50.0}, "bshd", BF16),
+        ({"causal": True, "dropout_p": 0.1, "seed": 2024}, "bshd", BF16),
+        ({"window_size": (300, 300), "softcap": 30.0, "dropout_p": 0.3, "seed": 7}, "bhsd", FP16),
     ],
     ids=[
         "alibi-full",
@@ -197,12 +199,14 @@ def test_atomic_dq_when_forced(causal, attn, monkeypatch):
         "full-sdpa",
         "local-causal-softcap-sdpa",
         "alibi-softcap",
+        "causal-dropout",
+        "window-softcap-dropout-sdpa",
     ],  # fmt: skip
 )
 def test_options_and_layouts(options, layout, dtype, attn):
     """ALiBi with and without masks (per-batch slopes up to 1.05 test the fp32 LSE near the
-    diagonal), a softmax scale, softcapped scores, and the SDPA layout (TMA descriptors with heads
-    outside positions)."""
+    diagonal), a softmax scale, softcapped scores, dropout, and the SDPA layout (TMA descriptors
+    with heads outside positions)."""
     options = dict(options)
     slopes = _slopes(options.pop("alibi", None), 2, 8)
     q, k, v = attn.random_qkv(2, 1531, 1531, 8, 8, 64, dtype, "cuda", layout=layout)

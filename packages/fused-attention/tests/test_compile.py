@@ -2,7 +2,7 @@
 
 A covering set, not the cross product: each kernel meets every autotune config of every head-dim
 class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants, with descriptors in both
-dim orders), both dtypes, both architectures, each mask/bias/softcap/varlen specialization, and all nine
+dim orders), both dtypes, both architectures, each mask/bias/softcap/dropout/varlen specialization, and all nine
 head dims appear across the set; the dK/dV kernel compiles with and without its atomic dQ
 accumulation (DQ_ATOMIC) in each head-dim class and load path. On sm_90 (Triton 3.x) ptxas must
 not have serialized the kernel's wgmma instructions (its note C7515 and kin): a 10 % slowdown that
@@ -30,15 +30,17 @@ pytestmark = pytest.mark.aot
 
 HEAD_DIMS = {64: (16, 32, 64), 128: (80, 96, 128), 256: (160, 192, 256)}
 DTYPES = ("fp16", "bf16")
-# (IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI, SOFTCAP): causal; full; varlen causal ALiBi; window +
-# ALiBi; causal softcap (Gemma-2); full softcap with ALiBi.
+# (IS_VARLEN, HAS_LEFT, HAS_RIGHT, ALIBI, SOFTCAP, DROPOUT): causal; full; varlen causal ALiBi;
+# window + ALiBi; causal softcap with dropout (Gemma-2 training); full softcap with ALiBi; varlen
+# window with dropout.
 FLAGS = [
-    (False, False, True, False, False),
-    (False, False, False, False, False),
-    (True, False, True, True, False),
-    (False, True, True, True, False),
-    (False, False, True, False, True),
-    (False, False, False, True, True),
+    (False, False, True, False, False, False),
+    (False, False, False, False, False, False),
+    (True, False, True, True, False, False),
+    (False, True, True, True, False, False),
+    (False, False, True, False, True, True),
+    (False, False, False, True, True, False),
+    (True, True, True, False, False, True),
 ]
 # Which block dim a kernel's TMA descriptors span.
 DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
@@ -49,11 +51,11 @@ def _type(name: str, dtype: str, descriptor: str) -> str:
         return descriptor
     if name in ("lse_ptr", "delta_ptr", "slopes_ptr", "dlse_ptr", "dq_accum_ptr"):
         return "*fp32"
-    if name.startswith("cu_seqlens"):
+    if name.startswith("cu_seqlens") or name == "rng_ptr":
         return "*i32"
     if name.endswith("_ptr"):
         return f"*{dtype}"
-    return "fp32" if name in ("softmax_scale", "softcap_in", "softcap_out") else "i32"
+    return "fp32" if name in ("softmax_scale", "softcap_in", "softcap_out", "dropout_scale") else "i32"
 
 
 def _dq_modes(kind, block_d):
@@ -90,14 +92,14 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
         pytest.skip("TMA descriptors need Triton >= 3.4: the launchers never choose these configs here")
     block_d = triton.next_power_of_2(head_dim)
     rows = getattr(config, DESCRIPTOR_ROWS[kind])
-    is_varlen, has_left, has_right, alibi, softcap = flags
+    is_varlen, has_left, has_right, alibi, softcap, dropout = flags
     # TMA views put the heads outside the positions for the SDPA layout (never for a packed batch).
     heads_outer = tma and not is_varlen and head_dim % 32 == 0
     block = [1, 1, rows, block_d] if heads_outer else [1, rows, 1, block_d]
     descriptor = f"tensordesc<{dtype}[{','.join(map(str, block))}]>" if tma else f"*{dtype}"
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_D=block_d, IS_VARLEN=is_varlen, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        ALIBI=alibi, SOFTCAP=softcap, UPCAST=False, HEADS_OUTER=heads_outer, **config.meta(),
+        ALIBI=alibi, SOFTCAP=softcap, DROPOUT=dropout, UPCAST=False, HEADS_OUTER=heads_outer, **config.meta(),
     )  # fmt: skip
     kernel = KERNELS[kind]
     if kind == "dkdv":

@@ -117,6 +117,25 @@ def test_rejects_bad_softcap(softcap, error, message):
         FlashAttention(softcap=softcap)
 
 
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"dropout_p": 1.0}, ValueError, r"^dropout_p=1.0 must be a finite number in \[0.0, 1.0\)"),
+        ({"dropout_p": -0.1}, ValueError, r"^dropout_p=-0.1 must be a finite number"),
+        ({"dropout_p": True}, TypeError, r"^dropout_p must be a float, got bool"),
+        ({"dropout_p": 0.1, "seed": -1}, ValueError, r"^seed=-?[0-9]+ must be"),
+        ({"dropout_p": 0.1, "seed": 2**63}, ValueError, r"^seed=-?[0-9]+ must be"),
+        ({"dropout_p": 0.1, "seed": 1.5}, TypeError, r"^seed must be an int"),
+        ({"dropout_p": 0.1, "seed": 3, "seed_offset": 2**32}, ValueError, r"^seed_offset=-?[0-9]+ must be"),
+        ({"seed_offset": -1}, ValueError, r"^seed_offset=-?[0-9]+ must be"),
+    ],
+)
+def test_rejects_bad_dropout_options(options, error, message):
+    q, k, v = (t.normal_() for t in qkv(batch=1, seqlen=3, heads=2, kv_heads=2, head_dim=16, device=KERNEL_DEVICE_TYPE))
+    with pytest.raises(error, match=message):
+        flash_attention(q, k, v, **options)
+
+
 def test_rejects_zero_kv_heads():
     with pytest.raises(ValueError, match=r"^k and v have 0 heads: at least one key/value head is needed"):
         flash_attention(*qkv(heads=0, kv_heads=0))

@@ -17,6 +17,7 @@ CASES = {
     "window-gqa": ([23, 40, 2], None, 4, 1, {"window_size": (4, 2)}, FP16),
     "causal-window-alibi": ([31, 12], [35, 12], 2, 2, {"causal": True, "window_size": (6, 0), "alibi": "heads"}, BF16),
     "causal-softcap-gqa": ([1, 25, 0, 9], None, 4, 2, {"causal": True, "softcap": 2.5}, FP16),
+    "cross-dropout-gqa": ([1, 25, 0, 9], [3, 20, 4, 9], 4, 2, {"dropout_p": 0.25, "seed": 21}, BF16),
 }
 
 

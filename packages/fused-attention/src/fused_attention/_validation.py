@@ -83,6 +83,10 @@ def check_softcap(softcap, softmax_scale: float) -> float:
     return value
 
 
+def check_dropout_p(dropout_p) -> float:
+    return check_float("dropout_p", dropout_p, 0.0, 1.0, include_high=False)
+
+
 def check_window(window_size, causal, max_seqlen_q: int, max_seqlen_k: int) -> Tuple[int, int]:
     """Normalized (left, right) bounds, -1 for none; causal forces right = 0 (as FlashAttention-2).
 

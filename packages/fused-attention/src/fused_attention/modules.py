@@ -9,6 +9,7 @@ from torch import nn
 
 from ._validation import (
     check_bool,
+    check_dropout_p,
     check_head_dim,
     check_int,
     check_layout,
@@ -23,12 +24,16 @@ from .ops.attention import flash_attention
 class FlashAttention(nn.Module):
     """flash_attention(q, k, v, ...) with the options fixed at construction; no parameters.
 
-    forward(q, k, v, alibi_slopes=None) takes and returns tensors in `layout`.
+    forward(q, k, v, alibi_slopes=None) takes and returns tensors in `layout`. dropout: the
+    attention-weight dropout probability, applied in training mode only (its mask's key drawn
+    from torch's generator on each call).
     """
 
     def __init__(self, causal: bool = False, softmax_scale: Optional[float] = None, window_size=(-1, -1),
-                 layout: str = "bshd", deterministic: bool = False, softcap: float = 0.0):  # fmt: skip
+                 layout: str = "bshd", deterministic: bool = False, softcap: float = 0.0,
+                 dropout: float = 0.0):  # fmt: skip
         super().__init__()
+        self.dropout = check_dropout_p(dropout)
         check_layout(layout)
         check_window(window_size, causal, 2**31, 2**31)
         # The head dim only sets the default scale; a softcap is checked again against the call's scale.
@@ -44,12 +49,14 @@ class FlashAttention(nn.Module):
         return flash_attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, alibi_slopes=alibi_slopes,
             window_size=self.window_size, layout=self.layout, deterministic=self.deterministic, softcap=self.softcap,
+            dropout_p=self.dropout if self.training else 0.0,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"causal={self.causal}, softmax_scale={self.softmax_scale}, window_size={self.window_size}, "
-            f"layout={self.layout!r}, deterministic={self.deterministic}, softcap={self.softcap}"
+            f"layout={self.layout!r}, deterministic={self.deterministic}, softcap={self.softcap}, "
+            f"dropout={self.dropout}"
         )
 
 
@@ -61,6 +68,7 @@ class MultiheadSelfAttention(nn.Module):
       out_proj: n_head * head_dim -> d_model;  head_dim = d_model // n_head.
     Buffer (not saved): alibi_slopes, fp32 (n_head,), when alibi=True. deterministic, softcap: as
     flash_attention's (bit-reproducible dQ in the backward, slower; Gemma-2's capped scores).
+    dropout: on the attention weights, in training mode only.
 
     forward(x, qk_transform=None): x (B, S, d_model) -> (B, S, d_model). qk_transform, if given,
     maps (q, k) in (B, S, heads, head_dim) to new (q, k) before attention, e.g. rotary embeddings.
@@ -80,6 +88,7 @@ class MultiheadSelfAttention(nn.Module):
         softmax_scale: Optional[float] = None,
         deterministic: bool = False,
         softcap: float = 0.0,
+        dropout: float = 0.0,
         device=None,
         dtype=None,
     ):
@@ -94,6 +103,7 @@ class MultiheadSelfAttention(nn.Module):
         check_head_dim(d_model // n_head)
         check_window(window_size, causal, 2**31, 2**31)
         self.softcap = check_softcap(softcap, check_softmax_scale(softmax_scale, d_model // n_head))
+        self.dropout = check_dropout_p(dropout)
         self.d_model, self.n_head, self.n_kv_head = d_model, n_head, n_kv_head
         self.head_dim = d_model // n_head
         self.causal, self.window_size, self.softmax_scale = causal, tuple(window_size), softmax_scale
@@ -123,11 +133,12 @@ class MultiheadSelfAttention(nn.Module):
         out = flash_attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, alibi_slopes=slopes,
             window_size=self.window_size, deterministic=self.deterministic, softcap=self.softcap,
+            dropout_p=self.dropout if self.training else 0.0,
         )  # fmt: skip
         return self.out_proj(out.reshape(batch, seqlen, self.n_head * self.head_dim))  # (B, S, d_model)
 
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, causal={self.causal}, "
-            f"alibi={self.alibi_slopes is not None}, window_size={self.window_size}"
+            f"alibi={self.alibi_slopes is not None}, window_size={self.window_size}, dropout={self.dropout}"
         )

@@ -41,8 +41,10 @@ from .common import (
     _band_mask,
     _dot,
     _dot_acc,
+    _dropout_keep,
     _load_rows,
     _load_tile,
+    _rng_words,
     _seq_bounds,
     _softcap_scores,
     _store_tile,
@@ -50,7 +52,10 @@ from .common import (
 )
 
 # Arguments the JIT does not specialize (see the module docstring).
-_SIZES = ["kv_group", "max_seqlen_q", "max_seqlen_k", "total_q", "total_k", "window_left", "window_right"]
+_SIZES = [
+    "kv_group", "max_seqlen_q", "max_seqlen_k", "total_q", "total_k", "window_left", "window_right",
+    "dropout_threshold",
+]  # fmt: skip
 _SMALL_STRIDES = ["stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
 
 
@@ -124,10 +129,11 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_update(
     dk, dv, k, v, q, do, lse2, delta, dqa_ptrs, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, diag, window_left,
-    window_right, qk_scale, softcap_in, softcap_out, slope2,
+    window_right, qk_scale, softcap_in, softcap_out, slope2, seed_lo, seed_hi, rng_head, rng_offset,
+    dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block's contribution to a key block's dK, dV (all tiles transposed: [keys, queries]),
     and with DQ_ATOMIC its share of the query block's dQ, added to the fp32 accumulator."""
@@ -147,8 +153,16 @@ def _dkdv_update(
             # zero K row scores 0) and would reach dQ as inf * 0; the caller masks such blocks.
             visible = visible & (offs_n[:, None] < seqlen_k)
         p_t = tl.where(visible, p_t, 0.0)
-    dv = _dot_acc(_to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
+    if DROPOUT:  # dV from the kept P; dP of the dropped entries is 0
+        keep_t = _dropout_keep(
+            offs_m[None, :], offs_n[:, None], seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold
+        )
+        dv = _dot_acc(_to_dtype(tl.where(keep_t, p_t * dropout_scale, 0.0), do.dtype, UPCAST), do, dv, UPCAST)
+    else:
+        dv = _dot_acc(_to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
     dp_t = _dot(v, tl.trans(do), UPCAST)
+    if DROPOUT:
+        dp_t = tl.where(keep_t, dp_t * dropout_scale, 0.0)
     ds_t = p_t * (dp_t - delta[None, :])
     if SOFTCAP:
         ds_t *= dcap_t
@@ -170,10 +184,11 @@ def _dkdv_update(
 def _dkdv_blocks(
     dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, desc_row, head,
     stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
-    softcap_in, softcap_out, slope2, lo, hi, rotate,
+    softcap_in, softcap_out, slope2, lo, hi, rotate, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold,
+    dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr,
-    DQ_ATOMIC: tl.constexpr,
+    DROPOUT: tl.constexpr, DQ_ATOMIC: tl.constexpr,
     ROTATE: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Query blocks [lo, hi) of one query head against the resident key block; with ROTATE the loop
@@ -209,8 +224,9 @@ def _dkdv_blocks(
             delta = tl.load(delta_base + rows)
         dk, dv = _dkdv_update(
             dk, dv, k, v, q, do, lse2, delta, dqa_rows + rows[None, :], rows, offs_n, offs_d, seqlen_q, seqlen_k, diag,
-            window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, HEAD_DIM, BLOCK_D, MASKED, HAS_LEFT,
-            HAS_RIGHT, ALIBI, SOFTCAP, DQ_ATOMIC, UPCAST,
+            window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, seed_lo, seed_hi, rng_head,
+            rng_offset, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI,
+            SOFTCAP, DROPOUT, DQ_ATOMIC, UPCAST,
         )  # fmt: skip
     return dk, dv
 
@@ -219,7 +235,7 @@ def _dkdv_blocks(
 def _attn_bwd_dkdv_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, dq_accum_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr,
-    cu_seqlens_k_ptr, q_desc, do_desc,
+    cu_seqlens_k_ptr, rng_ptr, q_desc, do_desc,
     # strides (batch, position, head); the head dim has unit stride. delta shares the LSE's strides.
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -232,11 +248,11 @@ def _attn_bwd_dkdv_kernel(
     stride_slope_b, stride_slope_h,
     # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
     n_kv_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, softcap_in, softcap_out,
-    window_left, window_right,
+    window_left, window_right, dropout_threshold, dropout_scale,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -307,24 +323,28 @@ def _attn_bwd_dkdv_kernel(
         lse_base = lse_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         delta_base = delta_ptr + batch64 * stride_lse_b + head64 * stride_lse_h + q_start
         slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+        seed_lo, seed_hi, rng_head, rng_offset = _rng_words(rng_ptr, batch, n_kv_heads * kv_group, head, DROPOUT)
         if HAS_RIGHT:
             dk, dv = _dkdv_blocks(
                 dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start,
                 head, stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale,
-                softcap_in, softcap_out, slope2, start, full_start, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT,
-                HAS_RIGHT, ALIBI, SOFTCAP, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+                softcap_in, softcap_out, slope2, start, full_start, rotate, seed_lo, seed_hi, rng_head, rng_offset,
+                dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, SOFTCAP,
+                DROPOUT, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
             stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
-            softcap_out, slope2, full_start, full_end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT,
-            ALIBI, SOFTCAP, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
+            softcap_out, slope2, full_start, full_end, rotate, seed_lo, seed_hi, rng_head, rng_offset,
+            dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ALIBI, SOFTCAP,
+            DROPOUT, DQ_ATOMIC, DQ_ATOMIC and not HAS_RIGHT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         dk, dv = _dkdv_blocks(
             dk, dv, k, v, q_base, do_base, dqa_rows, lse_base, delta_base, q_desc, do_desc, desc_batch, q_start, head,
             stride_qs, stride_dos, offs_n, seqlen_q, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
-            softcap_out, slope2, full_end, end, rotate, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI,
-            SOFTCAP, DQ_ATOMIC, False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            softcap_out, slope2, full_end, end, rotate, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold,
+            dropout_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ALIBI, SOFTCAP, DROPOUT, DQ_ATOMIC,
+            False, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     dk_ptrs = dk_ptr + batch64 * stride_dkb + row0 * stride_dks + kv_head.to(tl.int64) * stride_dkh
@@ -380,9 +400,9 @@ def _attn_bwd_dq_convert_kernel(
 @triton.jit
 def _dq_update(
     dq, q, do, k, v, lse2, delta, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
-    softcap_out, slope2, key_bias, row_bias,
+    softcap_out, slope2, key_bias, row_bias, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    ALIBI_FAR: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
+    ALIBI_FAR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One key block's contribution to a query block's dQ (before the softmax scale). ALIBI_FAR: a
     fully visible block far off the diagonal, its bias key_bias[c] + row_bias[r] (common.py)."""
@@ -401,6 +421,11 @@ def _dq_update(
         visible = _band_mask(offs_m[:, None], offs_n[None, :], diag, window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p = tl.where(visible & (offs_n[None, :] < seqlen_k), p, 0.0)
     dp = _dot(do, tl.trans(v), UPCAST)
+    if DROPOUT:
+        keep = _dropout_keep(
+            offs_m[:, None], offs_n[None, :], seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold
+        )
+        dp = tl.where(keep, dp * dropout_scale, 0.0)
     ds = p * (dp - delta[:, None])
     if SOFTCAP:
         ds *= dcap
@@ -411,9 +436,11 @@ def _dq_update(
 def _dq_blocks(
     dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
     offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, lo, hi, far_sign,
+    seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
-    SOFTCAP: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi) against the resident query block; ALIBI_FAR as in the forward's _fwd_blocks."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -436,8 +463,8 @@ def _dq_blocks(
         row_bias = far_sign * slope2 * (start_n - row_pos).to(tl.float32)
         dq = _dq_update(
             dq, q, do, k, v, lse2, delta, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
-            softcap_in, softcap_out, slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, SOFTCAP,
-            UPCAST,
+            softcap_in, softcap_out, slope2, key_bias, row_bias, seed_lo, seed_hi, rng_head, rng_offset,
+            dropout_threshold, dropout_scale, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, SOFTCAP, DROPOUT, UPCAST,
         )  # fmt: skip
     return dq
 
@@ -446,7 +473,7 @@ def _dq_blocks(
 def _attn_bwd_dq_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
-    k_desc, v_desc,
+    rng_ptr, k_desc, v_desc,
     # strides (batch, position, head); the head dim has unit stride. delta shares the LSE's strides.
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -457,11 +484,11 @@ def _attn_bwd_dq_kernel(
     stride_slope_b, stride_slope_h,
     # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
     n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, softcap_in, softcap_out,
-    window_left, window_right,
+    window_left, window_right, dropout_threshold, dropout_scale,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
-    HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -504,6 +531,7 @@ def _attn_bwd_dq_kernel(
     delta = tl.load(delta_ptr + lse_offs, mask=offs_m < seqlen_q, other=0.0)
     qk_scale = softmax_scale * LOG2E
     slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+    seed_lo, seed_hi, rng_head, rng_offset = _rng_words(rng_ptr, batch, n_heads, head, DROPOUT)
 
     k_base = k_ptr + batch64 * stride_kb + k_start.to(tl.int64) * stride_ks + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch64 * stride_vb + k_start.to(tl.int64) * stride_vs + kv_head.to(tl.int64) * stride_vh
@@ -516,8 +544,9 @@ def _attn_bwd_dq_kernel(
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, start,
-            full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
-            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            full_start, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale, HEAD_DIM,
+            BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA and not IS_VARLEN,
+            HEADS_OUTER, UPCAST,
         )  # fmt: skip
     # ALiBi in dense batches, as in the forward (kernels/attention_fwd.py): the far blocks in the
     # rank-1 form after the near ones; with a right bound the near ones join the masked loop,
@@ -531,43 +560,46 @@ def _attn_bwd_dq_kernel(
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
-            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D,
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if ALIBI and not IS_VARLEN:
         if not HAS_RIGHT:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
                 stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2,
-                below_end, above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False,
-                SOFTCAP, USE_TMA, HEADS_OUTER, UPCAST,
+                below_end, above_start, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale,
+                HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA,
+                HEADS_OUTER, UPCAST,
             )  # fmt: skip
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
-            below_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            below_end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D,
+            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         if not HAS_RIGHT:
             dq = _dq_blocks(
                 dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks,
                 stride_vs, offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2,
-                above_start, full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True,
-                SOFTCAP, USE_TMA, HEADS_OUTER, UPCAST,
+                above_start, full_end, -1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale,
+                HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, DROPOUT, USE_TMA,
+                HEADS_OUTER, UPCAST,
             )  # fmt: skip
     else:
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
-            full_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            full_end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D,
+            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if not ((ALIBI and HAS_RIGHT) and not IS_VARLEN):
         dq = _dq_blocks(
             dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
-            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
-            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, dropout_scale, HEAD_DIM, BLOCK_D,
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA and not IS_VARLEN, HEADS_OUTER,
+            UPCAST,
         )  # fmt: skip
 
     dq_ptrs = dq_ptr + batch64 * stride_dqb + row0 * stride_dqs + head64 * stride_dqh

@@ -2,8 +2,9 @@
 
 Scope: fp16/bf16 inputs, head dims up to 256 (the tile is padded to a power of two and masked),
 any sequence lengths (ragged tails masked), dense (B, S, H, D) or packed varlen batches, GQA/MQA,
-causal and sliding-window masks aligned bottom-right, ALiBi, softcapped scores. Outputs O in the input dtype and the
-natural-log LSE in fp32 (-inf, with O = 0, for a query that sees no key).
+causal and sliding-window masks aligned bottom-right, ALiBi, softcapped scores, dropout. Outputs
+O in the input dtype and the natural-log LSE in fp32 (-inf, with O = 0, for a query that sees no
+key).
 
 Algorithm: the query tile stays in registers while key/value tiles stream through an online
 softmax in the exp2 domain; no S x S matrix exists. The key loop is split in three ranges:
@@ -33,8 +34,10 @@ from .common import (
     _band_mask,
     _dot,
     _dot_acc,
+    _dropout_keep,
     _load_rows,
     _load_tile,
+    _rng_words,
     _scores,
     _seq_bounds,
     _store_tile,
@@ -45,9 +48,9 @@ from .common import (
 @triton.jit
 def _fwd_update(
     acc, l_i, m_i, q, k, v, offs_m, offs_n, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in,
-    softcap_out, slope2, key_bias, row_bias,
+    softcap_out, slope2, key_bias, row_bias, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr,
-    ALIBI_FAR: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
+    ALIBI_FAR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One key block of the online softmax: returns the updated (acc, l_i, m_i). ALIBI_FAR: a fully
     visible block far off the diagonal, its bias the rank-1 key_bias[c] + row_bias[r] (common.py)."""
@@ -79,6 +82,11 @@ def _fwd_update(
         p = tl.math.exp2(s - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if DROPOUT:  # the normalizer above counts every key; only kept ones reach O
+        keep = _dropout_keep(
+            offs_m[:, None], offs_n[None, :], seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold
+        )
+        p = tl.where(keep, p, 0.0)
     acc = _dot_acc(_to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
     return acc, l_i, m_new
 
@@ -87,9 +95,11 @@ def _fwd_update(
 def _fwd_blocks(
     acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, desc_row, kv_head, stride_ks, stride_vs,
     offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, lo, hi, far_sign,
+    seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ALIBI_FAR: tl.constexpr,
-    SOFTCAP: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr, UPCAST: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi): MASKED ones on the band's edges or past the key tail, the others fully
     visible. TMA: K/V tiles through descriptors (the caller only asks for it where a tile cannot
@@ -116,19 +126,20 @@ def _fwd_blocks(
         row_bias = far_sign * slope2 * (start_n - row_pos).to(tl.float32)
         acc, l_i, m_i = _fwd_update(
             acc, l_i, m_i, q, k, v, offs_m, start_n + offs_n, seqlen_k, diag, window_left, window_right, qk_scale,
-            softcap_in, softcap_out, slope2, key_bias, row_bias, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, SOFTCAP,
-            UPCAST,
+            softcap_in, softcap_out, slope2, key_bias, row_bias, seed_lo, seed_hi, rng_head, rng_offset,
+            dropout_threshold, MASKED, HAS_LEFT, HAS_RIGHT, ALIBI, ALIBI_FAR, SOFTCAP, DROPOUT, UPCAST,
         )  # fmt: skip
     return acc, l_i, m_i
 
 
 @triton.jit(
     do_not_specialize=["n_heads", "kv_group", "max_seqlen_q", "max_seqlen_k", "total_q", "total_k", "window_left",
-                       "window_right", "stride_lse_b", "stride_lse_h", "stride_slope_b", "stride_slope_h"]
+                       "window_right", "dropout_threshold", "stride_lse_b", "stride_lse_h", "stride_slope_b",
+                       "stride_slope_h"]
 )  # fmt: skip
 def _attn_fwd_kernel(
     # pointers
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, k_desc, v_desc,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, slopes_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, rng_ptr, k_desc, v_desc,
     # strides (batch, position, head); the head dim has unit stride
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -138,11 +149,11 @@ def _attn_fwd_kernel(
     stride_slope_b, stride_slope_h,
     # sizes and options (total_q, total_k: the packed tensors' rows, varlen)
     n_heads, kv_group, max_seqlen_q, max_seqlen_k, total_q, total_k, softmax_scale, softcap_in, softcap_out,
-    window_left, window_right,
+    window_left, window_right, dropout_threshold, dropout_scale,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
-    HEADS_OUTER: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -178,6 +189,7 @@ def _attn_fwd_kernel(
     )  # fmt: skip
     qk_scale = softmax_scale * LOG2E
     slope2 = _alibi_slope2(slopes_ptr, batch, head, stride_slope_b, stride_slope_h, ALIBI)
+    seed_lo, seed_hi, rng_head, rng_offset = _rng_words(rng_ptr, batch, n_heads, head, DROPOUT)
 
     # TMA descriptors see a packed varlen batch as batch 1.
     if IS_VARLEN:
@@ -196,8 +208,8 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, start,
-            full_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
-            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            full_start, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM, BLOCK_D, BLOCK_N,
+            True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     # ALiBi in dense batches: the fully visible blocks far off the diagonal take the rank-1 bias
     # (common.py). With a right bound the near blocks join the masked loop of the diagonal (which
@@ -215,48 +227,51 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
-            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+            HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if ALIBI and not IS_VARLEN:
         if not HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
                 acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
                 offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, below_end,
-                above_start, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
-                USE_TMA, HEADS_OUTER, UPCAST,
+                above_start, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM, BLOCK_D, BLOCK_N,
+                False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
             )  # fmt: skip
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
-            below_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            below_end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM, BLOCK_D, BLOCK_N,
+            False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
         if not HAS_RIGHT:
             acc, l_i, m_i = _fwd_blocks(
                 acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
                 offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2,
-                above_start, full_end, -1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True,
-                SOFTCAP, USE_TMA, HEADS_OUTER, UPCAST,
+                above_start, full_end, -1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM,
+                BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, True, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER,
+                UPCAST,
             )  # fmt: skip
     else:
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, full_start,
-            full_end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, USE_TMA,
-            HEADS_OUTER, UPCAST,
+            full_end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM, BLOCK_D, BLOCK_N, False,
+            HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA, HEADS_OUTER, UPCAST,
         )  # fmt: skip
     if not ((ALIBI and HAS_RIGHT) and not IS_VARLEN):
         acc, l_i, m_i = _fwd_blocks(
             acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_batch, k_start, kv_head, stride_ks, stride_vs,
             offs_m, seqlen_k, diag, window_left, window_right, qk_scale, softcap_in, softcap_out, slope2, masked_start,
-            end, 1.0, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP,
-            USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
+            end, 1.0, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+            HAS_LEFT, HAS_RIGHT, ALIBI, False, SOFTCAP, DROPOUT, USE_TMA and not IS_VARLEN, HEADS_OUTER, UPCAST,
         )  # fmt: skip
 
     # Epilogue: a row with no visible key has l = 0: O = 0 and LSE = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc * (1.0 / l_safe)[:, None]
+    if DROPOUT:
+        o *= dropout_scale
     lse2 = m_i + tl.math.log2(l_safe)
     _store_tile(
         o_base + offs_r[:, None] * stride_os + offs_d[None, :], _to_dtype(o, o_ptr.dtype.element_ty, UPCAST), offs_m,

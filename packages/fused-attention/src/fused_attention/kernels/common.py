@@ -16,6 +16,10 @@ Conventions (all kernels):
 - Softcap (SOFTCAP, Gemma-2): the scaled product is capped before any bias or mask,
   softcap * tanh(q.k * softmax_scale / softcap); the backward multiplies dS by the cap's
   derivative, 1 - tanh^2, recomputed with the scores.
+- Dropout (DROPOUT): a probability P_ij is kept (scaled by 1 / (1 - p) once, on O or in the
+  backward's products) or dropped by a Philox draw of (seed, query head, i, j); the softmax's
+  normalizer and the LSE stay those of the undropped P. The backward's delta = rowsum(dO * O) is
+  then rowsum(P * dP) with dP = Z * (dO V^T) / (1 - p), as dS = P * (dP - delta) needs.
 - ALiBi (bias = -slope * |i + diag - j|, ALIBI a 0/1 flag): near the diagonal the distance is
   formed in fp32 from the exact float positions (j - (i + diag), integers below 2^24: exact),
   then scaled once, so a score near the diagonal carries only its own rounding, as PyTorch's fp32
@@ -238,3 +242,39 @@ def _scores(qk, qk_scale, softcap_in, softcap_out, SOFTCAP: tl.constexpr):
     else:
         s = qk * qk_scale
     return s
+
+
+_PHILOX_ROUNDS = tl.constexpr(7)
+
+
+@triton.jit
+def _rng_words(rng_ptr, batch, n_heads, head, DROPOUT: tl.constexpr):
+    """The dropout's Philox key and per-head counter words, uint32: (seed_lo, seed_hi, rng_head,
+    rng_offset) from the three int32 words at rng_ptr (seed_lo, seed_hi, offset); zeros without
+    dropout. rng_head = batch * n_heads + head (the query head)."""
+    if DROPOUT:
+        seed_lo = tl.load(rng_ptr).to(tl.uint32, bitcast=True)
+        seed_hi = tl.load(rng_ptr + 1).to(tl.uint32, bitcast=True)
+        rng_offset = tl.load(rng_ptr + 2).to(tl.uint32, bitcast=True)
+        rng_head = (batch * n_heads + head).to(tl.uint32)
+    else:
+        seed_lo = (batch * 0).to(tl.uint32)
+        seed_hi = seed_lo
+        rng_offset = seed_lo
+        rng_head = seed_lo
+    return seed_lo, seed_hi, rng_head, rng_offset
+
+
+@triton.jit
+def _dropout_keep(q_idx, k_idx, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold):
+    """The dropout's keep mask at queries q_idx x keys k_idx (index tensors that broadcast to the
+    tile, positions within the sequence): Philox-4x32 (7 rounds) keyed by (seed_lo, seed_hi) at
+    counter (key, query, rng_head, rng_offset); kept where the draw's top 31 bits are >= the
+    threshold. Forward and backward regenerate the same mask; nothing is stored."""
+    zero = (q_idx + k_idx) * 0
+    c0 = (k_idx + zero).to(tl.uint32)
+    c1 = (q_idx + zero).to(tl.uint32)
+    c2 = c0 * 0 + rng_head
+    c3 = c0 * 0 + rng_offset
+    r, _, _, _ = tl.philox_impl(c0, c1, c2, c3, seed_lo, seed_hi, _PHILOX_ROUNDS)
+    return (r >> 1).to(tl.int32, bitcast=True) >= dropout_threshold

@@ -29,6 +29,7 @@ from .._validation import (
     check_cu_seqlens,
     check_cu_seqlens_values,
     check_device,
+    check_dropout_p,
     check_heads,
     check_int,
     check_layout,
@@ -57,12 +58,12 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, plan: ForwardPlan):
-        out, lse = plan.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, plan: ForwardPlan):
+        out, lse = plan.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng)
         ctx.save_for_backward(q, k, v, out, lse)
         # Inputs without gradients, never modified by the kernels, and the plan: kept on ctx
         # directly (fewer saved-tensor unpacks in the backward).
-        ctx.extras = (alibi_slopes, cu_seqlens_q, cu_seqlens_k, plan)
+        ctx.extras = (alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, plan)
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -79,9 +80,9 @@ _attention_apply = eager_function_apply(FlashAttentionFunction)
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    alibi_slopes, cu_seqlens_q, cu_seqlens_k, plan = ctx.extras
-    dq, dk, dv = plan.backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    return dq, dk, dv, None, None, None, None
+    alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, plan = ctx.extras
+    dq, dk, dv = plan.backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng=rng)
+    return dq, dk, dv, None, None, None, None, None
 
 
 _backward_once = once_differentiable(_backward)
@@ -97,14 +98,15 @@ def _op_forward(
     alibi_slopes: Optional[torch.Tensor],
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
+    rng: Optional[torch.Tensor],
     spec_ints: List[int],
     spec_floats: List[float],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     spec = AttentionSpec.from_op_args(spec_ints, spec_floats)
-    return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+    return attention_fwd(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec, rng=rng)
 
 
-def _op_forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, spec_floats):
+def _op_forward_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, spec_ints, spec_floats):
     spec = AttentionSpec.from_op_args(spec_ints, spec_floats)
     lse = q.new_empty(lse_shape(spec, q.shape[0]), dtype=torch.float32)
     return torch.empty_like(q, memory_format=torch.contiguous_format), lse
@@ -121,30 +123,31 @@ def _op_backward(
     alibi_slopes: Optional[torch.Tensor],
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
+    rng: Optional[torch.Tensor],
     spec_ints: List[int],
     spec_floats: List[float],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     spec = AttentionSpec.from_op_args(spec_ints, spec_floats)
-    return attention_bwd(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec)
+    return attention_bwd(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec, rng=rng)
 
 
-def _op_backward_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, floats):
+def _op_backward_fake(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, ints, floats):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _op_setup_context(ctx, inputs, output):
-    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec_ints, spec_floats = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, spec_ints, spec_floats = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng)
     ctx.spec = (spec_ints, spec_floats)
 
 
 def _op_backward_rule(ctx, grads, backward, eager):
     dout, dlse = grads
-    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.spec)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, *ctx.spec)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 AttentionOpFunction, _attention_op = differentiable_op(
@@ -166,10 +169,29 @@ def _addressable(t: torch.Tensor, seq_dim: int) -> torch.Tensor:
     return t if addressable(t.stride(), seq_dim) else t.contiguous()
 
 
-def _traced(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, spec: AttentionSpec):
+def _traced(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, spec: AttentionSpec):
     """(out, lse) through the custom op, while torch.compile traces (checks already run)."""
     q, k, v = (_addressable(t, spec.seq_dim) for t in (q, k, v))
-    return _attention_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *spec.to_op_args())
+    return _attention_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, *spec.to_op_args())
+
+
+def check_seed(seed, seed_offset) -> None:
+    """seed: None or an int in [0, 2^63); seed_offset: an int in [0, 2^32)."""
+    if seed is not None:
+        check_int("seed", seed, 0, 2**63 - 1)
+    if seed_offset.__class__ is not int or not 0 <= seed_offset < 2**32:
+        check_int("seed_offset", seed_offset, 0, 2**32 - 1)
+
+
+def dropout_rng(device: torch.device, seed: Optional[int], seed_offset: int) -> torch.Tensor:
+    """The dropout's three int32 words on `device` (seed_lo, seed_hi, offset), which the forward and
+    backward kernels read: drawn from torch's generator of the device when seed is None (so
+    torch.manual_seed repeats them, and a CUDA-graph replay draws new ones), else the seed's two
+    words and seed_offset."""
+    if seed is None:
+        return torch.randint(-(2**31), 2**31 - 1, (3,), dtype=torch.int32, device=device)
+    words = [seed & 0xFFFFFFFF, seed >> 32, seed_offset]
+    return torch.tensor([w - (w >> 31 << 32) for w in words], dtype=torch.int32, device=device)
 
 
 def _autocast_inputs(*tensors):
@@ -213,13 +235,13 @@ def _copied(copies: Tuple[bool, ...], *tensors) -> tuple:
     return tuple(t.contiguous() if copy else t for t, copy in zip(tensors, copies))
 
 
-def _option_key(causal, softmax_scale, window_size, deterministic, softcap) -> tuple:
+def _option_key(causal, softmax_scale, window_size, deterministic, softcap, dropout_p) -> tuple:
     """The options with their types (an equal value of the wrong type must reach the checks: 1 for
     True, (True, 0) for (1, 0)); raises for options that no check would pass."""
     return (
         causal, causal.__class__, softmax_scale, softmax_scale.__class__, tuple(window_size),
         window_size[0].__class__, window_size[1].__class__, deterministic, deterministic.__class__, softcap,
-        softcap.__class__,
+        softcap.__class__, dropout_p, dropout_p.__class__,
     )  # fmt: skip
 
 
@@ -264,6 +286,9 @@ def flash_attention(
     layout: str = "bshd",
     deterministic: bool = False,
     softcap: float = 0.0,
+    dropout_p: float = 0.0,
+    seed: Optional[int] = None,
+    seed_offset: int = 0,
 ):
     """Scaled dot-product attention, FlashAttention-2 style, differentiable in q, k, v.
 
@@ -286,6 +311,13 @@ def flash_attention(
         remains for head dims up to 64: its last bits may differ between runs.)
     softcap: 0 for none; positive: the scaled scores are capped as Gemma-2's attention does,
         softcap * tanh(q.k * softmax_scale / softcap), before the ALiBi bias and the masks.
+    dropout_p: in [0, 1): each attention weight is dropped with this probability and the kept ones
+        scaled by 1 / (1 - p) (applied whenever positive, as FlashAttention's; pass 0 in eval).
+        The LSE stays that of the undropped softmax.
+    seed, seed_offset: the dropout mask's Philox key. seed None: drawn from torch's generator on
+        q's device (torch.manual_seed repeats it; a CUDA-graph replay draws a new one); an int in
+        [0, 2^63) fixes the mask, and seed_offset (in [0, 2^32)) selects another for the same seed.
+        The backward regenerates the mask; nothing of the size of the scores is stored.
 
     Returns out, or (out, lse). A query that sees no key gets out = 0 and lse = -inf. Under
     torch.autocast, fp32 inputs are cast to the autocast dtype first.
@@ -294,8 +326,12 @@ def flash_attention(
         check_bool("return_lse", return_lse)
     q, k, v = _autocast_inputs(q, k, v)
     if is_compiling():
-        spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap)
-        out, lse = _traced(q, k, v, alibi_slopes, None, None, spec)
+        spec = _check_dense(
+            q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap, dropout_p
+        )
+        check_seed(seed, seed_offset)
+        rng = dropout_rng(q.device, seed, seed_offset) if spec.dropout_p else None
+        out, lse = _traced(q, k, v, alibi_slopes, None, None, rng, spec)
     else:
         try:  # the plan key, built inline (the hot path): _dense_key's
             key = (
@@ -304,19 +340,23 @@ def flash_attention(
                 None if alibi_slopes is None else _slopes_key(alibi_slopes), layout, causal, causal.__class__,
                 softmax_scale, softmax_scale.__class__, tuple(window_size), window_size[0].__class__,
                 window_size[1].__class__, deterministic, deterministic.__class__, softcap, softcap.__class__,
+                dropout_p, dropout_p.__class__,
             )  # fmt: skip
             plan = _DENSE_PLANS.get(key)
         except Exception:  # a non-tensor or an unhashable option: the checks name the culprit
             key = plan = None
         if plan is None:
             plan = publish(_DENSE_PLANS, key, _dense_plan, q, k, v, causal, softmax_scale, alibi_slopes,
-                           window_size, layout, deterministic, softcap)  # fmt: skip
+                           window_size, layout, deterministic, softcap, dropout_p)  # fmt: skip
+        if seed is not None or seed_offset.__class__ is not int or seed_offset:
+            check_seed(seed, seed_offset)
+        rng = dropout_rng(q.device, seed, seed_offset) if plan.forward.spec.dropout_p else None
         if plan.copies is not None:
             q, k, v = _copied(plan.copies, q, k, v)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out, lse = _attention_apply(q, k, v, alibi_slopes, None, None, plan.forward)
+            out, lse = _attention_apply(q, k, v, alibi_slopes, None, None, rng, plan.forward)
         else:
-            out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None)
+            out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None, rng)
     return (out, lse) if return_lse else out
 
 
@@ -324,14 +364,16 @@ _DENSE_PLANS = call_plan_cache()
 
 
 def _dense_plan(
-    q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap
+    q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap, dropout_p
 ) -> CallPlan:  # fmt: skip
-    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap)
+    spec = _check_dense(
+        q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap, dropout_p
+    )
     return call_plan((q, k, v), alibi_slopes, spec)
 
 
 def _check_dense(
-    q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap
+    q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap, dropout_p
 ) -> AttentionSpec:  # fmt: skip
     """flash_attention's checks, in order (the device last); returns the call's spec."""
     check_qkv_dtypes(q, k, v)
@@ -355,10 +397,11 @@ def _check_dense(
     check_alibi_slopes(alibi_slopes, batch, n_heads)
     check_bool("deterministic", deterministic)
     softcap = check_softcap(softcap, scale)
+    dropout_p = check_dropout_p(dropout_p)
     check_device(q=q, k=k, v=v, alibi_slopes=alibi_slopes)
     return AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, seqlen_q, seqlen_k, scale, window_left, window_right,
-        alibi_slopes is not None, False, bhsd, deterministic, softcap,
+        alibi_slopes is not None, False, bhsd, deterministic, softcap, dropout_p,
     )  # fmt: skip
 
 
@@ -382,6 +425,9 @@ def flash_attention_varlen(
     check_seqlens: bool = True,
     deterministic: bool = False,
     softcap: float = 0.0,
+    dropout_p: float = 0.0,
+    seed: Optional[int] = None,
+    seed_offset: int = 0,
 ):
     """flash_attention over a packed batch of variable-length sequences, differentiable in q, k, v.
 
@@ -402,19 +448,24 @@ def flash_attention_varlen(
         rows past max_seqlen are not computed. The values of every output and gradient row
         that such a sequence covers, or that no sequence covers, are unspecified; the rows of
         the other sequences are exact.
-    deterministic, softcap: as flash_attention.
+    deterministic, softcap, dropout_p, seed, seed_offset: as flash_attention (the dropout mask of
+        sequence b is that of batch row b of a dense call).
 
     Returns out (total_q, H, D), or (out, lse).
     """
     q, k, v = _autocast_inputs(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-            window_size, return_lse, check_seqlens, deterministic, softcap)  # fmt: skip
+            window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p)  # fmt: skip
     if is_compiling():
         spec = _check_varlen(*args)
-        out, lse = _traced(q, k, v, alibi_slopes, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), spec)
+        check_seed(seed, seed_offset)
+        rng = dropout_rng(q.device, seed, seed_offset) if spec.dropout_p else None
+        out, lse = _traced(q, k, v, alibi_slopes, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), rng, spec)
         return (out, lse) if return_lse else out
     plan = lookup(_VARLEN_PLANS, _varlen_key, _varlen_plan, *args)
     forward = plan.forward
+    if seed is not None or seed_offset.__class__ is not int or seed_offset:
+        check_seed(seed, seed_offset)
     if check_seqlens:  # after every other check, the device's included
         spec = forward.spec
         check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, forward.q_shape[0], spec.max_seqlen_q)
@@ -423,10 +474,11 @@ def flash_attention_varlen(
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if plan.copies is not None:
         q, k, v = _copied(plan.copies, q, k, v)
+    rng = dropout_rng(q.device, seed, seed_offset) if forward.spec.dropout_p else None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _attention_apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, forward)
+        out, lse = _attention_apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, forward)
     else:
-        out, lse = forward.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+        out, lse = forward.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng)
     return (out, lse) if return_lse else out
 
 
@@ -439,31 +491,31 @@ def _offsets_key(t) -> tuple:
 
 def _varlen_key(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-    window_size, return_lse, check_seqlens, deterministic, softcap,
+    window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p,
 ) -> tuple:  # fmt: skip
     return (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device,
         v.device, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15, _offsets_key(cu_seqlens_q),
         _offsets_key(cu_seqlens_k), max_seqlen_q, max_seqlen_q.__class__, max_seqlen_k, max_seqlen_k.__class__,
         _slopes_key(alibi_slopes), return_lse.__class__, check_seqlens.__class__,
-        *_option_key(causal, softmax_scale, window_size, deterministic, softcap),
+        *_option_key(causal, softmax_scale, window_size, deterministic, softcap, dropout_p),
     )  # fmt: skip
 
 
 def _varlen_plan(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-    window_size, return_lse, check_seqlens, deterministic, softcap,
+    window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p,
 ) -> CallPlan:  # fmt: skip
     spec = _check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-        window_size, return_lse, check_seqlens, deterministic, softcap,
+        window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p,
     )  # fmt: skip
     return call_plan((q, k, v), alibi_slopes, spec)
 
 
 def _check_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
-    window_size, return_lse, check_seqlens, deterministic, softcap,
+    window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p,
 ) -> AttentionSpec:  # fmt: skip
     """flash_attention_varlen's checks, in order (the device last; the offsets' values are read by
     the caller after them); returns the call's spec."""
@@ -493,8 +545,9 @@ def _check_varlen(
     for name, flag in (("return_lse", return_lse), ("check_seqlens", check_seqlens), ("deterministic", deterministic)):
         check_bool(name, flag)
     softcap = check_softcap(softcap, scale)
+    dropout_p = check_dropout_p(dropout_p)
     check_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, alibi_slopes=alibi_slopes)
     return AttentionSpec(
         batch, n_heads, n_kv_heads, head_dim, max_seqlen_q, max_seqlen_k, scale, window_left, window_right,
-        alibi_slopes is not None, True, False, deterministic, softcap,
+        alibi_slopes is not None, True, False, deterministic, softcap, dropout_p,
     )  # fmt: skip

@@ -58,8 +58,9 @@ class AttentionSpec(NamedTuple):
     (`varlen=True`): (total, H, D) with cu_seqlens; max_seqlen_* bound every sequence.
     window_left/right: -1 for no bound; causal is window_right = 0. deterministic: the backward
     computes dQ without atomics (bit-reproducible, slower). softcap: 0 for none, else the scores
-    are softcap * tanh(q.k * softmax_scale / softcap). A tuple, so that it hashes fast as part of
-    a launch plan key.
+    are softcap * tanh(q.k * softmax_scale / softcap). dropout_p: the probability of dropping an
+    attention weight (its Philox key comes with each call). A tuple, so that it hashes fast as part
+    of a launch plan key.
     """
 
     batch: int
@@ -76,14 +77,15 @@ class AttentionSpec(NamedTuple):
     bhsd: bool
     deterministic: bool = False
     softcap: float = 0.0
+    dropout_p: float = 0.0
 
     def to_op_args(self) -> Tuple[List[int], List[float]]:
-        """The fields as (ints, [softmax_scale, softcap]): what a torch custom op can take."""
-        return [int(getattr(self, name)) for name in _INT_FIELDS], [self.softmax_scale, self.softcap]
+        """The fields as (ints, floats): what a torch custom op can take."""
+        return [int(getattr(self, name)) for name in _INT_FIELDS], [getattr(self, name) for name in _FLOAT_FIELDS]
 
     @classmethod
     def from_op_args(cls, ints: List[int], floats: List[float]) -> AttentionSpec:
-        fields = dict(zip(_INT_FIELDS, ints), softmax_scale=floats[0], softcap=floats[1])
+        fields = dict(zip(_INT_FIELDS, ints), **dict(zip(_FLOAT_FIELDS, floats)))
         for name in ("has_alibi", "varlen", "bhsd", "deterministic"):
             fields[name] = bool(fields[name])
         return cls(**fields)
@@ -99,7 +101,8 @@ class AttentionSpec(NamedTuple):
         return 0 if self.varlen else 2 if self.bhsd else 1
 
 
-_INT_FIELDS = tuple(name for name in AttentionSpec._fields if name not in ("softmax_scale", "softcap"))
+_FLOAT_FIELDS = ("softmax_scale", "softcap", "dropout_p")
+_INT_FIELDS = tuple(name for name in AttentionSpec._fields if name not in _FLOAT_FIELDS)
 _LOG2E = 1.4426950408889634
 
 
@@ -188,10 +191,18 @@ def _softcap_args(spec: AttentionSpec) -> Dict[str, float]:
     }
 
 
+def dropout_threshold_and_scale(p: float) -> Tuple[int, float]:
+    """The kernels keep an attention weight where the top 31 bits of its Philox draw are >=
+    threshold (round(p * 2^31)), and scale the kept ones by 1 / (1 - p)."""
+    return min(int(round(p * 2**31)), 2**31 - 1), 1.0 / (1.0 - p)
+
+
 def _sizes_and_options(spec: AttentionSpec, total_q: int, total_k: int) -> Dict[str, object]:
     """The arguments the three main kernels share: sizes, options and mask/bias constexprs."""
+    dropout_threshold, dropout_scale = dropout_threshold_and_scale(spec.dropout_p)
     return dict(
-        **_softcap_args(spec), SOFTCAP=spec.softcap > 0,
+        **_softcap_args(spec), SOFTCAP=spec.softcap > 0, dropout_threshold=dropout_threshold,
+        dropout_scale=dropout_scale, DROPOUT=spec.dropout_p > 0,
         kv_group=spec.n_heads // spec.n_kv_heads, max_seqlen_q=spec.max_seqlen_q, max_seqlen_k=spec.max_seqlen_k,
         total_q=total_q, total_k=total_k, softmax_scale=spec.softmax_scale, window_left=spec.window_left,
         window_right=spec.window_right, HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, IS_VARLEN=spec.varlen,
@@ -268,7 +279,7 @@ def _descriptor_block(heads_outer: bool, rows: int, block_d: int) -> List[int]:
 
 # Position of the two descriptor arguments in each kernel's argument list (the tensor arguments
 # before them and the two descriptors are what each launch takes per call).
-DESCRIPTOR_POSITION = {"fwd": 8, "dkdv": 12, "dq": 10}
+DESCRIPTOR_POSITION = {"fwd": 9, "dkdv": 13, "dq": 11}
 # The config field that splits each main kernel's grid rows, and the one its descriptors tile.
 _ROW_BLOCK = {"fwd": "block_m", "dkdv": "block_n", "dq": "block_m"}
 _DESCRIPTOR_ROWS = {"fwd": "block_n", "dkdv": "block_m", "dq": "block_n"}
@@ -410,25 +421,31 @@ class ForwardPlan:
             return torch.empty_like(like)
         return torch.empty(shape, dtype=self.dtype, device=self.device)
 
-    def forward(self, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(O, LSE): O like q (contiguous in the call's layout), LSE fp32 natural-log."""
+    def forward(
+        self, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng=None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """(O, LSE): O like q (contiguous in the call's layout), LSE fp32 natural-log. rng: the
+        dropout's three int32 words (dropout_rng), with spec.dropout_p > 0."""
         o = self._new(q, 0, self.q_shape)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         main = self.main
         if main is not None:
             if cu_seqlens_q is None:
                 cu_seqlens_q = cu_seqlens_k = self.placeholder
-            main(q, k, v, o, lse, lse if alibi_slopes is None else alibi_slopes, cu_seqlens_q, cu_seqlens_k, k, v)
+            main(
+                q, k, v, o, lse, lse if alibi_slopes is None else alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                self.placeholder if rng is None else rng, k, v,
+            )  # fmt: skip
         return o, lse
 
     def backward(
         self, do, dlse, q, k, v, o, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, grads=None, grad_strides=None,
-        dkdv_config=None, dq_config=None,
+        dkdv_config=None, dq_config=None, rng=None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout, or written into
         `grads` (tensors of q's, k's and v's shapes and dtypes and of the strides `grad_strides`,
-        unit-stride head dim: e.g. views of one packed gradient). o and lse: this plan's forward
-        outputs. do: any strides (copied where the kernels cannot address it); None: zero.
+        unit-stride head dim: e.g. views of one packed gradient). o, lse and rng: this plan's
+        forward outputs and its dropout words. do: any strides (copied where the kernels cannot address it); None: zero.
         Deterministic (no atomics) when spec.deterministic or under
         torch.use_deterministic_algorithms(True)."""
         if do is None:
@@ -462,15 +479,17 @@ class ForwardPlan:
         slopes = lse if alibi_slopes is None else alibi_slopes
         if cu_seqlens_q is None:
             cu_seqlens_q = cu_seqlens_k = self.placeholder
+        if rng is None:
+            rng = self.placeholder
         if plan.pre is not None:
             plan.pre(o, do, lse if dlse is None else dlse, delta, dq_accum, cu_seqlens_q)
         if plan.dkdv is not None:
-            plan.dkdv(q, k, v, do, dk, dv, dq_accum, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k, q, do)
+            plan.dkdv(q, k, v, do, dk, dv, dq_accum, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k, rng, q, do)
         if plan.post is not None:
             if plan.dq_atomic:
                 plan.post(dq_accum, dq, cu_seqlens_q)
             else:
-                plan.post(q, k, v, do, dq, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k, k, v)
+                plan.post(q, k, v, do, dq, lse, delta, slopes, cu_seqlens_q, cu_seqlens_k, rng, k, v)
         return dq, dk, dv
 
 
@@ -531,10 +550,12 @@ def attention_fwd(
     cu_seqlens_k: Optional[torch.Tensor],
     spec: AttentionSpec,
     config: Optional[KernelConfig] = None,
+    rng: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE) of validated, addressable inputs: O like q (contiguous in the call's layout), LSE
-    fp32 natural-log. config: one config instead of the candidates."""
-    return forward_plan(q, k, v, alibi_slopes, spec, config).forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    fp32 natural-log. config: one config instead of the candidates. rng: the dropout's words."""
+    plan = forward_plan(q, k, v, alibi_slopes, spec, config)
+    return plan.forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,13 +668,14 @@ def attention_bwd(
     dkdv_config: Optional[KernelConfig] = None,
     dq_config: Optional[KernelConfig] = None,
     grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    rng: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of attention_fwd's call on q, k, v (see ForwardPlan.backward); o and lse are
-    read as contiguous tensors (as attention_fwd returns them)."""
+    read as contiguous tensors (as attention_fwd returns them); rng: the forward's dropout words."""
     plan = forward_plan(q, k, v, alibi_slopes, spec)
     return plan.backward(
         do, dlse, q, k, v, o.contiguous(), lse.contiguous(), alibi_slopes, cu_seqlens_q, cu_seqlens_k, grads,
-        dkdv_config=dkdv_config, dq_config=dq_config,
+        dkdv_config=dkdv_config, dq_config=dq_config, rng=rng,
     )  # fmt: skip
 
 

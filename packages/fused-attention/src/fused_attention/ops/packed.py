@@ -27,6 +27,8 @@ from .attention import (
     _option_key,
     _slopes_key,
     call_plan,
+    check_seed,
+    dropout_rng,
     flash_attention,
     lookup,
 )
@@ -51,11 +53,11 @@ class FlashAttentionQKVPackedFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, qkv, alibi_slopes, plan: PackedPlan):
+    def forward(ctx, qkv, alibi_slopes, rng, plan: PackedPlan):
         q, k, v = qkv.split(plan.split, dim=2)
-        out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None)
+        out, lse = plan.forward.forward(q, k, v, alibi_slopes, None, None, rng)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.extras = (alibi_slopes, plan)
+        ctx.extras = (alibi_slopes, rng, plan)
         return out
 
     @staticmethod
@@ -71,12 +73,12 @@ _packed_apply = eager_function_apply(FlashAttentionQKVPackedFunction)
 
 def _backward(ctx, dout):
     q, k, v, out, lse = ctx.saved_tensors
-    alibi_slopes, plan = ctx.extras
+    alibi_slopes, rng, plan = ctx.extras
     forward = plan.forward
     dqkv = torch.empty(plan.shape, dtype=forward.dtype, device=forward.device)
     grads = dqkv.split(plan.split, dim=2)
-    forward.backward(dout, None, q, k, v, out, lse, alibi_slopes, None, None, grads, plan.grad_strides)
-    return dqkv, None, None
+    forward.backward(dout, None, q, k, v, out, lse, alibi_slopes, None, None, grads, plan.grad_strides, rng=rng)
+    return dqkv, None, None, None
 
 
 _backward_once = once_differentiable(_backward)
@@ -125,6 +127,9 @@ def flash_attention_qkvpacked(
     window_size: Tuple[int, int] = (-1, -1),
     deterministic: bool = False,
     softcap: float = 0.0,
+    dropout_p: float = 0.0,
+    seed: Optional[int] = None,
+    seed_offset: int = 0,
 ) -> torch.Tensor:
     """flash_attention over q, k and v packed in one tensor, differentiable in it.
 
@@ -132,8 +137,8 @@ def flash_attention_qkvpacked(
         heads, as a fused qkv projection's output viewed as heads. FlashAttention's packed
         (B, S, 3, H, D) is the same memory: `qkv.flatten(2, 3)` passes it without a copy.
     n_kv_heads: H_kv; None: a third of the packed heads (multi-head attention).
-    causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap: as flash_attention (layout
-        "bshd"; self-attention, so S_q = S_k).
+    causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap, dropout_p, seed,
+        seed_offset: as flash_attention (layout "bshd"; self-attention, so S_q = S_k).
 
     Returns out (B, S, H, D). The gradient of qkv is written packed by the backward kernels (no
     concatenation of dQ, dK and dV). Under torch.compile it traces as flash_attention on the views.
@@ -142,34 +147,42 @@ def flash_attention_qkvpacked(
     if is_compiling():
         q, k, v = _addressable(qkv, 1).split(_check_packed(qkv, n_kv_heads), dim=2)
         return flash_attention(
-            q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic, softcap
-        )
+            q, k, v, causal, softmax_scale, alibi_slopes, window_size, False, "bshd", deterministic, softcap,
+            dropout_p, seed, seed_offset,
+        )  # fmt: skip
     plan = lookup(_PACKED_PLANS, _packed_key, _packed_plan, qkv, n_kv_heads, causal, softmax_scale, alibi_slopes,
-                  window_size, deterministic, softcap)  # fmt: skip
+                  window_size, deterministic, softcap, dropout_p)  # fmt: skip
+    if seed is not None or seed_offset.__class__ is not int or seed_offset:
+        check_seed(seed, seed_offset)
+    rng = dropout_rng(qkv.device, seed, seed_offset) if plan.forward.spec.dropout_p else None
     if plan.copy:
         qkv = qkv.contiguous()
     if torch.is_grad_enabled() and qkv.requires_grad:
-        return _packed_apply(qkv, alibi_slopes, plan)
+        return _packed_apply(qkv, alibi_slopes, rng, plan)
     q, k, v = qkv.split(plan.split, dim=2)
-    return plan.forward.forward(q, k, v, alibi_slopes, None, None)[0]
+    return plan.forward.forward(q, k, v, alibi_slopes, None, None, rng)[0]
 
 
 _PACKED_PLANS = call_plan_cache()
 
 
-def _packed_key(qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap) -> tuple:
+def _packed_key(
+    qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap, dropout_p
+) -> tuple:  # fmt: skip
     return (
         qkv.shape, qkv.stride(), qkv.dtype, qkv.device, not qkv.data_ptr() & 15, n_kv_heads, n_kv_heads.__class__,
-        _slopes_key(alibi_slopes), *_option_key(causal, softmax_scale, window_size, deterministic, softcap),
+        _slopes_key(alibi_slopes), *_option_key(causal, softmax_scale, window_size, deterministic, softcap, dropout_p),
     )  # fmt: skip
 
 
 def _packed_plan(
-    qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap
+    qkv, n_kv_heads, causal, softmax_scale, alibi_slopes, window_size, deterministic, softcap, dropout_p
 ) -> PackedPlan:  # fmt: skip
     split = _check_packed(qkv, n_kv_heads)
     q, k, v = qkv.split(split, dim=2)
-    spec = _check_dense(q, k, v, causal, softmax_scale, alibi_slopes, window_size, "bshd", deterministic, softcap)
+    spec = _check_dense(
+        q, k, v, causal, softmax_scale, alibi_slopes, window_size, "bshd", deterministic, softcap, dropout_p
+    )
     copy = not addressable(qkv.stride(), 1)
     strides = contiguous_strides(qkv.shape) if copy else qkv.stride()
     views = call_plan((q, k, v), alibi_slopes, spec, strides=[strides] * 3)
