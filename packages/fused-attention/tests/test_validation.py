@@ -131,9 +131,12 @@ def test_rejects_bad_softcap(softcap, error, message):
     ],
 )
 def test_rejects_bad_dropout_options(options, error, message):
-    q, k, v = (t.normal_() for t in qkv(batch=1, seqlen=3, heads=2, kv_heads=2, head_dim=16, device=KERNEL_DEVICE_TYPE))
+    q, k, v = qkv()
     with pytest.raises(error, match=message):
         flash_attention(q, k, v, **options)
+    if "seed" in options or "seed_offset" in options:  # checked first (the packed checks see the device early)
+        with pytest.raises(error, match=message):
+            flash_attention_qkvpacked(torch.empty(2, 8, 12, 64, dtype=BF16, device="meta"), **options)
 
 
 def test_rejects_zero_kv_heads():

@@ -61,7 +61,7 @@ def _fwd_update(
         m_new = tl.maximum(m_i, tl.max(s, 1) + row_bias)
         p = tl.math.exp2(s - (m_new - row_bias)[:, None])
         alpha = tl.math.exp2(m_i - m_new)
-    elif (not ALIBI) and (not MASKED) and (not SOFTCAP):
+    elif ((not ALIBI) and (not MASKED)) and (not SOFTCAP):  # (Triton 2.2 takes no chained and)
         # Fully visible block, no bias: the row max of the raw scores, then one FMA per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])

@@ -324,12 +324,13 @@ def flash_attention(
     """
     if return_lse.__class__ is not bool:
         check_bool("return_lse", return_lse)
+    if seed is not None or seed_offset.__class__ is not int or seed_offset:
+        check_seed(seed, seed_offset)
     q, k, v = _autocast_inputs(q, k, v)
     if is_compiling():
         spec = _check_dense(
             q, k, v, causal, softmax_scale, alibi_slopes, window_size, layout, deterministic, softcap, dropout_p
         )
-        check_seed(seed, seed_offset)
         rng = dropout_rng(q.device, seed, seed_offset) if spec.dropout_p else None
         out, lse = _traced(q, k, v, alibi_slopes, None, None, rng, spec)
     else:
@@ -348,8 +349,6 @@ def flash_attention(
         if plan is None:
             plan = publish(_DENSE_PLANS, key, _dense_plan, q, k, v, causal, softmax_scale, alibi_slopes,
                            window_size, layout, deterministic, softcap, dropout_p)  # fmt: skip
-        if seed is not None or seed_offset.__class__ is not int or seed_offset:
-            check_seed(seed, seed_offset)
         rng = dropout_rng(q.device, seed, seed_offset) if plan.forward.spec.dropout_p else None
         if plan.copies is not None:
             q, k, v = _copied(plan.copies, q, k, v)
@@ -456,16 +455,15 @@ def flash_attention_varlen(
     q, k, v = _autocast_inputs(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
             window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p)  # fmt: skip
+    if seed is not None or seed_offset.__class__ is not int or seed_offset:
+        check_seed(seed, seed_offset)
     if is_compiling():
         spec = _check_varlen(*args)
-        check_seed(seed, seed_offset)
         rng = dropout_rng(q.device, seed, seed_offset) if spec.dropout_p else None
         out, lse = _traced(q, k, v, alibi_slopes, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), rng, spec)
         return (out, lse) if return_lse else out
     plan = lookup(_VARLEN_PLANS, _varlen_key, _varlen_plan, *args)
     forward = plan.forward
-    if seed is not None or seed_offset.__class__ is not int or seed_offset:
-        check_seed(seed, seed_offset)
     if check_seqlens:  # after every other check, the device's included
         spec = forward.spec
         check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, forward.q_shape[0], spec.max_seqlen_q)

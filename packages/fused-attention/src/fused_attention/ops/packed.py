@@ -143,6 +143,8 @@ def flash_attention_qkvpacked(
     Returns out (B, S, H, D). The gradient of qkv is written packed by the backward kernels (no
     concatenation of dQ, dK and dV). Under torch.compile it traces as flash_attention on the views.
     """
+    if seed is not None or seed_offset.__class__ is not int or seed_offset:
+        check_seed(seed, seed_offset)
     (qkv,) = _autocast_inputs(qkv)  # once for q, k and v
     if is_compiling():
         q, k, v = _addressable(qkv, 1).split(_check_packed(qkv, n_kv_heads), dim=2)
@@ -152,8 +154,6 @@ def flash_attention_qkvpacked(
         )  # fmt: skip
     plan = lookup(_PACKED_PLANS, _packed_key, _packed_plan, qkv, n_kv_heads, causal, softmax_scale, alibi_slopes,
                   window_size, deterministic, softcap, dropout_p)  # fmt: skip
-    if seed is not None or seed_offset.__class__ is not int or seed_offset:
-        check_seed(seed, seed_offset)
     rng = dropout_rng(qkv.device, seed, seed_offset) if plan.forward.spec.dropout_p else None
     if plan.copy:
         qkv = qkv.contiguous()
