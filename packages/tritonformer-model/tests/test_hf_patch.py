@@ -20,6 +20,7 @@ import fused_attention
 import fused_norm_xent
 import fused_rope
 import fused_swiglu
+from fused_attention.reference import attention_reference
 from tritonformer import hf, hf_kernels
 
 transformers = pytest.importorskip(
@@ -41,6 +42,11 @@ CONFIGS = {
         max_window_layers=1,
     ),
     "gemma": lambda: transformers.GemmaConfig(**COMMON, num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
+    # Layers alternate a sliding window and full attention; both softcaps bend this model's scores and logits.
+    "gemma2": lambda: transformers.Gemma2Config(
+        **COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
+        query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+    ),
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
@@ -52,6 +58,7 @@ KERNELS = {
     "mistral": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "qwen2": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gemma": {"rms_norm", "apply_rotary_qk"},
+    "gemma2": {"rms_norm", "apply_rotary_qk"},
     "gpt2": {"layer_norm"},
 }
 
@@ -65,7 +72,7 @@ def tiny_model(model_type: str, device, **overrides) -> torch.nn.Module:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name or ".ln_" in name:
-                p.normal_(0.0, 0.2).add_(0.0 if model_type == "gemma" or name.endswith("bias") else 1.0)
+                p.normal_(0.0, 0.2).add_(0.0 if model_type.startswith("gemma") or name.endswith("bias") else 1.0)
     return model.train()
 
 
@@ -96,11 +103,16 @@ def class_patches():
     hf.revert()
 
 
-def padded_batch(device, padding: bool):
-    """input_ids, attention_mask (row 0 left-padded, row 1 right-padded) and labels (-100 on padding)."""
+def padded_batch(device, padding):
+    """input_ids, attention_mask and labels (-100 on padding). padding True: row 0 left-padded, row 1
+    right-padded; "right": both rows right-padded (Gemma-2's eager float64 reference turns a fully
+    masked row into NaN: its fp64 mask minimum becomes -inf in the fp32 softmax)."""
     ids = torch.randint(0, VOCAB, (2, SEQ), device=device)
     mask = torch.ones_like(ids)
-    if padding:
+    if padding == "right":
+        mask[0, 13:] = 0
+        mask[1, 11:] = 0
+    elif padding:
         mask[0, :5] = 0
         mask[1, 11:] = 0
     labels = ids.masked_fill(mask == 0, -100)
@@ -127,7 +139,7 @@ def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, au
     lowp = copy.deepcopy(reference).to(weights)
     ours = copy.deepcopy(reference).to(weights)
     report = hf.apply(ours)
-    assert not report.skipped or set(report.skipped) == {"swiglu"} and model_type == "gemma", report
+    assert not report.skipped or set(report.skipped) == {"swiglu"} and model_type.startswith("gemma"), report
     ids, mask, labels = padded_batch(device, padding)
     logits64, out64, grads64 = run(reference.double(), ids, mask, labels)
     logits_lp, out_lp, grads_lp = run(lowp, ids, mask, labels, amp)
@@ -151,12 +163,15 @@ def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, au
 # Every attention path of the kernels: dense causal with GQA (llama), varlen for left and right padding
 # with a window (mistral), varlen causal and windowed in one model with q/k/v biases (qwen2: layer 0
 # full, layer 1 windowed), MHA dense and varlen (gpt2). (The dense window: the cache-geometry tests.)
-BF16_CASES = [("llama", False), ("mistral", True), ("qwen2", True), ("gpt2", False), ("gpt2", True)]
+BF16_CASES = [
+    ("llama", False), ("mistral", True), ("qwen2", True), ("gpt2", False), ("gpt2", True), ("gemma2", False),
+    ("gemma2", "right"),
+]  # fmt: skip
+PADDING_IDS = {False: "no-padding", True: "padding", "right": "right-padding"}
 
 
 @pytest.mark.parametrize(
-    "model_type, padding",
-    [pytest.param(*case, id=f"{case[0]}-{'padding' if case[1] else 'no-padding'}") for case in BF16_CASES],
+    "model_type, padding", [pytest.param(*case, id=f"{case[0]}-{PADDING_IDS[case[1]]}") for case in BF16_CASES]
 )
 def test_bf16_matches_unpatched(model_type, padding, device, kernel_calls):
     check_against_unpatched(model_type, torch.bfloat16, padding, device, kernel_calls)
@@ -168,11 +183,14 @@ def test_autocast_matches_unpatched(device, kernel_calls):
     check_against_unpatched("llama", torch.bfloat16, True, device, kernel_calls, autocast=True)
 
 
-@pytest.mark.parametrize("model_type", ["gemma", "gpt2"])
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gpt2"])
 def test_fp32_matches_unpatched(model_type, device, kernel_calls):
     """fp32: the norm (Gemma's 1 + w), rotary and loss kernels in fp32; attention through sdpa (the kernels
-    take fp16/bf16), given the 4-D mask rebuilt from tritonformer_mask's padding mask (Gemma: MQA)."""
-    check_against_unpatched(model_type, torch.float32, True, device, kernel_calls)
+    take fp16/bf16), given the 4-D mask rebuilt from tritonformer_mask's padding mask (Gemma: MQA), or for
+    Gemma-2's softcap through the model's own eager attention on that mask made additive."""
+    check_against_unpatched(
+        model_type, torch.float32, "right" if model_type == "gemma2" else True, device, kernel_calls
+    )
     assert not kernel_calls["flash_attention"] and not kernel_calls["flash_attention_varlen"]
 
 
@@ -246,14 +264,10 @@ def test_attention_matches_sdpa_on_cache_geometries(case, device, kernel_calls):
 
 
 def test_attention_falls_back_to_sdpa(device, kernel_calls):
-    """Dropout, a 4-D mask, fp32 without autocast, an unsupported head dim, a window over a padding mask
-    with a hole: sdpa's own result (bit for bit), no kernel launched."""
+    """A 4-D mask, fp32 without autocast, an unsupported head dim, a window over a padding mask with a
+    hole: sdpa's own result (bit for bit), no kernel launched."""
     module = AttentionModule()
     q, k, v = qkv(device, 6, 6)
-    torch.manual_seed(1)
-    expected = sdpa(module, q, k, v, None, dropout=0.5)
-    torch.manual_seed(1)
-    assert torch.equal(hf_kernels.tritonformer_attention_forward(module, q, k, v, None, dropout=0.5)[0], expected)
     custom = torch.rand(2, 1, 6, 6, device=device) > 0.3  # non-causal, arbitrary
     assert torch.equal(
         hf_kernels.tritonformer_attention_forward(module, q, k, v, custom)[0], sdpa(module, q, k, v, custom)
@@ -271,10 +285,52 @@ def test_attention_falls_back_to_sdpa(device, kernel_calls):
     windowed = hf_kernels.tritonformer_attention_forward(module, q, k, v, ours_mask, sliding_window=3)[0]
     assert torch.equal(windowed, sdpa(module, q, k, v, sdpa_mask))
     assert not kernel_calls
-    with pytest.raises(ValueError, match="softcap"):  # sdpa's own error
-        hf_kernels.tritonformer_attention_forward(module, q, k, v, None, softcap=30.0)
+    with pytest.raises(ValueError, match="softcap"):  # sdpa's own error, for a module without eager attention
+        hf_kernels.tritonformer_attention_forward(module, q32, k32, v32, None, softcap=30.0)
     with pytest.raises(ValueError, match="s_aux"):  # sdpa would ignore attention sinks
         hf_kernels.tritonformer_attention_forward(module, q, k, v, None, s_aux=torch.zeros(4))
+
+
+def test_softcap_and_dropout_run_in_the_kernels(device, kernel_calls):
+    """Gemma-2's softcap and attention dropout reach fused_attention: softcapped attention against the
+    float64 reference, dropout with the mask the kernel draws from torch's generator (bit for bit)."""
+    module = AttentionModule()
+    q, k, v = qkv(device, 6, 9)
+    out = hf_kernels.tritonformer_attention_forward(module, q, k, v, None, softcap=2.0)[0]
+    assert kernel_calls["flash_attention"] == 1
+    reference, lowp = (
+        attention_reference(q, k, v, causal=True, softcap=2.0, layout="bhsd", dtype=dtype)[0].transpose(1, 2)
+        for dtype in (torch.float64, torch.bfloat16)
+    )  # fmt: skip
+    assert_close_to_reference(out, reference, lowp)
+    torch.manual_seed(3)
+    dropped = hf_kernels.tritonformer_attention_forward(module, q, k, v, None, dropout=0.5)[0]
+    torch.manual_seed(3)
+    expected = fused_attention.flash_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, dropout_p=0.5)
+    assert torch.equal(dropped, expected)
+
+
+def test_attention_dropout_of_a_patched_model(device, kernel_calls):
+    """config.attention_dropout in training reaches the kernels: torch.manual_seed repeats the loss and
+    its gradients, another seed changes them; in eval the model is deterministic and undropped."""
+    model = tiny_model("llama", device, attention_dropout=0.3).to(torch.bfloat16)
+    hf.apply(model)
+    ids, _, labels = padded_batch(device, False)
+
+    def loss_and_grad(seed):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        return loss.detach(), model.model.embed_tokens.weight.grad.clone()
+
+    first, again, other = loss_and_grad(0), loss_and_grad(0), loss_and_grad(1)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], other[0])
+    with torch.no_grad():
+        undropped = model.eval()(ids, labels=labels).loss
+        assert torch.equal(undropped, model(ids, labels=labels).loss) and not torch.equal(undropped, first[0])
+    assert kernel_calls["flash_attention"] >= 5
 
 
 def test_attention_fp32_under_autocast_runs_the_kernel(device, kernel_calls):

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import sys
 import types
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -30,9 +31,9 @@ _ATTENTION_HEAD_DIMS = frozenset((16, 32, 64, 80, 96, 128, 160, 192, 256))
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Attention features that some models pass to their attention function and the kernels lack: sdpa
-# ignores sinks silently, so those raise; softcap and position biases go to sdpa (which raises or applies them).
+# ignores sinks silently, so those raise; position biases go to sdpa (which raises or applies them).
 _SINK_KWARGS = ("s_aux", "sinks")
-_SDPA_ONLY_KWARGS = ("softcap", "position_bias")
+_SDPA_ONLY_KWARGS = ("position_bias",)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,15 +247,17 @@ def tritonformer_mask(
 
 
 def _sdpa_mask_from_padding(
-    padding: Optional[torch.Tensor], q_len: int, k_len: int, window: Optional[int], causal: bool, device
-) -> Optional[torch.Tensor]:
+    padding: Optional[torch.Tensor], q_len: int, k_len: int, window: Optional[int], causal: bool, device,
+    explicit: bool = False,
+) -> Optional[torch.Tensor]:  # fmt: skip
     """sdpa's 4-D bool mask given tritonformer_mask's output: None where sdpa takes is_causal alone (no
-    padding, no window in reach, queries aligned with keys or one query)."""
+    padding, no window in reach, queries aligned with keys or one query), unless `explicit` (eager
+    attention has no is_causal)."""
     visible = k_len if padding is None else padding.shape[-1]
     if not causal:
         return None if padding is None else F.pad(padding, (0, k_len - visible), value=False)[:, None, None, :]
     window_reaches = window is not None and k_len >= window
-    if padding is None and not window_reaches and (q_len == 1 or q_len == k_len):
+    if padding is None and not window_reaches and (q_len == 1 or q_len == k_len) and not explicit:
         return None
     rows = torch.arange(q_len, device=device)[:, None] + (visible - q_len)
     cols = torch.arange(k_len, device=device)[None, :]
@@ -276,9 +279,8 @@ def _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal
 
 
 def _kernel_attention_blocker(query, key, value, attention_mask, dropout, scaling, causal, window) -> Optional[str]:
-    """None when fused_attention computes this call exactly as sdpa would, else why not."""
-    if dropout:
-        return "attention dropout"
+    """None when fused_attention computes this call exactly as sdpa would (dropout: with its own
+    mask, drawn from torch's generator), else why not."""
     if attention_mask is not None and (attention_mask.dim() != 2 or not causal):
         return "a mask other than a causal padding mask"
     if window is not None and not causal:
@@ -325,8 +327,9 @@ def tritonformer_attention_forward(
     ((B, S_q, H, D), None). With tritonformer_mask's masks: no mask -> flash_attention (causal,
     sliding window from kwargs["sliding_window"]); a padding mask -> the tokens unpadded and
     flash_attention_varlen (rows of padded queries are 0, as flash_attention_2 leaves them).
-    sdpa computes what the kernels cannot (dropout, a 4-D mask, fp32 without autocast, head dims
-    outside the kernel's set, softcap, position biases, a sliding window over a mask with holes).
+    Attention dropout and logit softcapping (Gemma-2's kwargs["softcap"]) run in the kernels. sdpa
+    computes what the kernels cannot (a 4-D mask, fp32 without autocast, head dims outside the
+    kernel's set, position biases, a sliding window over a mask with holes).
     """
     for name in _SINK_KWARGS:
         if kwargs.get(name) is not None:
@@ -337,7 +340,7 @@ def tritonformer_attention_forward(
     window = kwargs.pop("sliding_window", None)
     blocker = _kernel_attention_blocker(query, key, value, attention_mask, dropout, scaling, causal, window)
     if blocker is None and any(kwargs.get(name) is not None for name in _SDPA_ONLY_KWARGS):
-        blocker = "softcap or position bias"
+        blocker = "position bias"
     if blocker is not None:
         return _fallback(module, query, key, value, attention_mask, dropout, scaling, causal, window, kwargs)
     dtype = _compute_dtype(query, key, value)
@@ -349,9 +352,15 @@ def tritonformer_attention_forward(
     # (B, H, S, D) views of (B, S, H, D) projections: transposed back, usually without a copy.
     out = flash_attention(
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal, softmax_scale=scaling,
-        window_size=_window_size(window), layout="bshd",
+        window_size=_window_size(window), layout="bshd", softcap=_softcap(kwargs), dropout_p=float(dropout),
     )  # fmt: skip
     return out, None
+
+
+def _softcap(kwargs: Dict[str, Any]) -> float:
+    """transformers' attention softcap (None: none) as the kernels' float (0: none)."""
+    softcap = kwargs.get("softcap")
+    return 0.0 if softcap is None else float(softcap)
 
 
 def _window_size(window: Optional[int]) -> Tuple[int, int]:
@@ -360,11 +369,25 @@ def _window_size(window: Optional[int]) -> Tuple[int, int]:
 
 
 def _fallback(module, query, key, value, attention_mask, dropout, scaling, causal, window, kwargs):
-    """sdpa on the 4-D mask it would have been given (tritonformer_mask's 2-D masks rebuilt)."""
+    """sdpa on the 4-D mask it would have been given (tritonformer_mask's 2-D masks rebuilt); with a
+    softcap, which sdpa refuses, the model's own eager attention on that mask made additive."""
+    eager = None
+    if kwargs.get("softcap") is not None:
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if attention_mask is None or attention_mask.dim() == 2:
         q_len, k_len = query.shape[2], key.shape[2]
-        attention_mask = _sdpa_mask_from_padding(attention_mask, q_len, k_len, window, causal, query.device)
-    return _sdpa(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
+        attention_mask = _sdpa_mask_from_padding(
+            attention_mask, q_len, k_len, window, causal, query.device, explicit=eager is not None
+        )
+    if eager is None:
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        blocked = torch.finfo(query.dtype).min
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, blocked
+        )
+    out, _ = eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return out, None
 
 
 def _varlen_attention(module, query, key, value, padding, dropout, scaling, causal, window, kwargs):
@@ -393,7 +416,8 @@ def _varlen_attention(module, query, key, value, padding, dropout, scaling, caus
     k_packed, v_packed = key.transpose(1, 2)[padding], value.transpose(1, 2)[padding]
     packed = flash_attention_varlen(
         q_packed, k_packed, v_packed, cu_q, cu_k, max(max_q, 1), max(max_k, 1), causal=causal,
-        softmax_scale=scaling, window_size=_window_size(window), check_seqlens=False,
+        softmax_scale=scaling, window_size=_window_size(window), check_seqlens=False, softcap=_softcap(kwargs),
+        dropout_p=float(dropout),
     )  # fmt: skip
     out = out.to(packed.dtype)
     out[queries] = packed
@@ -471,16 +495,18 @@ def linear_causal_lm_loss(
     num_items_in_batch: Optional[torch.Tensor] = None,
     ignore_index: int = -100,
     shift_labels: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """ForCausalLMLoss of lm_head(hidden_states) with fused_norm_xent.linear_cross_entropy: no logits."""
+    """ForCausalLMLoss of lm_head(hidden_states) with fused_norm_xent.linear_cross_entropy: no logits.
+    softcap: the model's final-logit softcapping (Gemma-2), applied inside the kernel."""
     from fused_norm_xent import linear_cross_entropy
 
     target = _shifted_labels(labels, ignore_index, shift_labels).to(hidden_states.device)
     with _fp32_loss(hidden_states):
         return _reduce(
             lambda reduction: linear_cross_entropy(
-                hidden_states, weight, target, bias, ignore_index=ignore_index, reduction=reduction
+                hidden_states, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap
             ),
             num_items_in_batch,
         )
@@ -526,7 +552,8 @@ def _fused_causal_lm_forward(model, output_class: type, kwargs: Dict[str, Any]):
     outputs = getattr(model, model.base_model_prefix)(**kwargs)
     hidden_states = outputs[0] if isinstance(outputs, tuple) else outputs.last_hidden_state
     head = model.get_output_embeddings()
-    loss = linear_causal_lm_loss(hidden_states, head.weight, head.bias, labels, **kwargs)
+    softcap = getattr(model.config, "final_logit_softcapping", None) or 0.0
+    loss = linear_causal_lm_loss(hidden_states, head.weight, head.bias, labels, softcap=softcap, **kwargs)
     fields = {
         field.name: getattr(outputs, field.name, None)
         for field in dataclasses.fields(output_class)

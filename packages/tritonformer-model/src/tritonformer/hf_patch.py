@@ -7,8 +7,9 @@
     tritonformer.hf.apply_to_llama()            # or: patch the classes before instantiation
     model = LlamaForCausalLM.from_pretrained(...)
 
-Model types: llama, mistral, qwen2, gemma (RMSNorm with the `1 + w` offset), gpt2. Switches (all on
-by default; one a model type lacks is ignored):
+Model types: llama, mistral, qwen2, gemma and gemma2 (RMSNorm with the `1 + w` offset; Gemma-2's
+attention and final-logit softcapping in the kernels), gpt2. Switches (all on by default; one a
+model type lacks is ignored):
 - rms_norm: the RMSNorm modules through fused_norm_xent.rms_norm.
 - layer_norm: GPT-2's torch.nn.LayerNorm modules through fused_norm_xent.layer_norm.
 - rope: `apply_rotary_pos_emb` through fused_rope.apply_rotary_qk (apply: in this model's attention
@@ -93,6 +94,7 @@ SPECS: Dict[str, _ModelSpec] = {
     "mistral": _llama_like("mistral", "Mistral"),
     "qwen2": _llama_like("qwen2", "Qwen2"),
     "gemma": _llama_like("gemma", "Gemma", rms_offset=1.0),
+    "gemma2": _llama_like("gemma2", "Gemma2", rms_offset=1.0),
     "gpt2": _ModelSpec(
         model_type="gpt2",
         module="transformers.models.gpt2.modeling_gpt2",
@@ -629,6 +631,7 @@ apply_to_llama = _class_patcher("llama")
 apply_to_mistral = _class_patcher("mistral")
 apply_to_qwen2 = _class_patcher("qwen2")
 apply_to_gemma = _class_patcher("gemma")
+apply_to_gemma2 = _class_patcher("gemma2")
 apply_to_gpt2 = _class_patcher("gpt2")
 
 
