@@ -11,6 +11,7 @@ links it in as its private `_runtime` subpackage, and the build copies it into e
     cache        thread-safe publish-once caches for plans and tuned choices
     tuning       triton.autotune kernels tuned once per plan, then launched through a Launch
     registration custom ops (torch.compile) and autograd Functions (eager) from one set of launchers
+    dropout      Philox dropout masks: key words on the device, the keep test inside kernels
 
 Everything here is relative-imported: the folder is imported under each package's name.
 """

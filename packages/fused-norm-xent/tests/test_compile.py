@@ -69,7 +69,6 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
     strided, one_program = flags.pop("strided"), flags.pop("one_program")
     rms, store, has_w, has_b = flags["IS_RMS_NORM"], flags["STORE_RESIDUAL"], flags["HAS_WEIGHT"], flags["HAS_BIAS"]
     residual = res_dtype if flags["HAS_RESIDUAL"] else None
-    rng = {"dropout_threshold": 123456, "seed_lo": 77, "seed_hi": -5, "rng_offset": 9}
     cfg = norm_config(width, False)
     kernel = norm_kernels._norm_fwd_chunked_kernel if cfg.chunked else norm_kernels._norm_fwd_kernel
     _spec(
@@ -78,7 +77,7 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
         y_ptr=dtype, residual_out_ptr=res_dtype if store else None, stats_ptr="fp32",
         stride_x_row=width * (3 if strided else 1), stride_x_col=3 if strided else 1, stride_res_row=width,
         stride_res_col=1 if residual else 0, n_rows=64, n_cols=width, eps=1e-5, weight_offset=0.0, dropout_scale=1.25,
-        **rng,
+        dropout_threshold=123456, rng_ptr="i32" if flags["HAS_DROPOUT"] else None,
     )  # fmt: skip
     cfg = norm_config(width, True)
     kernel = norm_kernels._norm_bwd_chunked_kernel if cfg.chunked else norm_kernels._norm_bwd_kernel
@@ -96,7 +95,7 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
         db_ptr=partial_dtype if has_b else None, stride_s_row=width * (2 if strided else 1),
         stride_s_col=2 if strided else 1, stride_dy_row=width, stride_dy_col=1, stride_dres_out_row=width,
         stride_dres_out_col=1 if store else 0, n_rows=64, n_cols=width, db_offset=width * 3 if has_w else 0,
-        weight_offset=1.0 if rms else 0.0, dropout_scale=1.25, dropout_threshold=rng["dropout_threshold"],
+        weight_offset=1.0 if rms else 0.0, dropout_scale=1.25, dropout_threshold=123456,
     )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ import torch
 
 import fused_norm_xent as nx
 from fused_norm_xent._compat import HAS_CUSTOM_OP
+from fused_norm_xent._runtime.dropout import dropout_rng
 
 pytestmark = [
     pytest.mark.kernels,
@@ -78,7 +79,8 @@ def test_opcheck(device):
     torch.library.opcheck(ops.softmax_fwd, (x, 1, False))
     torch.library.opcheck(ops.norm_fwd, (x, w, None, [16], 1e-5, 0.0, False))
     residual = torch.randn(3, 16, device=device, requires_grad=True)
-    torch.library.opcheck(ops.add_dropout_norm_fwd, (x, residual, w, None, 1e-5, 0.0, True, 0.25, 7, 0, False))
+    rng = dropout_rng(x.device, 7, 0)  # the dropout's key words: the op itself draws nothing
+    torch.library.opcheck(ops.add_dropout_norm_fwd, (x, residual, w, None, 1e-5, 0.0, True, 0.25, rng, False))
     logits, target = torch.randn(4, 10, device=device, requires_grad=True), torch.randint(0, 10, (4,), device=device)
     torch.library.opcheck(
         ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, 30.0, "mean", False, True, False, logits.dtype, False)

@@ -31,8 +31,10 @@ clipping and a GradScaler stay eager too (fused AdamW: a few multi-tensor launch
 
 Limits, checked:
 - one (B, S) per GraphedModel: another shape raises (make another GraphedModel for it);
-- dropout must be 0: fused_norm_xent draws each dropout seed on the host, so every replay
-  would apply the masks drawn at capture;
+- dropout must be 0: the dropout kernels draw their masks' keys on the device, as torch's
+  dropout does (a replay draws new ones), but a replayed training step with dropout has not been
+  checked against the eager model on a GPU, nor activation checkpointing's RNG stash inside a
+  capture;
 - not under torch.compile (it makes its own graphs: mode="reduce-overhead");
 - gradients are written into the graph's static buffers, which the next replay overwrites:
   each training call needs the parameters' .grad to be None (zero_grad(set_to_none=True)), so
@@ -60,8 +62,8 @@ def check_graphable(model: nn.Module) -> None:
         raise TypeError(f"model must be a Transformer or TorchTransformer, got {type(model).__name__}")
     if model.config.dropout > 0:
         raise ValueError(
-            f"CUDA graphs need dropout=0 (got {model.config.dropout}): fused_norm_xent draws each dropout seed on the "
-            "host, so every replay would apply the masks drawn at capture"
+            f"CUDA graphs need dropout=0 (got {model.config.dropout}): a replayed training step with dropout "
+            "has not been validated against the eager model"
         )
 
 

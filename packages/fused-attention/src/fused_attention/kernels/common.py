@@ -42,6 +42,8 @@ Conventions (all kernels):
 import triton
 import triton.language as tl
 
+from .._runtime.dropout import load_rng_words, philox_keep
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -244,18 +246,13 @@ def _scores(qk, qk_scale, softcap_in, softcap_out, SOFTCAP: tl.constexpr):
     return s
 
 
-_PHILOX_ROUNDS = tl.constexpr(7)
-
-
 @triton.jit
 def _rng_words(rng_ptr, batch, n_heads, head, DROPOUT: tl.constexpr):
     """The dropout's Philox key and per-head counter words, uint32: (seed_lo, seed_hi, rng_head,
-    rng_offset) from the three int32 words at rng_ptr (seed_lo, seed_hi, offset); zeros without
-    dropout. rng_head = batch * n_heads + head (the query head)."""
+    rng_offset) from the key words at rng_ptr (the runtime's dropout_rng); zeros without dropout.
+    rng_head = batch * n_heads + head (the query head)."""
     if DROPOUT:
-        seed_lo = tl.load(rng_ptr).to(tl.uint32, bitcast=True)
-        seed_hi = tl.load(rng_ptr + 1).to(tl.uint32, bitcast=True)
-        rng_offset = tl.load(rng_ptr + 2).to(tl.uint32, bitcast=True)
+        seed_lo, seed_hi, rng_offset = load_rng_words(rng_ptr)
         rng_head = (batch * n_heads + head).to(tl.uint32)
     else:
         seed_lo = (batch * 0).to(tl.uint32)
@@ -268,13 +265,9 @@ def _rng_words(rng_ptr, batch, n_heads, head, DROPOUT: tl.constexpr):
 @triton.jit
 def _dropout_keep(q_idx, k_idx, seed_lo, seed_hi, rng_head, rng_offset, dropout_threshold):
     """The dropout's keep mask at queries q_idx x keys k_idx (index tensors that broadcast to the
-    tile, positions within the sequence): Philox-4x32 (7 rounds) keyed by (seed_lo, seed_hi) at
-    counter (key, query, rng_head, rng_offset); kept where the draw's top 31 bits are >= the
-    threshold. Forward and backward regenerate the same mask; nothing is stored."""
+    tile, positions within the sequence): the runtime's philox_keep at counter (key, query,
+    rng_head, rng_offset). Forward and backward regenerate the same mask; nothing is stored."""
     zero = (q_idx + k_idx) * 0
     c0 = (k_idx + zero).to(tl.uint32)
     c1 = (q_idx + zero).to(tl.uint32)
-    c2 = c0 * 0 + rng_head
-    c3 = c0 * 0 + rng_offset
-    r, _, _, _ = tl.philox_impl(c0, c1, c2, c3, seed_lo, seed_hi, _PHILOX_ROUNDS)
-    return (r >> 1).to(tl.int32, bitcast=True) >= dropout_threshold
+    return philox_keep(c0, c1, c0 * 0 + rng_head, c0 * 0 + rng_offset, seed_lo, seed_hi, dropout_threshold)

@@ -22,6 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._runtime.compat import autocast_dtype, custom_bwd, custom_fwd, is_compiling
+from .._runtime.dropout import check_seed, dropout_rng
 from .._runtime.registration import differentiable_op, eager_function_apply
 from .._validation import (
     check_alibi_slopes,
@@ -173,25 +174,6 @@ def _traced(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, spec: Attent
     """(out, lse) through the custom op, while torch.compile traces (checks already run)."""
     q, k, v = (_addressable(t, spec.seq_dim) for t in (q, k, v))
     return _attention_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rng, *spec.to_op_args())
-
-
-def check_seed(seed, seed_offset) -> None:
-    """seed: None or an int in [0, 2^63); seed_offset: an int in [0, 2^32)."""
-    if seed is not None:
-        check_int("seed", seed, 0, 2**63 - 1)
-    if seed_offset.__class__ is not int or not 0 <= seed_offset < 2**32:
-        check_int("seed_offset", seed_offset, 0, 2**32 - 1)
-
-
-def dropout_rng(device: torch.device, seed: Optional[int], seed_offset: int) -> torch.Tensor:
-    """The dropout's three int32 words on `device` (seed_lo, seed_hi, offset), which the forward and
-    backward kernels read: drawn from torch's generator of the device when seed is None (so
-    torch.manual_seed repeats them, and a CUDA-graph replay draws new ones), else the seed's two
-    words and seed_offset."""
-    if seed is None:
-        return torch.randint(-(2**31), 2**31 - 1, (3,), dtype=torch.int32, device=device)
-    words = [seed & 0xFFFFFFFF, seed >> 32, seed_offset]
-    return torch.tensor([w - (w >> 31 << 32) for w in words], dtype=torch.int32, device=device)
 
 
 def _autocast_inputs(*tensors):

@@ -36,6 +36,7 @@ from .._runtime.compat import (
     multiprocessor_count,
     tensor_descriptor,
 )
+from .._runtime.dropout import dropout_threshold_and_scale
 from .._runtime.launch import Launch
 from .._runtime.tuning import TunedPlan
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
@@ -189,12 +190,6 @@ def _softcap_args(spec: AttentionSpec) -> Dict[str, float]:
         "softcap_in": 2.0 * spec.softmax_scale * _LOG2E / spec.softcap,
         "softcap_out": spec.softcap * _LOG2E,
     }
-
-
-def dropout_threshold_and_scale(p: float) -> Tuple[int, float]:
-    """The kernels keep an attention weight where the top 31 bits of its Philox draw are >=
-    threshold (round(p * 2^31)), and scale the kept ones by 1 / (1 - p)."""
-    return min(int(round(p * 2**31)), 2**31 - 1), 1.0 / (1.0 - p)
 
 
 def _sizes_and_options(spec: AttentionSpec, total_q: int, total_k: int) -> Dict[str, object]:

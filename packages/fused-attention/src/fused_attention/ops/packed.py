@@ -18,6 +18,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._runtime.compat import KERNEL_DEVICE_TYPE, custom_bwd, custom_fwd, is_compiling
+from .._runtime.dropout import check_seed, dropout_rng
 from .._runtime.registration import eager_function_apply
 from .._validation import ATTENTION_DTYPES, check_device, check_head_dim, check_tensor
 from .attention import (
@@ -27,8 +28,6 @@ from .attention import (
     _option_key,
     _slopes_key,
     call_plan,
-    check_seed,
-    dropout_rng,
     flash_attention,
     lookup,
 )

@@ -26,37 +26,45 @@ kernel sums the (programs, cols) partial buffers into dw and db: no per-row fp32
 a deterministic order. With a single program (few rows) its row is the gradient itself: it writes
 dw and db directly, in their dtypes, and the second kernel is not launched.
 
-Dropout: Philox-4x32 with 7 rounds, keyed by the 64-bit seed, counter (col, row low 32 bits, row
-high 32 bits, rng_offset). An element is kept when the top 31 bits of its draw are >= threshold
-(= round(p * 2^31)), and scaled by 1 / (1 - p). The same (seed, offset) gives the same mask in the
-forward, the backward and on any Triton version. The forward stores the seed's two words and the
-offset after the statistics, where the backward reads them: nothing about the mask goes through
-the host between the two. Offsets are int64 throughout.
+Dropout: the shared runtime's Philox-4x32 (7 rounds), keyed by the call's key words (read from
+rng_ptr), counter (col, row low 32 bits, row high 32 bits, key offset). An element is kept when
+the top 31 bits of its draw are >= threshold (= round(p * 2^31)), and scaled by 1 / (1 - p). The
+same words give the same mask in the forward, the backward and on any Triton version. The forward
+stores the three words after the statistics, where the backward reads them: nothing about the
+mask goes through the host between the two. Offsets are int64 throughout.
 """
 
 import triton
 import triton.language as tl
 
-_PHILOX_ROUNDS = tl.constexpr(7)
+from .._runtime.dropout import load_rng_words, philox_keep
+
 # Arguments the JIT must not specialize on their value (== 1, divisible by 16): the dropout's
-# random words, and row counts, which only mask whole rows (no load's vector width depends on
-# them), so that each new row count does not compile the kernel again.
-_UNSPECIALIZED = ["n_rows", "dropout_threshold", "seed_lo", "seed_hi", "rng_offset"]
-_BWD_UNSPECIALIZED = ["n_rows", "dropout_threshold"]
+# threshold, and row counts, which only mask whole rows (no load's vector width depends on them),
+# so that each new row count does not compile the kernel again.
+_UNSPECIALIZED = ["n_rows", "dropout_threshold"]
 
 
 @triton.jit
 def _dropout_keep(offs_m, offs_n, dropout_threshold, seed_lo, seed_hi, rng_offset):
-    """Keep mask of the dropout at rows offs_m x cols offs_n (int64 vectors)."""
+    """Keep mask of the dropout at rows offs_m x cols offs_n (int64 vectors); uint32 key words."""
     rows = offs_m[:, None] + offs_n[None, :] * 0
     c0 = (offs_n[None, :] + offs_m[:, None] * 0).to(tl.uint32)
     c1 = rows.to(tl.uint32)
     c2 = (rows >> 32).to(tl.uint32)
-    c3 = c0 * 0 + rng_offset.to(tl.uint32, bitcast=True)
-    k0 = seed_lo.to(tl.uint32, bitcast=True)
-    k1 = seed_hi.to(tl.uint32, bitcast=True)
-    r, _, _, _ = tl.philox_impl(c0, c1, c2, c3, k0, k1, _PHILOX_ROUNDS)
-    return (r >> 1).to(tl.int32, bitcast=True) >= dropout_threshold
+    return philox_keep(c0, c1, c2, c0 * 0 + rng_offset, seed_lo, seed_hi, dropout_threshold)
+
+
+@triton.jit
+def _forward_rng_words(rng_ptr, HAS_DROPOUT: tl.constexpr):
+    """The key words the forward reads (uint32), or zeros without dropout (rng_ptr is then None)."""
+    if HAS_DROPOUT:
+        seed_lo, seed_hi, rng_offset = load_rng_words(rng_ptr)
+    else:
+        seed_lo = tl.program_id(0).to(tl.uint32) * 0
+        seed_hi = seed_lo
+        rng_offset = seed_lo
+    return seed_lo, seed_hi, rng_offset
 
 
 @triton.jit
@@ -156,20 +164,19 @@ def _store_rng_words(stats_ptr, n_rows, seed_lo, seed_hi, rng_offset, IS_RMS_NOR
     """Program 0 keeps the dropout's key and offset beside the statistics, for the backward."""
     if tl.program_id(0) == 0:
         words = _rng_words_ptr(stats_ptr, n_rows, IS_RMS_NORM)
-        tl.store(words, seed_lo)
-        tl.store(words + 1, seed_hi)
-        tl.store(words + 2, rng_offset)
+        tl.store(words, seed_lo.to(tl.int32, bitcast=True))
+        tl.store(words + 1, seed_hi.to(tl.int32, bitcast=True))
+        tl.store(words + 2, rng_offset.to(tl.int32, bitcast=True))
 
 
 @triton.jit
 def _load_rng_words(stats_ptr, n_rows, IS_RMS_NORM: tl.constexpr):
-    words = _rng_words_ptr(stats_ptr, n_rows, IS_RMS_NORM)
-    return tl.load(words), tl.load(words + 1), tl.load(words + 2)
+    return load_rng_words(_rng_words_ptr(stats_ptr, n_rows, IS_RMS_NORM))
 
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_fwd_kernel(
-    x_ptr, weight_ptr, bias_ptr, y_ptr, stats_ptr, residual_ptr, residual_out_ptr, seed_lo, seed_hi, rng_offset,
+    x_ptr, weight_ptr, bias_ptr, y_ptr, stats_ptr, residual_ptr, residual_out_ptr, rng_ptr,
     stride_x_row, stride_x_col, stride_res_row, stride_res_col,
     n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -177,6 +184,7 @@ def _norm_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
+    seed_lo, seed_hi, rng_offset = _forward_rng_words(rng_ptr, HAS_DROPOUT)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mask_m = offs_m < n_rows
@@ -210,7 +218,7 @@ def _norm_fwd_kernel(
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_fwd_chunked_kernel(
-    x_ptr, weight_ptr, bias_ptr, y_ptr, stats_ptr, residual_ptr, residual_out_ptr, seed_lo, seed_hi, rng_offset,
+    x_ptr, weight_ptr, bias_ptr, y_ptr, stats_ptr, residual_ptr, residual_out_ptr, rng_ptr,
     stride_x_row, stride_x_col, stride_res_row, stride_res_col,
     n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -218,6 +226,7 @@ def _norm_fwd_chunked_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
+    seed_lo, seed_hi, rng_offset = _forward_rng_words(rng_ptr, HAS_DROPOUT)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mask_m = offs_m < n_rows
@@ -321,7 +330,7 @@ def _input_grad(
     tl.store(dx_ptr + offs_m[:, None] * n_cols + offs_n[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=_BWD_UNSPECIALIZED)
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_bwd_kernel(
     s_ptr, dy_ptr, weight_ptr, stats_ptr, dx_ptr, dw_ptr, db_ptr, dres_out_ptr, dres_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,
@@ -379,7 +388,7 @@ def _accumulate_partial(partial_ptr, cols, mask_n, value, first):
         tl.store(partial_ptr + cols, total.to(partial_ptr.dtype.element_ty), mask=mask_n)
 
 
-@triton.jit(do_not_specialize=_BWD_UNSPECIALIZED)
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _norm_bwd_chunked_kernel(
     s_ptr, dy_ptr, weight_ptr, stats_ptr, dx_ptr, dw_ptr, db_ptr, dres_out_ptr, dres_ptr,
     stride_s_row, stride_s_col, stride_dy_row, stride_dy_col, stride_dres_out_row, stride_dres_out_col,

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._runtime.compat import is_compiling, multiprocessor_count
+from .._runtime.dropout import check_seed, dropout_rng, dropout_threshold_and_scale
 from .._runtime.launch import Launch
 from .._runtime.registration import differentiable_op
 from .._validation import (
@@ -25,7 +26,6 @@ from .._validation import (
     check_choice,
     check_device,
     check_float,
-    check_int,
     check_normalized,
     check_shape,
     check_tensor,
@@ -99,28 +99,6 @@ def _bwd_programs(n_rows: int, n_cols: int, device: torch.device) -> int:
         return 1
     per_sm = 1 if cfg.chunked else max(1, BWD_WARPS_PER_SM // cfg.num_warps)
     return max(1, min(-(-n_rows // cfg.block_m), multiprocessor_count(device) * per_sm))
-
-
-def _as_int32(value: int) -> int:
-    """The 32-bit word `value` (0 <= value < 2**32) as the signed int the kernel reinterprets."""
-    return value - (value >> 31 << 32)
-
-
-def dropout_threshold_and_scale(p: float) -> Tuple[int, float]:
-    """The kernels' Philox dropout keeps an element where the top 31 bits of its draw are >=
-    threshold, and scales it by 1 / (1 - p)."""
-    threshold = min(int(round(p * 2**31)), 2**31 - 1)
-    return threshold, (1.0 / (1.0 - p) if p < 1.0 else 0.0)
-
-
-def rng_words(seed: int, seed_offset: int) -> Tuple[int, int, int]:
-    """(seed_lo, seed_hi, offset): the 64-bit seed's words and the counter offset, as int32."""
-    return _as_int32(seed & 0xFFFFFFFF), _as_int32((seed >> 32) & 0xFFFFFFFF), _as_int32(seed_offset)
-
-
-def _draw_seed() -> int:
-    """A 63-bit seed from torch's default generator, so torch.manual_seed makes runs repeatable."""
-    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
 
 
 def _rows_strides(shape: Sequence[int], strides: Sequence[int], n_cols: int) -> Optional[Tuple[int, int]]:
@@ -228,7 +206,7 @@ def _forward_plan(
     launch = None
     if n_rows:
         cfg = norm_config(n_cols, False)
-        no_dropout = {} if dropout else {"seed_lo": 0, "seed_hi": 0, "rng_offset": 0}
+        no_dropout = {} if dropout else {"rng_ptr": None}
         plain = {} if fused else {"residual_ptr": None, "residual_out_ptr": None}
         launch = Launch(
             _norm_fwd_chunked_kernel if cfg.chunked else _norm_fwd_kernel, (-(-n_rows // cfg.block_m),),
@@ -307,14 +285,13 @@ def add_dropout_norm_forward(
     weight_offset: float,
     is_rms_norm: bool,
     dropout_p: float,
-    seed: int,
-    seed_offset: int,
+    rng: Optional[Tensor],
     residual_in_fp32: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """(y, s, stats): s = dropout(x) + residual in the residual stream's dtype, y = norm(s) in x's.
 
-    With dropout, stats ends with the seed's words and the offset; seed < 0 draws the seed from
-    torch's generator.
+    rng: the dropout's three int32 key words (the runtime's dropout_rng), with dropout_p > 0; the
+    forward copies them after the statistics, for the backward.
     """
     device = x.device
     residual_key = None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device)
@@ -332,15 +309,14 @@ def add_dropout_norm_forward(
         if residual is not None:
             residual = _rows(residual, plan.residual_rows)
         if plan.dropout:
-            words = rng_words(_draw_seed() if seed < 0 else seed, seed_offset)
-            plan.launch(x, weight, bias, y, stats, residual, residual_out, *words)
+            plan.launch(x, weight, bias, y, stats, residual, residual_out, rng)
         else:
             plan.launch(x, weight, bias, y, stats, residual, residual_out)
     return y, residual_out, stats
 
 
 def _add_dropout_norm_forward_fake(
-    x, residual, weight, bias, eps, weight_offset, is_rms_norm, dropout_p, seed, seed_offset, residual_in_fp32
+    x, residual, weight, bias, eps, weight_offset, is_rms_norm, dropout_p, rng, residual_in_fp32
 ):
     n_rows = x.numel() // x.shape[-1]
     dtype = residual.dtype if residual is not None else (torch.float32 if residual_in_fp32 else x.dtype)
@@ -556,7 +532,7 @@ def _add_dropout_norm_backward_fake(
 
 
 def _add_dropout_norm_setup_context(ctx, inputs, output):
-    x, residual, weight, bias, _, weight_offset, is_rms_norm, dropout_p, _, _, _ = inputs
+    x, residual, weight, bias, _, weight_offset, is_rms_norm, dropout_p, _, _ = inputs
     ctx.save_for_backward(output[1], weight, bias, output[2])
     ctx.options = (x.dtype, residual is not None, weight_offset, is_rms_norm, dropout_p)
 
@@ -573,7 +549,7 @@ def _add_dropout_norm_backward_rule(ctx, grads, backward, eager):
     dx = out[0]
     store_dres = has_residual and (dropout_p > 0.0 or s.dtype != x_dtype)
     dresidual = (out[1] if store_dres else dx) if has_residual else None
-    return (dx, dresidual, *_split_param_grads(out, 1 + store_dres, weight, bias), *([None] * 7))
+    return (dx, dresidual, *_split_param_grads(out, 1 + store_dres, weight, bias), *([None] * 6))
 
 
 AddDropoutNormFunction, _add_dropout_norm_apply = differentiable_op(
@@ -586,8 +562,6 @@ AddDropoutNormFunction, _add_dropout_norm_apply = differentiable_op(
     backward_rule=_add_dropout_norm_backward_rule,
     n_differentiable_outputs=2,
     differentiable_args=(0, 1, 2, 3),
-    # It may draw its dropout seed: two calls with equal arguments are not the same computation.
-    forward_tags=(torch.Tag.nondeterministic_seeded,),
 )
 
 
@@ -660,19 +634,21 @@ def add_dropout_norm(
     - prenorm=True: new_residual = s, in residual's dtype (fp32 when residual is None and
       residual_in_fp32, else x's dtype), for the next block's residual stream;
     - prenorm=False (post-norm): new_residual = y, the normalized sum carries the stream.
-    The dropout mask is drawn from Philox keyed by `seed` (None: drawn from torch's generator,
-    so torch.manual_seed repeats it) at counter offset `seed_offset`; the backward regenerates it,
-    nothing is stored. Same seed and offset, same mask.
+    The dropout mask is drawn from Philox keyed by `seed` and `seed_offset` (seed None: the key
+    drawn from torch's generator on x's device, so torch.manual_seed repeats it and a CUDA-graph
+    replay draws a new one); the backward regenerates it, nothing is stored. Same seed and
+    offset, same mask.
     """
     is_rms_norm = check_choice("norm", norm, NORMS) == "rmsnorm"
-    seed = -1 if seed is None else check_int("seed", seed, 0, 2**63 - 1)
-    check_int("seed_offset", seed_offset, 0, 2**32 - 1)
+    check_seed(seed, seed_offset)
     _require_tensors(x, weight, bias, residual)
     if residual is None and p == 0.0 and not (residual_in_fp32 and x.dtype != torch.float32):
         # The norm input is x itself: nothing to add, drop or store.
         y = _norm_apply(x, weight, bias, _op_shape(x.shape[-1:]), eps, offset, is_rms_norm)[0]
         return (y, x) if prenorm else (y, y)
+    # The key words are drawn (or written) only for a dropout that runs: p is checked first.
+    rng = dropout_rng(x.device, seed, seed_offset) if check_float("p", p, 0.0, 1.0) > 0.0 else None
     y, residual_out, _ = _add_dropout_norm_apply(
-        x, residual, weight, bias, eps, offset, is_rms_norm, p, seed, seed_offset, residual_in_fp32
+        x, residual, weight, bias, eps, offset, is_rms_norm, p, rng, residual_in_fp32
     )
     return (y, residual_out) if prenorm else (y, y)
