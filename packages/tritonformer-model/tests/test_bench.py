@@ -191,20 +191,22 @@ def test_bad_flags_are_refused_in_one_line(argv, message, capsys):
 
 @pytest.mark.torch_dynamo  # transformers' model classes import torch._dynamo
 def test_hf_rows_build_llama_and_qwen2_models_of_the_config(tmp_path):
-    """The plain HF rows on the CPU: a Llama and a Qwen2 (GQA through --set) of the point's shape."""
+    """The plain HF rows on the CPU: a Llama, a Qwen2 (GQA through --set) and a Gemma-2 of the point's shape."""
     pytest.importorskip("transformers", reason="the HF rows need transformers (the model's hf extra)")
     code = bench.main(
-        ["--config", "llama-160M:16:1", "--providers", "hf-llama", "hf-qwen2", "--device", "cpu", "--steps", "1",
-         "--warmup", "1", "--out-dir", str(tmp_path), "--set", "n_layer=1", "d_model=64", "n_head=4", "n_kv_head=2",
-         "d_ff=128", "vocab_size=256"]
+        ["--config", "llama-160M:16:1", "--providers", "hf-llama", "hf-qwen2", "hf-gemma2", "--device", "cpu",
+         "--steps", "1", "--warmup", "1", "--out-dir", str(tmp_path), "--set", "n_layer=1", "d_model=64", "n_head=4",
+         "n_kv_head=2", "d_ff=128", "vocab_size=256"]
     )  # fmt: skip
     assert code == 0
     rows = rows_of(tmp_path)
     assert [(r["provider"], r["status"], r["loss"]) for r in rows] == [
-        ("hf-llama", "ok", "logits (HF)"), ("hf-qwen2", "ok", "logits (HF)")
+        ("hf-llama", "ok", "logits (HF)"), ("hf-qwen2", "ok", "logits (HF)"), ("hf-gemma2", "ok", "logits (HF)")
     ]  # fmt: skip
     qwen2 = bench.hf_model(bench.point_config(bench.Point("llama-160M", 16, 1), "hf-qwen2", {}), "qwen2")
     assert type(qwen2).__name__ == "Qwen2ForCausalLM" and qwen2.model.layers[0].self_attn.q_proj.bias is not None
+    gemma2 = bench.hf_model(bench.point_config(bench.Point("llama-160M", 16, 1), "hf-gemma2", {}), "gemma2")
+    assert gemma2.config.attn_logit_softcapping == 50.0 and gemma2.config.head_dim == 64
 
 
 def test_padded_fine_tuning_batches(capsys):

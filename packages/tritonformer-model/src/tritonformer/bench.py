@@ -20,7 +20,10 @@ is timed over `--steps` steps after `--warmup` steps, with CUDA events:
   the same shape, plain, with this project's kernels (`tritonformer.hf.apply`) and with
   Liger-Kernel, for the LLaMA-style presets, when `transformers` (and `liger_kernel`) import;
   hf-qwen2, hf-qwen2+tritonformer, hf-qwen2+liger: the same with `Qwen2ForCausalLM` (q/k/v
-  biases; `--set n_kv_head=4` makes it a GQA model).
+  biases; `--set n_kv_head=4` makes it a GQA model); hf-gemma2, hf-gemma2+tritonformer,
+  hf-gemma2+liger: `Gemma2ForCausalLM` of the same shape with Gemma-2's softcaps and windows
+  (eager attention when not patched: SDPA refuses a softcap; GeGLU, which neither patch fuses
+  here: Liger's GeGLU does).
 
 Each row is printed as soon as it is measured, and bench.csv and bench.md (in --out-dir) are
 rewritten after each row, so an interrupted run keeps what it measured; bench.png (if
@@ -70,7 +73,8 @@ from .train import (
 
 PROVIDERS = (
     "tritonformer", "tritonformer+graph", "tritonformer+compile", "torch", "torch+graph", "torch.compile", "hf-llama",
-    "hf-llama+tritonformer", "hf-llama+liger", "hf-qwen2", "hf-qwen2+tritonformer", "hf-qwen2+liger",
+    "hf-llama+tritonformer", "hf-llama+liger", "hf-qwen2", "hf-qwen2+tritonformer", "hf-qwen2+liger", "hf-gemma2",
+    "hf-gemma2+tritonformer", "hf-gemma2+liger",
 )  # fmt: skip
 # The default run, in this order at each point (Liger's rows after all others: it patches classes).
 DEFAULT_PROVIDERS = (
@@ -165,7 +169,7 @@ def skip_reason(provider: str, config: TransformerConfig, device: torch.device) 
         if device.type != "cuda":
             return "CUDA graphs need a CUDA GPU"
         if config.dropout > 0:
-            return "CUDA graphs need dropout=0 (fused_norm_xent draws dropout seeds on the host)"
+            return "CUDA graphs need dropout=0 (a replayed step with dropout has not been validated)"
     if provider.startswith("tritonformer") and device.type != "cuda" and not interpreting():
         return TRITON_ON_CPU
     if "compile" in provider and not hasattr(torch, "compile"):

@@ -16,13 +16,18 @@ from .config import TransformerConfig
 HF_ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", "apply_liger_kernel_to_llama"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "apply_liger_kernel_to_qwen2"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "apply_liger_kernel_to_gemma2"),
 }
+# Gemma-2's own options at the config's shape: its softcaps (attention 50, final logits 30), a
+# 4096-token window on every other layer, the scale 1 / sqrt(head dim), GeGLU (its default).
+GEMMA2_OPTIONS = dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096)
 
 
 def hf_model(config: TransformerConfig, arch: str = "llama", patch: str = "") -> torch.nn.Module:
-    """A Hugging Face causal LM of architecture `arch` ("llama" or "qwen2", whose q/k/v carry
-    biases) with the config's shape (SDPA attention); patch: "" (plain), "tritonformer" (this
-    model's instance patched by tritonformer.hf.apply) or "liger"."""
+    """A Hugging Face causal LM of architecture `arch` ("llama"; "qwen2", whose q/k/v carry biases;
+    "gemma2", GEMMA2_OPTIONS, eager attention: SDPA refuses its softcap) with the config's shape
+    (SDPA attention); patch: "" (plain), "tritonformer" (this model's instance patched by
+    tritonformer.hf.apply) or "liger"."""
     import transformers
 
     config_class, model_class, liger_patch = HF_ARCHITECTURES[arch]
@@ -45,6 +50,9 @@ def hf_model(config: TransformerConfig, arch: str = "llama", patch: str = "") ->
     )
     if arch == "llama":
         shape.update(attention_bias=config.qkv_bias, mlp_bias=config.use_linear_bias)
+    if arch == "gemma2":
+        head_dim = config.d_model // config.n_head
+        shape.update(GEMMA2_OPTIONS, head_dim=head_dim, query_pre_attn_scalar=head_dim, attn_implementation="eager")
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**shape))
     if patch == "tritonformer":
         from . import hf
