@@ -82,6 +82,7 @@ def test_round_trip_through_a_dict():
         (dict(norm_eps=True), ValueError, "norm_eps must be a finite number > 0, got True"),
         (dict(rope_base=float("inf")), ValueError, "rope_base must be a finite number > 1, got inf"),
         (dict(dropout=float("nan")), ValueError, "dropout must be a probability"),
+        (dict(attention_dropout=-0.1), ValueError, "attention_dropout must be a probability"),
         (dict(tie_embeddings="yes"), TypeError, "tie_embeddings must be a bool"),
         (dict(ignore_index=3), ValueError, "ignore_index=3 must be an int outside"),
         (dict(d_model=60, n_head=4, position="rope"), ValueError, "head_dim=15 must be even"),

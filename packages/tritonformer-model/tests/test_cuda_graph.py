@@ -123,7 +123,7 @@ def test_refuses_another_shape_accumulated_grads_and_another_autocast(fake_captu
 
 
 def test_bad_models_and_settings():
-    with pytest.raises(ValueError, match=r"CUDA graphs need dropout=0 \(got 0.1\)"):
+    with pytest.raises(ValueError, match=r"CUDA graphs need dropout=0 and attention_dropout=0 \(got 0.1, 0.0\)"):
         GraphedModel(TorchTransformer(TransformerConfig(**SMALL, dropout=0.1)))
     with pytest.raises(TypeError, match="must be a Transformer or TorchTransformer, got Linear"):
         check_graphable(torch.nn.Linear(2, 2))

@@ -141,7 +141,9 @@ def test_backward_chain_point_by_point(dtype, twins, device):
 
 @pytest.mark.torch_dynamo
 def test_dropout_is_seeded_and_replayed_by_activation_checkpointing(twins, device):
-    plain, _ = twins(tiny(n_layer=1, dropout=0.2))  # one block: its recomputation replays the masks
+    """Residual and attention dropout: the same seed gives the same loss and gradients, with the
+    block recomputed (its norm and attention kernels draw their keys again from the restored RNG)."""
+    plain, twin = twins(tiny(n_layer=1, dropout=0.2, attention_dropout=0.3))  # one block, recomputed
     checkpointed = Transformer(plain.config.replace(activation_checkpointing=True)).to(device)
     checkpointed.load_state_dict(plain.state_dict())
     idx, targets = torch.randint(0, 256, (2, 16), device=device), torch.randint(0, 256, (2, 16), device=device)
@@ -164,6 +166,10 @@ def test_dropout_is_seeded_and_replayed_by_activation_checkpointing(twins, devic
     plain.eval()
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         torch.testing.assert_close(plain(idx)[0], plain(idx)[0], rtol=0, atol=0)  # no dropout in eval
+    # The twin drops attention weights through SDPA's dropout_p, in training only.
+    with torch.no_grad():
+        assert not torch.equal(twin.train()(idx)[0], twin.eval()(idx)[0])
+        torch.testing.assert_close(twin(idx)[0], twin(idx)[0], rtol=0, atol=0)
 
 
 def test_generate(twins, device):

@@ -168,7 +168,7 @@ def skip_reason(provider: str, config: TransformerConfig, device: torch.device) 
     if provider.endswith("+graph"):
         if device.type != "cuda":
             return "CUDA graphs need a CUDA GPU"
-        if config.dropout > 0:
+        if config.dropout > 0 or config.attention_dropout > 0:
             return "CUDA graphs need dropout=0 (a replayed step with dropout has not been validated)"
     if provider.startswith("tritonformer") and device.type != "cuda" and not interpreting():
         return TRITON_ON_CPU

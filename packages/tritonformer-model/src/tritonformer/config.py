@@ -36,8 +36,9 @@ class TransformerConfig:
         qkv_bias: biases in the attention's qkv and output projections (GPT-2: True).
         tie_embeddings: the output head shares the token embedding matrix.
     Training:
-        dropout: probability on the embeddings and on each residual branch (attention
-            probabilities are not dropped: the fused attention kernel has no dropout).
+        dropout: probability on the embeddings and on each residual branch.
+        attention_dropout: probability on the attention weights (inside fused-attention's kernels;
+            SDPA's dropout_p in the PyTorch twin); prefill and decode steps of generate() never drop.
         fused_loss: with targets, compute the loss with a linear+cross-entropy that never holds the
             full (tokens, vocab) logits; `forward` then returns logits None.
         loss_chunk_size: tokens per chunk of the fused loss (`Transformer` only; None: fused_norm_xent's
@@ -64,6 +65,7 @@ class TransformerConfig:
     qkv_bias: bool = True
     tie_embeddings: bool = True
     dropout: float = 0.0
+    attention_dropout: float = 0.0
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     fused_loss: bool = False
@@ -100,8 +102,10 @@ class TransformerConfig:
             )
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' rotates pairs: head_dim={self.head_dim} must be even")
-        if not (_is_finite_number(self.dropout) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not (_is_finite_number(value) and 0.0 <= value < 1.0):
+                raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
         if not (_is_finite_number(self.norm_eps) and self.norm_eps > 0):
             raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps!r}")
         if not (_is_finite_number(self.rope_base) and self.rope_base > 1):

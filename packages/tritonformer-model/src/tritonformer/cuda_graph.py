@@ -31,7 +31,7 @@ clipping and a GradScaler stay eager too (fused AdamW: a few multi-tensor launch
 
 Limits, checked:
 - one (B, S) per GraphedModel: another shape raises (make another GraphedModel for it);
-- dropout must be 0: the dropout kernels draw their masks' keys on the device, as torch's
+- dropout and attention_dropout must be 0: the dropout kernels draw their masks' keys on the device, as torch's
   dropout does (a replay draws new ones), but a replayed training step with dropout has not been
   checked against the eager model on a GPU, nor activation checkpointing's RNG stash inside a
   capture;
@@ -60,10 +60,11 @@ def check_graphable(model: nn.Module) -> None:
     """Raise ValueError if the model cannot train through CUDA graphs (see the module docstring)."""
     if not isinstance(model, CausalLM):
         raise TypeError(f"model must be a Transformer or TorchTransformer, got {type(model).__name__}")
-    if model.config.dropout > 0:
+    if model.config.dropout > 0 or model.config.attention_dropout > 0:
         raise ValueError(
-            f"CUDA graphs need dropout=0 (got {model.config.dropout}): a replayed training step with dropout "
-            "has not been validated against the eager model"
+            f"CUDA graphs need dropout=0 and attention_dropout=0 (got {model.config.dropout}, "
+            f"{model.config.attention_dropout}): a replayed training step with dropout has not been validated "
+            "against the eager model"
         )
 
 

@@ -149,10 +149,12 @@ class Attention(nn.Module):
             y = fused_attention.flash_attention_with_kvcache(
                 q, k_cache, v_cache, cache.lengths, k_new=k, v_new=v, causal=True, alibi_slopes=slopes
             )  # (B, 1, H, D)
-        elif c.position == "rope":
-            y = fused_attention.flash_attention(q, k, v, causal=True, layout="bshd")  # (B, S, H, D)
         else:
-            y = fused_attention.flash_attention_qkvpacked(qkv, Hkv, causal=True, alibi_slopes=slopes)
+            p = c.attention_dropout if self.training and cache is None else 0.0
+            if c.position == "rope":
+                y = fused_attention.flash_attention(q, k, v, causal=True, dropout_p=p)  # (B, S, H, D)
+            else:
+                y = fused_attention.flash_attention_qkvpacked(qkv, Hkv, causal=True, alibi_slopes=slopes, dropout_p=p)
         if cache is not None and not cache.decoding:
             cache.write_prompt(k, v)
         return self.proj(y.reshape(B, S, H * D))  # contiguous (B, S, H, D): a free reshape

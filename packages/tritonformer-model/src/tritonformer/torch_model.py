@@ -75,11 +75,12 @@ class Attention(nn.Module):
         if Hkv != H and not SDPA_HAS_GQA:  # torch < 2.5: repeat each kv head for its query group
             k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, D)
         gqa = {"enable_gqa": True} if Hkv != H and SDPA_HAS_GQA else {}
+        p = c.attention_dropout if self.training and cache is None else 0.0
         if c.position == "alibi":
             (bias,) = position  # (H, S, S) or (B, H, 1, S_max) fp32, the causal mask included
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), **gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p, **gqa)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **gqa)  # (B, H, S, D)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=p, **gqa)
         y = y.transpose(1, 2).reshape(B, S, H * D)  # (B, S, H*D)
         return self.proj(y)
 
