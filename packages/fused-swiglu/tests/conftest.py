@@ -111,6 +111,17 @@ def make_inputs(leading, d_model, d_inter, dtype, device, bias=False):
     return [x, w_gate, w_up, b_gate, b_up]
 
 
+def with_activation(fn: Callable, activation: str, operands: int) -> Callable:
+    """fn(*inputs) with the operands it was not given as None and `activation` after them, all
+    positional (as an autograd Function's apply takes them): fn's first `operands` parameters are
+    its tensors, the next one the activation."""
+
+    def call(*inputs):
+        return fn(*inputs, *(None,) * (operands - len(inputs)), activation)
+
+    return call
+
+
 def swiglu_linear(x, w_gate, w_up, b_gate=None, b_up=None):
     """swiglu_reference through F.linear, as a model of nn.Linear layers computes it: under
     autocast every operand, biases included, is cast to its dtype (`x @ w + b` would add an fp32
@@ -185,6 +196,7 @@ def sw():
         outputs_and_grads=outputs_and_grads,
         pin_configs=pin_configs,
         unpin_configs=unpin_configs,
+        with_activation=with_activation,
         all_configs=ALL_CONFIGS,
         returned_grad_dtypes=returned_grad_dtypes,
         swiglu_linear=swiglu_linear,

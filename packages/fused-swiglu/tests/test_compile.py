@@ -1,7 +1,9 @@
 """Every kernel specialization the launchers can choose compiles to a cubin (sm_80, sm_90).
 
 A covering set, not the cross product: every autotune config of every kernel, every dtype and
-every constexpr value appears at least once, each case on both architectures. Strides that
+every constexpr value appears at least once, each case on both architectures. The kernels that
+evaluate the gate's activation compile with SiLU in every case and with GELU-tanh (GeGLU) in a
+few (GELU_CASES). Strides that
 the JIT sees as 1 (contiguous operands, the usual case) are compiled as the constant 1, as the
 JIT specializes them; one case per kernel keeps every stride a runtime value (transposed or
 strided operands).
@@ -12,6 +14,7 @@ from tritonformer_testkit import interpreting
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_swiglu._compat import TRITON_VERSION
+from fused_swiglu.kernels.activation import ACTIVATION_CODES
 from fused_swiglu.kernels.backward import (
     _mlp_down_grad_kernel,
     _mlp_down_grad_tma_kernel,
@@ -28,6 +31,8 @@ from fused_swiglu.ops.launchers import GRAD_BLOCK_M, GRAD_BLOCK_N, GRAD_NUM_WARP
 pytestmark = pytest.mark.aot
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
+# The ACTIVATION constexpr's values.
+SILU, GELU_TANH = ACTIVATION_CODES["silu"], ACTIVATION_CODES["gelu_tanh"]
 
 
 def _known_serialized(constexprs) -> bool:
@@ -109,6 +114,23 @@ CASES = {
 }
 
 
+# The kernels that take the ACTIVATION constexpr: SiLU in every case of CASES and TMA_KERNELS,
+# GELU-tanh in these, by config index. Its epilogue math is the same in every tile; the cases are
+# the tiles where its registers matter most: the forward's training workhorse (cfg0, 128 x 128,
+# two accumulators) and a decode tile, the down-projection backward's two epilogue schedules (row
+# slices, and g, u prefetched), and the TMA variants' workhorses.
+ACTIVATION_KERNELS = {"fwd", "down_grad", "fwd_tma", "down_grad_tma"}
+GELU_CASES = {
+    "fwd": {
+        0: ("bf16", True, dict(HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=True)),
+        4: ("fp16", True, dict(HAS_BIAS=True, SAVE_GU=False, ACC_FP16=False, ALLOW_TF32=False, EVEN_K=False)),
+    },
+    "down_grad": {
+        0: ("bf16", True, dict(ALLOW_TF32=False, EVEN_D=True)),
+        1: ("fp16", False, dict(ALLOW_TF32=False, EVEN_D=False)),
+    },
+}
+
 # The weight gradient of fp32 weights under autocast: 16-bit operands, dw_gate and dw_up in fp32
 # (the accumulator stored uncast); every config once.
 WEIGHT_GRAD_FP32_OUT_CASES = [
@@ -120,20 +142,33 @@ WEIGHT_GRAD_FP32_OUT_CASES = [
 ]
 
 
+def _with_activation(name, constexprs, activation):
+    """The case's constexprs, with ACTIVATION where the kernel takes it."""
+    return dict(constexprs, ACTIVATION=activation) if name in ACTIVATION_KERNELS else constexprs
+
+
 def _params():
-    groups = [(name, cases, None) for name, cases in CASES.items()]
-    groups.append(("weight_grad", WEIGHT_GRAD_FP32_OUT_CASES, "fp32"))
-    for name, cases, out_dtype in groups:
+    groups = [(name, dict(enumerate(cases)), None, SILU) for name, cases in CASES.items()]
+    groups.append(("weight_grad", dict(enumerate(WEIGHT_GRAD_FP32_OUT_CASES)), "fp32", SILU))
+    groups += [(name, cases, None, GELU_TANH) for name, cases in GELU_CASES.items()]
+    for name, cases, out_dtype, activation in groups:
         configs = autotune_configs(KERNELS[name][0])
         # Under the interpreter the kernels carry its one config, and these tests are skipped.
-        assert interpreting() or len(configs) == len(cases), f"{name}: {len(configs)} configs but {len(cases)} cases"
-        for index, (config, (dtype, contiguous, constexprs)) in enumerate(zip(configs, cases)):
+        if activation == SILU:  # every config (the GELU cases are a few of them)
+            message = f"{name}: {len(configs)} configs but {len(cases)} cases"
+            assert interpreting() or len(configs) == len(cases), message
+        for index, (dtype, contiguous, constexprs) in cases.items():
+            if index >= len(configs):
+                assert interpreting(), f"{name}: no config {index}"
+                continue  # the interpreter's one config
             for arch in ARCHS:
                 layout = "contiguous" if contiguous else "strided"
                 out = f"-to-{out_dtype}" if out_dtype else ""
+                gelu = "-gelu_tanh" if activation == GELU_TANH else ""
                 yield pytest.param(
-                    name, config, dtype, out_dtype or dtype, contiguous, constexprs, arch,
-                    id=f"{name}-cfg{index}-{dtype}{out}-{layout}-sm{arch}",
+                    name, configs[index], dtype, out_dtype or dtype, contiguous,
+                    _with_activation(name, constexprs, activation), arch,
+                    id=f"{name}-cfg{index}-{dtype}{out}-{layout}{gelu}-sm{arch}",
                 )  # fmt: skip
 
 
@@ -156,8 +191,12 @@ def test_autotuned_kernels_compile(name, config, dtype, out_dtype, contiguous, c
 
 
 @pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a}")
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-def test_grad_kernel_compiles(dtype, arch):
+@pytest.mark.parametrize(
+    "dtype, activation",
+    [("fp32", SILU), ("fp16", SILU), ("bf16", SILU), ("fp32", GELU_TANH), ("bf16", GELU_TANH)],
+    ids=lambda v: v if isinstance(v, str) else {SILU: "silu", GELU_TANH: "gelu_tanh"}[v],
+)
+def test_grad_kernel_compiles(dtype, activation, arch):
     """The elementwise backward step: one launch shape; dh of any strides (the fp16 case keeps them runtime)."""
     fixed = {} if dtype == "fp16" else {"stride_dhn": 1}
     signature = {"dh_ptr": POINTER[dtype], "g_ptr": POINTER[dtype], "u_ptr": POINTER[dtype]}
@@ -165,7 +204,7 @@ def test_grad_kernel_compiles(dtype, arch):
     compile_to_cubin(
         _swiglu_grad_kernel,
         signature=signature,
-        constexprs=dict(UPCAST=False, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, **fixed),
+        constexprs=dict(UPCAST=False, ACTIVATION=activation, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, **fixed),
         arch=arch,
         num_warps=GRAD_NUM_WARPS,
     )
@@ -251,13 +290,14 @@ def _weight_grad_tma_signature(c, dtype, out_dtype):
 
 
 SM90 = {"NUM_SMS": NUM_SMS[90]}
+SM90_SILU = dict(SM90, ACTIVATION=SILU)
 TMA_KERNELS = {
     # The forward: biases, saved g/u and fp16 accumulation (FastAccum) each on and off.
     "fwd_tma": (_swiglu_fwd_tma_kernel, _fwd_tma_signature, [
-        ("bf16", "bf16", dict(SM90, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
-        ("fp16", "fp16", dict(SM90, HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True)),
-        ("bf16", "bf16", dict(SM90, HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
-        ("fp16", "fp16", dict(SM90, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
+        ("bf16", "bf16", dict(SM90_SILU, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
+        ("fp16", "fp16", dict(SM90_SILU, HAS_BIAS=True, SAVE_GU=False, ACC_FP16=True)),
+        ("bf16", "bf16", dict(SM90_SILU, HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
+        ("fp16", "fp16", dict(SM90_SILU, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False)),
     ]),
     # The input gradient: fp16 accumulation where FastAccum asks.
     "input_grad_tma": (_swiglu_input_grad_tma_kernel, _input_grad_tma_signature, [
@@ -268,7 +308,8 @@ TMA_KERNELS = {
         ("bf16", "bf16", dict(ACC_FP16=False)),
     ]),
     "down_grad_tma": (_mlp_down_grad_tma_kernel, _down_grad_tma_signature, [
-        ("bf16", "bf16", {}), ("fp16", "fp16", {}), ("bf16", "bf16", {}), ("fp16", "fp16", {}),
+        ("bf16", "bf16", {"ACTIVATION": SILU}), ("fp16", "fp16", {"ACTIVATION": SILU}),
+        ("bf16", "bf16", {"ACTIVATION": SILU}), ("fp16", "fp16", {"ACTIVATION": SILU}),
     ]),
     # The weight gradients in the operand dtype or in fp32 (fp32 weights under autocast); the split
     # count a runtime value.
@@ -276,6 +317,11 @@ TMA_KERNELS = {
         ("bf16", "bf16", SM90), ("fp16", "fp32", SM90), ("bf16", "fp32", SM90), ("fp16", "fp16", SM90),
     ]),
 }  # fmt: skip
+# GELU-tanh in each TMA kernel that evaluates it, on its workhorse config (cfg0).
+TMA_GELU_CASES = {
+    "fwd_tma": ("bf16", "bf16", dict(SM90, ACTIVATION=GELU_TANH, HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
+    "down_grad_tma": ("bf16", "bf16", {"ACTIVATION": GELU_TANH}),
+}
 
 
 def _tma_params():
@@ -285,6 +331,9 @@ def _tma_params():
         for index, (config, (dtype, out_dtype, constexprs)) in enumerate(zip(configs, cases)):
             out = "" if out_dtype == dtype else f"-to-{out_dtype}"
             yield pytest.param(name, config, dtype, out_dtype, constexprs, id=f"{name}-cfg{index}-{dtype}{out}-sm90")
+    for name, (dtype, out_dtype, constexprs) in TMA_GELU_CASES.items():
+        configs = autotune_configs(TMA_KERNELS[name][0])
+        yield pytest.param(name, configs[0], dtype, out_dtype, constexprs, id=f"{name}-cfg0-{dtype}-gelu_tanh-sm90")
 
 
 @pytest.mark.skipif(

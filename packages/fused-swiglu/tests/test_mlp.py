@@ -6,6 +6,7 @@ import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FusedSwiGLUMLP, _compat, swiglu_mlp
+from fused_swiglu.kernels.activation import ACTIVATION_CODES
 from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_weight_grad_tma_kernel
 from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.ops import launchers
@@ -31,10 +32,12 @@ def test_forward_and_gradients(leading, d_model, d_inter, dtype, device, sw):
     assert y.shape == (*leading, d_model)
 
 
+@pytest.mark.parametrize("activation", list(ACTIVATION_CODES))
 @pytest.mark.parametrize("dtype", dtype_params())
-def test_biases_and_other_output_width(dtype, device, sw):
+def test_biases_and_other_output_width(dtype, activation, device, sw):
     inputs = make_mlp_inputs(sw, (2, 17), 40, 72, dtype, device, bias=True, d_out=24)
-    sw.check_against_reference(FusedSwiGLUMLP.apply, swiglu_mlp_reference, inputs)
+    ours, reference = (sw.with_activation(fn, activation, 7) for fn in (FusedSwiGLUMLP.apply, swiglu_mlp_reference))
+    sw.check_against_reference(ours, reference, inputs)
 
 
 def test_non_contiguous_input_weights_and_gradient(device, sw):
@@ -80,18 +83,20 @@ def test_autocast_with_fp32_parameters(bias, device, sw, monkeypatch):
     sw.check_autocast_against_torch(swiglu_mlp, sw.swiglu_mlp_linear, swiglu_mlp_reference, inputs)
     (dtypes,) = returned
     fp32, biases = torch.float32, [torch.float32] * 3 if bias else [None] * 3
-    assert dtypes[1:] == [fp32, fp32, torch.bfloat16, *biases], dtypes
+    assert dtypes[1:] == [fp32, fp32, torch.bfloat16, *biases, None], dtypes  # None: the activation's
 
 
 @pytest.mark.torch_compile
-def test_torch_compile_fullgraph(device, sw):
+@pytest.mark.parametrize("activation", list(ACTIVATION_CODES))
+def test_torch_compile_fullgraph(activation, device, sw):
     inputs = make_mlp_inputs(sw, (2, 11), 32, 40, torch.bfloat16, device, bias=True)
-    compiled = torch.compile(swiglu_mlp, backend="eager", fullgraph=True)
-    sw.check_against_reference(compiled, swiglu_mlp_reference, inputs)
+    compiled = torch.compile(sw.with_activation(swiglu_mlp, activation, 7), backend="eager", fullgraph=True)
+    sw.check_against_reference(compiled, sw.with_activation(swiglu_mlp_reference, activation, 7), inputs)
 
 
+@pytest.mark.parametrize("activation", list(ACTIVATION_CODES))
 @pytest.mark.parametrize("epilogue", ["row-slices", "one-pass"])
-def test_down_projection_epilogue_schedules(epilogue, device, sw, monkeypatch):
+def test_down_projection_epilogue_schedules(epilogue, activation, device, sw, monkeypatch):
     """Both schedules of the SwiGLU epilogue of dh = dy @ w_down^T (configs.py), on the tile of
     the config this run uses: row slices after the main loop, or g and u loaded before it and
     one pass over the tile (EPILOGUE_M == BLOCK_M)."""
@@ -100,12 +105,17 @@ def test_down_projection_epilogue_schedules(epilogue, device, sw, monkeypatch):
     config = triton.Config(dict(base.kwargs, EPILOGUE_M=rows), num_warps=base.num_warps, num_stages=base.num_stages)
     monkeypatch.setattr(_mlp_down_grad_kernel, "configs", [config])
     inputs = make_mlp_inputs(sw, (2, 19), 48, 72, torch.bfloat16, device)
-    sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+    ours, reference = (sw.with_activation(fn, activation, 7) for fn in (swiglu_mlp, swiglu_mlp_reference))
+    sw.check_against_reference(ours, reference, inputs)
 
 
 @pytest.mark.skipif(_compat.TensorDescriptor is None, reason="TMA tensor descriptors need Triton >= 3.4")
-@pytest.mark.parametrize("dtype", dtype_params((torch.bfloat16, torch.float16)))
-def test_tma_backward_kernels(dtype, device, sw, monkeypatch):
+@pytest.mark.parametrize(
+    "dtype, activation",
+    [(torch.bfloat16, "silu"), (torch.float16, "silu"), (torch.bfloat16, "gelu_tanh")],
+    ids=["bf16", "fp16", "bf16-gelu_tanh"],
+)
+def test_tma_backward_kernels(dtype, activation, device, sw, monkeypatch):
     """The Hopper TMA down-projection backward and weight gradients, chosen by force (on the CPU
     through the interpreter's descriptors): 38 rows, d_model 48, intermediate 56 against 32 x 32 x
     16 tiles, so the rows' and the intermediate's edges are zero-padded by the descriptors, the
@@ -121,7 +131,8 @@ def test_tma_backward_kernels(dtype, device, sw, monkeypatch):
     launchers.clear_plans()  # plans choose their kernel when built
     try:
         inputs = make_mlp_inputs(sw, (2, 19), 48, 56, dtype, device)
-        sw.check_against_reference(swiglu_mlp, swiglu_mlp_reference, inputs)
+        ours, reference = (sw.with_activation(fn, activation, 7) for fn in (swiglu_mlp, swiglu_mlp_reference))
+        sw.check_against_reference(ours, reference, inputs)
         assert len(launchers.DOWN_GRAD_TMA) == 1 and len(launchers.WEIGHT_GRAD_TMA) == 1  # they ran
         assert len(launchers.DOWN_GRAD) == 0 and len(launchers.WEIGHT_GRAD) == 0
     finally:

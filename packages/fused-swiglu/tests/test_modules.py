@@ -23,7 +23,9 @@ def test_parameter_names_and_shapes():
     }
     assert {name for name, _ in SwiGLU(24, 40).named_parameters()} == {"w_gate", "w_up"}
     assert SwiGLU(24, 40).b_gate is None and SwiGLUMLP(24, 40).b_down is None
-    assert repr(SwiGLUMLP(24, 40)) == "SwiGLUMLP(d_model=24, d_intermediate=40, bias=False)"
+    assert repr(SwiGLUMLP(24, 40)) == "SwiGLUMLP(d_model=24, d_intermediate=40, bias=False, activation='silu')"
+    gelu = SwiGLU(24, 40, activation="gelu_tanh")
+    assert gelu.activation == "gelu_tanh" and repr(gelu).endswith("activation='gelu_tanh')")
 
 
 def test_factory_arguments():
@@ -53,16 +55,18 @@ def test_reset_parameters_redraws_everything():
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_modules_compute_the_reference(bias, device):
+def test_modules_compute_the_reference(bias, activation, device):
     x = torch.randn(2, 7, 32, device=device, dtype=torch.bfloat16)
     for module_class, reference in ((SwiGLU, swiglu_reference), (SwiGLUMLP, swiglu_mlp_reference)):
-        module = module_class(32, 48, bias=bias, device=device, dtype=torch.bfloat16)
+        module = module_class(32, 48, bias=bias, device=device, dtype=torch.bfloat16, activation=activation)
         params = [p for p in (module.w_gate, module.w_up, getattr(module, "w_down", None)) if p is not None]
         if bias:
             params += [module.b_gate, module.b_up] + ([module.b_down] if module_class is SwiGLUMLP else [])
         y = module(x)
         y.float().square().sum().backward()
         assert all(p.grad is not None and p.grad.shape == p.shape for p in module.parameters())
-        expected = reference(x.double(), *(p.detach().double() for p in params))
-        assert_close_to_reference(y, expected, reference(x, *(p.detach() for p in params)), name=module_class.__name__)
+        expected = reference(x.double(), *(p.detach().double() for p in params), activation=activation)
+        low = reference(x, *(p.detach() for p in params), activation=activation)
+        assert_close_to_reference(y, expected, low, name=module_class.__name__)

@@ -2,14 +2,16 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
 from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, _compat, swiglu
 from fused_swiglu._compat import multiprocessor_count
+from fused_swiglu.kernels.activation import ACTIVATION_CODES
 from fused_swiglu.kernels.backward import _swiglu_weight_grad_kernel
 from fused_swiglu.kernels.configs import weight_grad_split
-from fused_swiglu.ops.launchers import launch_forward, swiglu_weight_grad
+from fused_swiglu.ops.launchers import launch_forward, mlp_down_grad_, swiglu_grad_, swiglu_weight_grad
 from fused_swiglu.reference import swiglu_reference
 
 pytestmark = pytest.mark.kernels
@@ -18,7 +20,9 @@ FUNCTIONS = {
     "swiglu": swiglu,
     "FusedSwiGLU": FusedSwiGLU.apply,
     # fp16_accumulate=False: fp16 operands, fp32 accumulation, the same contract as FusedSwiGLU.
-    "FastAccum-fp32acc": lambda x, wg, wu, bg=None, bu=None: FastAccumFusedSwiGLU.apply(x, wg, wu, False, bg, bu),
+    "FastAccum-fp32acc": lambda x, wg, wu, bg, bu, activation: FastAccumFusedSwiGLU.apply(
+        x, wg, wu, False, bg, bu, activation
+    ),
 }
 
 
@@ -42,16 +46,67 @@ def test_forward_and_gradients(leading, d_model, d_inter, dtype, device, sw):
     assert y.shape == (*leading, d_inter)
 
 
-@pytest.mark.parametrize("function", ["FusedSwiGLU", "FastAccum-fp32acc"])
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_both_functions_fp16(function, bias, device, sw):
+@pytest.mark.parametrize(
+    "function, bias, activation",
+    [
+        *((function, bias, "silu") for function in ("FusedSwiGLU", "FastAccum-fp32acc") for bias in (False, True)),
+        ("FusedSwiGLU", False, "gelu_tanh"),
+        ("FusedSwiGLU", True, "gelu_tanh"),
+        ("FastAccum-fp32acc", False, "gelu_tanh"),  # the same kernels as FusedSwiGLU's: the argument's way through
+    ],
+    ids=lambda v: ("bias" if v else "no-bias") if isinstance(v, bool) else v,
+)
+def test_both_functions_fp16(function, bias, activation, device, sw):
     inputs = sw.make_inputs((2, 21), 50, 45, torch.float16, device, bias)
-    sw.check_against_reference(FUNCTIONS[function], swiglu_reference, inputs)
+    ours, reference = (sw.with_activation(fn, activation, 5) for fn in (FUNCTIONS[function], swiglu_reference))
+    sw.check_against_reference(ours, reference, inputs)
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATION_CODES))
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_bias(dtype, activation, device, sw):
+    ours, reference = (sw.with_activation(fn, activation, 5) for fn in (swiglu, swiglu_reference))
+    sw.check_against_reference(ours, reference, sw.make_inputs((29,), 48, 35, dtype, device, bias=True))
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-def test_bias(dtype, device, sw):
-    sw.check_against_reference(swiglu, swiglu_reference, sw.make_inputs((29,), 48, 35, dtype, device, bias=True))
+def test_gelu_tanh_of_large_gates(dtype, device, sw):
+    """GeGLU where the gate biases put |g| anywhere from ~1 to 1000: past |g| ~ 10, where
+    tanh(y) = (e^2y - 1) / (e^2y + 1) would overflow to inf / inf, the tanh saturates in fp32; forward
+    and every gradient as close to the float64 reference as torch's, and no NaN (checked there)."""
+    x, w_gate, w_up, b_gate, b_up = sw.make_inputs((2, 13), 24, 40, dtype, device, bias=True)
+    magnitudes = torch.logspace(0, 3, 40, device=device) * torch.tensor([1.0, -1.0], device=device).repeat(20)
+    b_gate = magnitudes.to(dtype).requires_grad_()
+    ours, reference = (sw.with_activation(fn, "gelu_tanh", 5) for fn in (swiglu, swiglu_reference))
+    sw.check_against_reference(ours, reference, [x, w_gate, w_up, b_gate, b_up])
+
+
+def test_gelu_tanh_of_extreme_gates(device):
+    """|g| from 11 (where fp32's exp(-2|y|) underflows to 0) to fp32's largest: gelu(g) is g or 0
+    and gelu'(g) 1 or 0 exactly, and g^2, g^3 must not overflow into a NaN; so h, d_gate and d_up
+    equal the float64 reference's values rounded once: in the forward, the elementwise backward and
+    the down projection's backward epilogue (dh = dy @ I there)."""
+    code = ACTIVATION_CODES["gelu_tanh"]
+    magnitudes = torch.tensor([11.0, 16.0, 100.0, 1e4, 1e13, 1e20, 3e38], device=device)
+    gate = torch.cat([magnitudes, -magnitudes])  # float32, (14,)
+    up = torch.rand(14, device=device) * 2 - 1
+    dh = torch.rand(3, 14, device=device) * 2 - 1
+    g64 = gate.double().repeat(3, 1).requires_grad_()
+    act64 = F.gelu(g64, approximate="tanh")
+    (d_act64,) = torch.autograd.grad(act64, g64, torch.ones_like(act64))
+    act64, u64 = act64.detach(), up.double()
+    h_ref, d_gate_ref, d_up_ref = act64 * u64, dh.double() * u64 * d_act64, dh.double() * act64
+
+    w = torch.randn(8, 14, device=device)
+    h = swiglu(torch.zeros(3, 8, device=device), w, w, gate, up, activation="gelu_tanh")  # g, u: the biases
+    g, u = gate.repeat(3, 1), up.repeat(3, 1)
+    swiglu_grad_(dh, g, u, code)
+    g_down, u_down = gate.repeat(3, 1), up.repeat(3, 1)
+    h_down = mlp_down_grad_(dh, torch.eye(14, device=device), g_down, u_down, code)
+    checks = [("h", h, h_ref), ("d_gate", g, d_gate_ref), ("d_up", u, d_up_ref), ("h (down)", h_down, h_ref),
+              ("d_gate (down)", g_down, d_gate_ref), ("d_up (down)", u_down, d_up_ref)]  # fmt: skip
+    for name, value, reference in checks:
+        assert torch.equal(value, reference.float()), f"{name}: {value} != {reference.float()}"
 
 
 def test_strided_bias(device, sw):
@@ -161,7 +216,8 @@ def test_autocast_with_fp32_parameters(bias, device, sw, monkeypatch):
     inputs = sw.make_inputs((2, 11), 40, 48, torch.float32, device, bias)
     sw.check_autocast_against_torch(swiglu, sw.swiglu_linear, swiglu_reference, inputs)
     (dtypes,) = returned
-    assert dtypes[1:] == [torch.float32] * (4 if bias else 2) + [None] * (0 if bias else 2), dtypes
+    # w_gate, w_up, b_gate, b_up, then None for the activation
+    assert dtypes[1:] == [torch.float32] * (4 if bias else 2) + [None] * (1 if bias else 3), dtypes
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole-tiles", "split-last-wave"])
@@ -190,27 +246,32 @@ def test_weight_gradient_in_fp32_of_bf16_operands(split, device):
 
 
 @pytest.mark.torch_compile
-def test_torch_compile_fullgraph(device, sw):
+@pytest.mark.parametrize("activation", list(ACTIVATION_CODES))
+def test_torch_compile_fullgraph(activation, device, sw):
     """The launchers are custom ops: torch.compile(fullgraph=True) traces forward and backward without a break."""
     inputs = sw.make_inputs((3, 13), 32, 40, torch.bfloat16, device)
-    compiled = torch.compile(swiglu, backend="eager", fullgraph=True)
-    sw.check_against_reference(compiled, swiglu_reference, inputs)
+    compiled = torch.compile(sw.with_activation(swiglu, activation, 5), backend="eager", fullgraph=True)
+    sw.check_against_reference(compiled, sw.with_activation(swiglu_reference, activation, 5), inputs)
 
 
 @pytest.mark.parametrize("dtype", dtype_params((torch.bfloat16, torch.float16)))
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize(
+    "bias, activation",
+    [(False, "silu"), (True, "silu"), (True, "gelu_tanh")],
+    ids=["no-bias", "bias", "bias-gelu_tanh"],
+)
 @pytest.mark.skipif(_compat.TensorDescriptor is None, reason="TMA tensor descriptors need Triton >= 3.4")
-def test_tma_forward_kernel(bias, dtype, device, sw):
+def test_tma_forward_kernel(bias, activation, dtype, device, sw):
     """The Hopper TMA forward kernel (run here through the interpreter's descriptors): edges of
     every dim zero-padded by the descriptors (M=37, N=72, K=40 against 32 x 32 x 16 tiles)."""
     x, w_gate, w_up, *biases = (t.detach() for t in sw.make_inputs((37,), 40, 72, dtype, device, bias))
     b_gate, b_up = biases if bias else (None, None)
     with poisoned_allocations():
         h, g, u = (torch.empty(37, 72, device=device, dtype=dtype) for _ in range(3))
-    launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, True, False, True)
-    inputs = [x, w_gate, w_up, *biases]
-    expected = swiglu_reference(*(t.double() for t in inputs))
-    assert_close_to_reference(h, expected, swiglu_reference(*inputs), name="h")
+    launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, True, False, True, ACTIVATION_CODES[activation])
+    inputs = [x, w_gate, w_up, b_gate, b_up]
+    expected = swiglu_reference(*(None if t is None else t.double() for t in inputs), activation)
+    assert_close_to_reference(h, expected, swiglu_reference(*inputs, activation), name="h")
     gate = x.double() @ w_gate.double() + (b_gate.double() if bias else 0)
     assert_close_to_reference(g, gate, x @ w_gate + (b_gate if bias else 0), name="g")
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, swiglu, swiglu_mlp
+from fused_swiglu import FastAccumFusedSwiGLU, FusedSwiGLU, FusedSwiGLUMLP, SwiGLU, SwiGLUMLP, swiglu, swiglu_mlp
 
 
 def _inputs(dtype=torch.bfloat16, d_model=8, d_inter=12):
@@ -103,3 +103,25 @@ def test_rejects_wrong_device():
     x, wg, wu = (t.to("meta") for t in _inputs())
     with pytest.raises(ValueError, match=r"^x is on meta"):
         swiglu(x, wg, wu)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu", None, 1], ids=str)
+@pytest.mark.parametrize(
+    "call", ["swiglu", "FusedSwiGLU", "FastAccumFusedSwiGLU", "swiglu_mlp", "FusedSwiGLUMLP", "SwiGLU", "SwiGLUMLP"]
+)
+def test_rejects_unknown_activation(call, activation):
+    """Checked first, before the device (meta tensors): the error names the argument and what it takes."""
+    x, wg, wu = (t.to("meta") for t in _inputs(torch.float16))
+    x.requires_grad_()  # through the autograd Functions
+    wd = torch.ones(12, 8, dtype=x.dtype, device="meta")
+    calls = {
+        "swiglu": lambda: swiglu(x, wg, wu, activation=activation),
+        "FusedSwiGLU": lambda: FusedSwiGLU.apply(x, wg, wu, None, None, activation),
+        "FastAccumFusedSwiGLU": lambda: FastAccumFusedSwiGLU.apply(x, wg, wu, False, None, None, activation),
+        "swiglu_mlp": lambda: swiglu_mlp(x, wg, wu, wd, activation=activation),
+        "FusedSwiGLUMLP": lambda: FusedSwiGLUMLP.apply(x, wg, wu, wd, None, None, None, activation),
+        "SwiGLU": lambda: SwiGLU(8, 12, activation=activation),
+        "SwiGLUMLP": lambda: SwiGLUMLP(8, 12, activation=activation),
+    }
+    with pytest.raises(ValueError, match=rf"^activation={activation!r} is not one of 'silu', 'gelu_tanh'$"):
+        calls[call]()

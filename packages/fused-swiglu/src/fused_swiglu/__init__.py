@@ -1,6 +1,7 @@
 """SwiGLU in Triton with the gate and up matmuls and the activation fused, forward and backward.
 
-Public API:
+Public API (each function, Function and module also takes activation="silu" or, for GeGLU as in
+Gemma's MLP, activation="gelu_tanh"):
 - swiglu(x, w_gate, w_up, b_gate=None, b_up=None) and the autograd Functions
   FusedSwiGLU.apply(x, w_gate, w_up) and FastAccumFusedSwiGLU.apply(x, w_gate, w_up,
   fp16_accumulate=False) (fp16, optional fp16 accumulation);

@@ -8,6 +8,13 @@ from typing import Optional
 import torch
 
 from ._runtime.compat import KERNEL_DEVICE_TYPE, autocast_dtype
+from ._runtime.validation import check_choice
+from .kernels.activation import ACTIVATION_CODES
+
+
+def check_activation(activation) -> int:
+    """`activation` is one of the gate's activations ("silu", "gelu_tanh"); returns its ACTIVATION code."""
+    return ACTIVATION_CODES[check_choice("activation", activation, tuple(ACTIVATION_CODES))]
 
 
 def autocast_inputs(*values):

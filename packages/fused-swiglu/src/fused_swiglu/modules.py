@@ -2,10 +2,12 @@
 
 Weights are stored input-major, as the functions take them: `w_gate` and `w_up` are
 (d_model, d_intermediate) and `w_down` is (d_intermediate, d_model), so that
-y = (silu(x @ w_gate) * (x @ w_up)) @ w_down. An nn.Linear keeps the transpose: to load a
-Hugging Face LLaMA MLP, w_gate = gate_proj.weight.T, w_up = up_proj.weight.T and
-w_down = down_proj.weight.T. The initialization is nn.Linear's: every weight and bias is
-U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = d_model for gate/up and d_intermediate for down.
+y = (act(x @ w_gate) * (x @ w_up)) @ w_down, act silu (activation="silu", the default) or the
+tanh-approximate GELU (activation="gelu_tanh": GeGLU, Gemma's MLP). An nn.Linear keeps the
+transpose: to load a Hugging Face LLaMA (or Gemma) MLP, w_gate = gate_proj.weight.T,
+w_up = up_proj.weight.T and w_down = down_proj.weight.T. The initialization is nn.Linear's:
+every weight and bias is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = d_model for gate/up and
+d_intermediate for down.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 
 import torch
 
+from ._validation import check_activation
 from .ops.mlp import swiglu_mlp
 from .ops.swiglu import swiglu
 
@@ -27,17 +30,21 @@ def _linear_init_(weight: torch.Tensor, bias) -> None:
 
 
 class SwiGLU(torch.nn.Module):
-    """silu(x @ w_gate + b_gate) * (x @ w_up + b_up): (..., d_model) -> (..., d_intermediate).
+    """act(x @ w_gate + b_gate) * (x @ w_up + b_up): (..., d_model) -> (..., d_intermediate).
 
     Parameters: w_gate, w_up (d_model, d_intermediate); with bias=True also b_gate, b_up
     (d_intermediate,). Inputs and parameters share one dtype (bf16, fp16 or fp32), or run under
-    torch.autocast, which casts them as it casts nn.Linear's.
+    torch.autocast, which casts them as it casts nn.Linear's. activation: "silu" (SwiGLU) or
+    "gelu_tanh" (GeGLU), checked here.
     """
 
-    def __init__(self, d_model: int, d_intermediate: int, bias: bool = False, device=None, dtype=None):
+    def __init__(
+        self, d_model: int, d_intermediate: int, bias: bool = False, device=None, dtype=None, activation: str = "silu"
+    ):
         super().__init__()
+        check_activation(activation)
         factory = {"device": device, "dtype": dtype}
-        self.d_model, self.d_intermediate = d_model, d_intermediate
+        self.d_model, self.d_intermediate, self.activation = d_model, d_intermediate, activation
         self.w_gate = torch.nn.Parameter(torch.empty(d_model, d_intermediate, **factory))
         self.w_up = torch.nn.Parameter(torch.empty(d_model, d_intermediate, **factory))
         if bias:
@@ -53,10 +60,13 @@ class SwiGLU(torch.nn.Module):
         _linear_init_(self.w_up, self.b_up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu(x, self.w_gate, self.w_up, self.b_gate, self.b_up)
+        return swiglu(x, self.w_gate, self.w_up, self.b_gate, self.b_up, self.activation)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, d_intermediate={self.d_intermediate}, bias={self.b_gate is not None}"
+        return (
+            f"d_model={self.d_model}, d_intermediate={self.d_intermediate}, bias={self.b_gate is not None}, "
+            f"activation={self.activation!r}"
+        )
 
 
 class SwiGLUMLP(SwiGLU):
@@ -67,11 +77,13 @@ class SwiGLUMLP(SwiGLU):
     it (see fused_swiglu.ops.mlp).
     """
 
-    def __init__(self, d_model: int, d_intermediate: int, bias: bool = False, device=None, dtype=None):
+    def __init__(
+        self, d_model: int, d_intermediate: int, bias: bool = False, device=None, dtype=None, activation: str = "silu"
+    ):
         factory = {"device": device, "dtype": dtype}
         w_down = torch.nn.Parameter(torch.empty(d_intermediate, d_model, **factory))
         b_down = torch.nn.Parameter(torch.empty(d_model, **factory)) if bias else None
-        super().__init__(d_model, d_intermediate, bias, device, dtype)
+        super().__init__(d_model, d_intermediate, bias, device, dtype, activation)
         self.w_down = w_down
         self.b_down = b_down
         _linear_init_(self.w_down, self.b_down)
@@ -82,4 +94,6 @@ class SwiGLUMLP(SwiGLU):
             _linear_init_(self.w_down, self.b_down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu_mlp(x, self.w_gate, self.w_up, self.w_down, self.b_gate, self.b_up, self.b_down)
+        return swiglu_mlp(
+            x, self.w_gate, self.w_up, self.w_down, self.b_gate, self.b_up, self.b_down, activation=self.activation
+        )

@@ -1,8 +1,9 @@
 """Pure-PyTorch references; the tests and benchmarks compare against these.
 
-`swiglu_reference` / `swiglu_mlp_reference` compute in the dtype of their inputs: called on
-float64 copies they are the high-precision reference, called on the bf16/fp16 inputs they are
-PyTorch's own low-precision twin (what the project's tolerance rule compares against).
+`swiglu_reference` / `swiglu_mlp_reference` (activation "silu" or "gelu_tanh", as the package's
+functions) compute in the dtype of their inputs: called on float64 copies they are the
+high-precision reference, called on the bf16/fp16 inputs they are PyTorch's own low-precision
+twin (what the project's tolerance rule compares against).
 
 `fp16_accumulate_matmul` is the low-precision twin of an fp16-accumulating matmul, which
 PyTorch does not have: a model of tensor-core fp16 accumulation. Each 16-wide chunk of the
@@ -21,6 +22,8 @@ import torch.nn.functional as F
 
 MMA_K = 16  # reduction elements one tensor-core MMA step sums before touching the accumulator
 ROUNDINGS = ("nearest", "toward_zero")
+# The gate's activations by name, as torch eager computes them.
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
 
 
 def swiglu_reference(
@@ -29,11 +32,12 @@ def swiglu_reference(
     w_up: torch.Tensor,
     b_gate: Optional[torch.Tensor] = None,
     b_up: Optional[torch.Tensor] = None,
+    activation: str = "silu",
 ) -> torch.Tensor:
-    """silu(x @ w_gate + b_gate) * (x @ w_up + b_up), in the inputs' dtype, as torch eager does it."""
+    """act(x @ w_gate + b_gate) * (x @ w_up + b_up), in the inputs' dtype, as torch eager does it."""
     gate = x @ w_gate if b_gate is None else x @ w_gate + b_gate
     up = x @ w_up if b_up is None else x @ w_up + b_up
-    return F.silu(gate) * up
+    return ACTIVATIONS[activation](gate) * up
 
 
 def swiglu_mlp_reference(
@@ -44,9 +48,10 @@ def swiglu_mlp_reference(
     b_gate: Optional[torch.Tensor] = None,
     b_up: Optional[torch.Tensor] = None,
     b_down: Optional[torch.Tensor] = None,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """swiglu_reference(...) @ w_down + b_down, in the inputs' dtype."""
-    y = swiglu_reference(x, w_gate, w_up, b_gate, b_up) @ w_down
+    y = swiglu_reference(x, w_gate, w_up, b_gate, b_up, activation) @ w_down
     return y if b_down is None else y + b_down
 
 

@@ -1,4 +1,5 @@
-"""SwiGLU backward kernels.
+"""SwiGLU backward kernels. Those that differentiate the activation take it as the ACTIVATION
+constexpr (SiLU, or GELU-tanh for GeGLU; kernels/activation.py).
 
 - `_swiglu_grad_kernel`: elementwise, dh -> (d_gate, d_up) written over the saved g and u (the
   standalone Function, whose dh comes from outside).
@@ -52,19 +53,20 @@ def _swiglu_grad_kernel(
     M,
     N,
     UPCAST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     _swiglu_backward_tile(
-        dh_ptr, g_ptr, u_ptr, g_ptr, stride_dhm, stride_dhn, stride_gm, offs_m, offs_n, M, N, False, UPCAST
+        dh_ptr, g_ptr, u_ptr, g_ptr, stride_dhm, stride_dhn, stride_gm, offs_m, offs_n, M, N, False, UPCAST, ACTIVATION
     )
 
 
 @triton.autotune(
     configs=down_grad_configs(),
-    key=["M", "N", "D"],
+    key=["M", "N", "D", "ACTIVATION"],
     restore_value=["g_ptr", "u_ptr"],
     prune_configs_by={"early_config_prune": prune_down_grad},
     **AUTOTUNE_TIMING,
@@ -87,6 +89,7 @@ def _mlp_down_grad_kernel(
     D,
     ALLOW_TF32: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -114,26 +117,27 @@ def _mlp_down_grad_kernel(
     tl.debug_barrier()  # the whole tile is in memory before any thread reads it back
     if EPILOGUE_M == BLOCK_M:
         dh = tl.load(h_ptr + offs, mask=mask, other=0.0)
-        _swiglu_backward_store(dh, g, u, g_ptr + offs, u_ptr + offs, h_ptr + offs, mask, True, UPCAST)
+        _swiglu_backward_store(dh, g, u, g_ptr + offs, u_ptr + offs, h_ptr + offs, mask, True, UPCAST, ACTIVATION)
     else:
-        _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST, BLOCK_M, EPILOGUE_M)
+        _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST, ACTIVATION, BLOCK_M,
+                              EPILOGUE_M)  # fmt: skip
 
 
 @triton.jit
 def _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST: tl.constexpr,
-                          BLOCK_M: tl.constexpr, EPILOGUE_M: tl.constexpr):  # fmt: skip
+                          ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, EPILOGUE_M: tl.constexpr):  # fmt: skip
     """The SwiGLU step over a tile whose dh is parked in h, in row slices of EPILOGUE_M: three
     loaded tiles of BLOCK_M rows at once would not fit in registers."""
     for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
         offs_slice = pid_m * BLOCK_M + start + tl.arange(0, EPILOGUE_M)
         _swiglu_backward_tile(
-            h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST
+            h_ptr, g_ptr, u_ptr, h_ptr, stride_gm, 1, stride_gm, offs_slice, offs_n, M, N, True, UPCAST, ACTIVATION
         )
 
 
 @triton.autotune(
     configs=down_grad_tma_configs(),
-    key=["M", "N", "D"],
+    key=["M", "N", "D", "ACTIVATION"],
     restore_value=["g_ptr", "u_ptr"],  # each timed run overwrites them with d_gate, d_up
     prune_configs_by={"early_config_prune": prune_down_grad},
     **AUTOTUNE_TIMING,
@@ -150,6 +154,7 @@ def _mlp_down_grad_tma_kernel(
     N,
     D,
     UPCAST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -172,7 +177,7 @@ def _mlp_down_grad_tma_kernel(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     _store(h_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :], acc, mask, UPCAST)
     tl.debug_barrier()  # the whole tile is in memory before any thread reads it back
-    _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST, BLOCK_M, EPILOGUE_M)
+    _down_grad_row_slices(g_ptr, u_ptr, h_ptr, stride_gm, pid_m, offs_n, M, N, UPCAST, ACTIVATION, BLOCK_M, EPILOGUE_M)
 
 
 @triton.autotune(

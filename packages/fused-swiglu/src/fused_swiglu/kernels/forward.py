@@ -1,9 +1,10 @@
-"""SwiGLU forward: h = silu(x @ w_gate + b_gate) * (x @ w_up + b_up) in one kernel.
+"""SwiGLU forward: h = act(x @ w_gate + b_gate) * (x @ w_up + b_up) in one kernel, act the
+ACTIVATION constexpr's (SiLU, or GELU-tanh for GeGLU; kernels/activation.py).
 
 One program computes a (BLOCK_M, BLOCK_N) tile of h. Its main loop loads each (BLOCK_M,
 BLOCK_K) tile of x once and multiplies it by the matching tiles of both weights into two
 accumulators (fp32, or fp16 for FastAccumFusedSwiGLU); the epilogue adds the biases, applies
-silu(g) * u in fp32 and writes h. When a backward will follow (SAVE_GU) it also writes g and u,
+act(g) * u in fp32 and writes h. When a backward will follow (SAVE_GU) it also writes g and u,
 rounded to the operand dtype: the backward needs nothing else, and re-deriving them would cost
 a second pair of matmuls (see ops/swiglu.py for the trade-off).
 """
@@ -16,7 +17,7 @@ from .activation import _swiglu
 from .configs import forward_configs, forward_tma_configs, prune_forward
 from .matmul import _dot, _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets, _zeros
 
-FORWARD_KEY = ["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16"]
+FORWARD_KEY = ["M", "N", "K", "SAVE_GU", "HAS_BIAS", "ACC_FP16", "ACTIVATION"]
 
 
 @triton.jit
@@ -36,10 +37,11 @@ def _swiglu_fwd_epilogue(
     HAS_BIAS: tl.constexpr,
     SAVE_GU: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Biases, h = silu(g) * u in fp32, and the stores of h (and of g, u when SAVE_GU)."""
+    """Biases, h = act(g) * u in fp32, and the stores of h (and of g, u when SAVE_GU)."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     g = acc_g.to(tl.float32)
@@ -49,7 +51,7 @@ def _swiglu_fwd_epilogue(
         u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m.to(tl.int64)[:, None] * stride_hm + offs_n[None, :]
-    _store(h_ptr + offs, _swiglu(g, u), mask, UPCAST)
+    _store(h_ptr + offs, _swiglu(g, u, ACTIVATION), mask, UPCAST)
     if SAVE_GU:
         _store(g_ptr + offs, g, mask, UPCAST)
         _store(u_ptr + offs, u, mask, UPCAST)
@@ -87,6 +89,7 @@ def _swiglu_fwd_kernel(
     ACC_FP16: tl.constexpr,
     ALLOW_TF32: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -102,7 +105,7 @@ def _swiglu_fwd_kernel(
     )  # fmt: skip
     _swiglu_fwd_epilogue(
         acc_g, acc_u, pid_m, pid_n, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr, stride_hm, M, N,
-        HAS_BIAS, SAVE_GU, UPCAST, BLOCK_M, BLOCK_N,
+        HAS_BIAS, SAVE_GU, UPCAST, ACTIVATION, BLOCK_M, BLOCK_N,
     )  # fmt: skip
 
 
@@ -120,6 +123,7 @@ def _swiglu_fwd_tma_epilogue(
     N,
     HAS_BIAS: tl.constexpr,
     SAVE_GU: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """The epilogue of `_swiglu_fwd_epilogue` with TMA stores: each tile goes from registers to
@@ -131,7 +135,7 @@ def _swiglu_fwd_tma_epilogue(
         offs_n = off_n + tl.arange(0, BLOCK_N)
         g += tl.load(bg_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         u += tl.load(bu_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    h_desc.store([off_m, off_n], _swiglu(g, u).to(h_desc.dtype))
+    h_desc.store([off_m, off_n], _swiglu(g, u, ACTIVATION).to(h_desc.dtype))
     if SAVE_GU:
         g_desc.store([off_m, off_n], g.to(g_desc.dtype))
         u_desc.store([off_m, off_n], u.to(u_desc.dtype))
@@ -160,6 +164,7 @@ def _swiglu_fwd_tma_kernel(
     SAVE_GU: tl.constexpr,
     ACC_FP16: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
     NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -187,5 +192,6 @@ def _swiglu_fwd_tma_kernel(
             acc_g = _dot(x, wg_desc.load([off_k, off_n]), acc_g, ACC_FP16, False, UPCAST)
             acc_u = _dot(x, wu_desc.load([off_k, off_n]), acc_u, ACC_FP16, False, UPCAST)
         _swiglu_fwd_tma_epilogue(
-            acc_g, acc_u, off_m, off_n, bg_ptr, bu_ptr, h_desc, g_desc, u_desc, N, HAS_BIAS, SAVE_GU, BLOCK_N
-        )
+            acc_g, acc_u, off_m, off_n, bg_ptr, bu_ptr, h_desc, g_desc, u_desc, N, HAS_BIAS, SAVE_GU, ACTIVATION,
+            BLOCK_N,
+        )  # fmt: skip

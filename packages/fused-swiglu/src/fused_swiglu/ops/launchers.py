@@ -9,6 +9,10 @@ kernel would read (only where it suits), allocates its outputs and launches. Aut
 launch through the runtime's tuning module: the autotuner chooses on a plan's first call, a Launch of its choice
 runs the later ones.
 
+The activation comes as its ACTIVATION code (kernels/activation.py: SILU or GELU_TANH), part of
+the key of every plan whose kernel evaluates it (forward, elementwise gradient, down-projection
+backward) and of those kernels' autotune keys.
+
 Shapes: x (M, K) any strides; w_gate, w_up (K, N) any strides; biases (N,); g, u, h and the
 gradients of g and u are contiguous (M, N); w_down (N, D) any strides; dy (M, D) any strides.
 No typing-from-the-future import here: torch infers the op schemas from these annotations.
@@ -24,6 +28,7 @@ from .._compat import HOPPER_TMA, INTERPRETING, is_hopper, multiprocessor_count
 from .._runtime.launch import Launch
 from .._runtime.registration import custom_op
 from .._runtime.tuning import TunedKernel, TunedPlan, skinny_problem
+from ..kernels.activation import SILU
 from ..kernels.backward import (
     _mlp_down_grad_kernel,
     _mlp_down_grad_tma_kernel,
@@ -131,11 +136,12 @@ def _persistent_forward_grid(meta):
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _forward_launch(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, device,
-                    tma: bool) -> TunedPlan:  # fmt: skip
+def _forward_launch(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, activation,
+                    device, tma: bool) -> TunedPlan:  # fmt: skip
     """The forward's launch by the TMA or the pointer kernel. Per call: x, w_gate, w_up, h, g, u,
     b_gate, b_up (TMA) or x, w_gate, w_up, b_gate, b_up, h, g, u (pointer)."""
-    flags = (("HAS_BIAS", has_bias), ("SAVE_GU", save_gu), ("ACC_FP16", acc_fp16), ("UPCAST", INTERPRETING))
+    flags = (("HAS_BIAS", has_bias), ("SAVE_GU", save_gu), ("ACC_FP16", acc_fp16), ("UPCAST", INTERPRETING),
+             ("ACTIVATION", activation))  # fmt: skip
     if tma:
         out = ((M, N), (N, 1))
         return TunedPlan(
@@ -164,9 +170,9 @@ class KernelChoice(NamedTuple):
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _forward_plan(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32,
+def _forward_plan(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, activation,
                   device) -> KernelChoice:  # fmt: skip
-    key = (M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, device)
+    key = (M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias, save_gu, acc_fp16, tf32, activation, device)
     # A skinny forward streams the weights through the pointer kernel's 16-row tiles.
     skinny = skinny_problem(M, dtype.itemsize)
     tma = forward_tma_suits(dtype, N, x_strides, wg_strides, wu_strides, device) and not skinny
@@ -185,18 +191,19 @@ def _run_forward(plan: TunedPlan, x, w_gate, w_up, b_gate, b_up, h, g, u) -> Non
         plan.kernel(plan, x, w_gate, w_up, h, g, u, b_gate, b_up)
 
 
-def _forward_key(x: Tensor, w_gate: Tensor, w_up: Tensor, has_bias: bool, save_gu: bool, fp16_accumulate: bool):
+def _forward_key(x: Tensor, w_gate: Tensor, w_up: Tensor, has_bias: bool, save_gu: bool, fp16_accumulate: bool,
+                 activation: int):  # fmt: skip
     M, K = x.shape
     dtype = x.dtype
     return (M, w_gate.shape[1], K, x.stride(), w_gate.stride(), w_up.stride(), dtype, has_bias, save_gu,
-            fp16_accumulate, _allow_tf32(dtype), x.get_device())  # fmt: skip
+            fp16_accumulate, _allow_tf32(dtype), activation, x.get_device())  # fmt: skip
 
 
 def forward_outputs(
     x: Tensor, w_gate: Tensor, w_up: Tensor, b_gate: Optional[Tensor], b_up: Optional[Tensor], save_gu: bool,
-    fp16_accumulate: bool,
+    fp16_accumulate: bool, activation: int,
 ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:  # fmt: skip
-    """h = silu(x @ w_gate + b_gate) * (x @ w_up + b_up), and (g, u) when save_gu (else None)."""
+    """h = act(x @ w_gate + b_gate) * (x @ w_up + b_up), and (g, u) when save_gu (else None)."""
     M = x.shape[0]
     N = w_gate.shape[1]
     h = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -205,19 +212,21 @@ def forward_outputs(
         g = torch.empty((M, N), dtype=x.dtype, device=x.device)
         u = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M > 0:
-        plan = _forward_plan(*_forward_key(x, w_gate, w_up, b_gate is not None, save_gu, fp16_accumulate))
+        plan = _forward_plan(*_forward_key(x, w_gate, w_up, b_gate is not None, save_gu, fp16_accumulate, activation))
         chosen = plan.tma if plan.tma is not None and _aligned(x, w_gate, w_up) else plan.pointer
         _run_forward(chosen, x, w_gate, w_up, b_gate, b_up, h, g if save_gu else h, u if save_gu else h)
     return h, g, u
 
 
-def launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu: bool, fp16_accumulate: bool, tma: bool) -> None:
+def launch_forward(x, w_gate, w_up, b_gate, b_up, h, g, u, save_gu: bool, fp16_accumulate: bool, tma: bool,
+                   activation: int = SILU.value) -> None:  # fmt: skip
     """One forward launch (M > 0) into the given h (and g, u when save_gu) by the kernel named."""
-    plan = _forward_launch(*_forward_key(x, w_gate, w_up, b_gate is not None, save_gu, fp16_accumulate), tma)
+    key = _forward_key(x, w_gate, w_up, b_gate is not None, save_gu, fp16_accumulate, activation)
+    plan = _forward_launch(*key, tma)
     _run_forward(plan, x, w_gate, w_up, b_gate, b_up, h, g if save_gu else h, u if save_gu else h)
 
 
-def _swiglu_fwd_fake(x, w_gate, w_up, b_gate, b_up, save_gu, fp16_accumulate):
+def _swiglu_fwd_fake(x, w_gate, w_up, b_gate, b_up, save_gu, fp16_accumulate, activation):
     shape = (x.shape[0], w_gate.shape[1])
     saved = shape if save_gu else (0,)
     return x.new_empty(shape), x.new_empty(saved), x.new_empty(saved)
@@ -232,9 +241,10 @@ def swiglu_fwd(
     b_up: Optional[Tensor],
     save_gu: bool,
     fp16_accumulate: bool,
+    activation: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """forward_outputs as an operator: g and u are empty when not saved."""
-    h, g, u = forward_outputs(x, w_gate, w_up, b_gate, b_up, save_gu, fp16_accumulate)
+    h, g, u = forward_outputs(x, w_gate, w_up, b_gate, b_up, save_gu, fp16_accumulate, activation)
     if g is None:
         g, u = x.new_empty((0,)), x.new_empty((0,))
     return h, g, u
@@ -245,12 +255,12 @@ def swiglu_fwd(
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _grad_launch(M: int, N: int, dh_strides: Tuple[int, int], stride_gm: int) -> Launch:
+def _grad_launch(M: int, N: int, dh_strides: Tuple[int, int], stride_gm: int, activation: int) -> Launch:
     """The elementwise gradient over (M, N); per call: dh, g, u."""
     return Launch(
         _swiglu_grad_kernel, (triton.cdiv(M, GRAD_BLOCK_M), triton.cdiv(N, GRAD_BLOCK_N)),
         stride_dhm=dh_strides[0], stride_dhn=dh_strides[1], stride_gm=stride_gm, M=M, N=N, UPCAST=INTERPRETING,
-        BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, num_warps=GRAD_NUM_WARPS,
+        ACTIVATION=activation, BLOCK_M=GRAD_BLOCK_M, BLOCK_N=GRAD_BLOCK_N, num_warps=GRAD_NUM_WARPS,
     )  # fmt: skip
 
 
@@ -259,11 +269,11 @@ def _no_outputs(*args) -> None:
 
 
 @custom_op("fused_swiglu::swiglu_grad_", fake=_no_outputs, mutates_args=("g", "u"))
-def swiglu_grad_(dh: Tensor, g: Tensor, u: Tensor) -> None:
+def swiglu_grad_(dh: Tensor, g: Tensor, u: Tensor, activation: int) -> None:
     """Overwrites g with d_gate and u with d_up, given dh (any strides)."""
     M, N = g.shape
     if M > 0:
-        _grad_launch(M, N, dh.stride(), g.stride(0))(dh, g, u)
+        _grad_launch(M, N, dh.stride(), g.stride(0), activation)(dh, g, u)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,9 +292,11 @@ def use_tma_down_grad(dy: Tensor, w_down: Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _down_grad_launch(M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, device, tma: bool) -> TunedPlan:
+def _down_grad_launch(M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, activation, device,
+                      tma: bool) -> TunedPlan:  # fmt: skip
     """The down-projection backward's launch; per call: dy, w_down, g, u, h."""
-    sizes = (("stride_gm", stride_gm), ("M", M), ("N", N), ("D", D), ("UPCAST", INTERPRETING))
+    sizes = (("stride_gm", stride_gm), ("M", M), ("N", N), ("D", D), ("UPCAST", INTERPRETING),
+             ("ACTIVATION", activation))  # fmt: skip
     if tma:
         return TunedPlan(
             DOWN_GRAD_TMA, fixed=sizes, tensors=("dy_desc", "wd_desc", "g_ptr", "u_ptr", "h_ptr"),
@@ -298,38 +310,39 @@ def _down_grad_launch(M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, d
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _down_grad_plan(M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, device) -> KernelChoice:
-    key = (M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, device)
+def _down_grad_plan(M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, activation, device) -> KernelChoice:
+    key = (M, N, D, dy_strides, wd_strides, stride_gm, dtype, tf32, activation, device)
     tma = down_grad_tma_suits(dtype, dy_strides, wd_strides, device)
     return KernelChoice(_down_grad_launch(*key, False), _down_grad_launch(*key, True) if tma else None)
 
 
-def _down_grad_key(dy: Tensor, w_down: Tensor, g: Tensor):
+def _down_grad_key(dy: Tensor, w_down: Tensor, g: Tensor, activation: int):
     M, N = g.shape
     dtype = dy.dtype
-    return (M, N, w_down.shape[1], dy.stride(), w_down.stride(), g.stride(0), dtype, _allow_tf32(dtype),
+    return (M, N, w_down.shape[1], dy.stride(), w_down.stride(), g.stride(0), dtype, _allow_tf32(dtype), activation,
             dy.get_device())  # fmt: skip
 
 
-def launch_down_grad(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor, h: Tensor, tma: bool) -> None:
+def launch_down_grad(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor, h: Tensor, tma: bool,
+                     activation: int = SILU.value) -> None:  # fmt: skip
     """One down-projection backward launch (M > 0), by the TMA or the pointer kernel."""
-    plan = _down_grad_launch(*_down_grad_key(dy, w_down, g), tma)
+    plan = _down_grad_launch(*_down_grad_key(dy, w_down, g, activation), tma)
     plan.kernel(plan, dy, w_down, g, u, h)
 
 
-def _mlp_down_grad_fake(dy, w_down, g, u):
+def _mlp_down_grad_fake(dy, w_down, g, u, activation):
     return torch.empty_like(g)
 
 
 @custom_op("fused_swiglu::mlp_down_grad_", fake=_mlp_down_grad_fake, mutates_args=("g", "u"))
-def mlp_down_grad_(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor) -> Tensor:
+def mlp_down_grad_(dy: Tensor, w_down: Tensor, g: Tensor, u: Tensor, activation: int) -> Tensor:
     """dh = dy @ w_down^T, never stored: g becomes d_gate and u becomes d_up, in place.
 
-    Returns h = silu(g) * u, recomputed for w_down's gradient (the forward does not keep it).
+    Returns h = act(g) * u, recomputed for w_down's gradient (the forward does not keep it).
     """
     h = torch.empty_like(g)
     if g.shape[0] > 0:
-        plan = _down_grad_plan(*_down_grad_key(dy, w_down, g))
+        plan = _down_grad_plan(*_down_grad_key(dy, w_down, g, activation))
         chosen = plan.tma if plan.tma is not None and _aligned(dy, w_down) else plan.pointer
         chosen.kernel(chosen, dy, w_down, g, u, h)
     return h

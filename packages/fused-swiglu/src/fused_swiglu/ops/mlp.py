@@ -1,4 +1,5 @@
-"""FusedSwiGLUMLP: the LLaMA-style MLP, y = swiglu(x) @ w_down + b_down, forward and backward.
+"""FusedSwiGLUMLP: the LLaMA-style MLP, y = swiglu(x) @ w_down + b_down, forward and backward
+(GeGLU, Gemma's MLP, with activation="gelu_tanh").
 
 Forward: the fused gate/up/activation kernel writes h (and g, u for the backward); the down
 projection is cuBLAS (torch.mm), the fastest honest choice for a plain matmul. h is not kept:
@@ -24,7 +25,7 @@ import torch
 from .._runtime.compat import custom_bwd, custom_fwd
 from .._runtime.registration import eager_function_apply
 from .._runtime.validation import FLOAT_DTYPES, check_device, check_optional_tensor, check_same_dtype, check_tensor
-from .._validation import autocast_inputs, check_vector
+from .._validation import autocast_inputs, check_activation, check_vector
 from .launchers import mlp_down_grad_, swiglu_input_grad
 from .swiglu import (
     check_swiglu_operands,
@@ -51,18 +52,20 @@ def check_down_projection(x, w_down, b_down, n: int) -> None:
         check_vector("b_down", b_down, w_down.shape[1], "d_out")
 
 
-def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down) -> torch.Tensor:
+def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down, activation) -> torch.Tensor:
     """FusedSwiGLUMLP's forward, and that of a call without autograd (ctx None)."""
+    code = check_activation(activation)
     xc, wg, wu, wd, bg, bu, bd = autocast_inputs(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
     has_bias = check_swiglu_operands(xc, wg, wu, bg, bu, FLOAT_DTYPES)
     check_down_projection(xc, wd, bd, wg.shape[1])
     check_device(x=xc, w_gate=wg, w_up=wu, w_down=wd, b_gate=bg, b_up=bu, b_down=bd)
     x2d = flat_rows(xc)
     save = ctx is not None and any(ctx.needs_input_grad)
-    h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, False)
+    h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, False, code)
     y = torch.mm(h, wd) if bd is None else torch.addmm(bd, h, wd)
     if save:
         ctx.save_for_backward(x2d, wg, wu, wd, g, u)
+        ctx.activation = code
         # Before autocast's casts: the dtypes the weight and bias gradients are written in.
         ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
         ctx.b_down_dtype = None if b_down is None else b_down.dtype
@@ -71,12 +74,12 @@ def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down) -> torch.Ten
 
 
 class FusedSwiGLUMLP(torch.autograd.Function):
-    """(silu(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down. See `swiglu_mlp`."""
+    """(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down. See `swiglu_mlp`."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None):
-        return mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    def forward(ctx, x, w_gate, w_up, w_down, b_gate=None, b_up=None, b_down=None, activation="silu"):
+        return mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down, activation)
 
     @staticmethod
     @custom_bwd
@@ -84,7 +87,7 @@ class FusedSwiGLUMLP(torch.autograd.Function):
         x2d, w_gate, w_up, w_down, g, u = ctx.saved_tensors
         need = ctx.needs_input_grad
         dy2d = flat_rows(dy)
-        h = mlp_down_grad_(dy2d, w_down, g, u)  # g, u now hold d_gate, d_up
+        h = mlp_down_grad_(dy2d, w_down, g, u, ctx.activation)  # g, u now hold d_gate, d_up
         # In h's dtype, cast by autograd for an fp32 w_down: torch.mm's out_dtype is recent torch's, and not on CPU.
         dw_down = torch.mm(h.t(), dy2d) if need[3] else None
         del h
@@ -94,7 +97,7 @@ class FusedSwiGLUMLP(torch.autograd.Function):
             dx = with_leading(swiglu_input_grad(g, u, w_gate, w_up, False), ctx.leading)
         grads = weight_and_bias_grads(ctx, x2d, g, u, need[1] or need[2], ctx.has_bias and (need[4] or need[5]))
         dw_gate, dw_up, db_gate, db_up = grads
-        return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
+        return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down, None
 
 
 _swiglu_mlp_apply = eager_function_apply(FusedSwiGLUMLP)
@@ -108,14 +111,16 @@ def swiglu_mlp(
     b_gate: Optional[torch.Tensor] = None,
     b_up: Optional[torch.Tensor] = None,
     b_down: Optional[torch.Tensor] = None,
+    activation: str = "silu",
 ) -> torch.Tensor:
-    """LLaMA-style MLP: (silu(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down.
+    """LLaMA-style MLP: (act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down.
 
     x: (..., d_model), any leading dims, any strides.
     w_gate, w_up: (d_model, d_intermediate); w_down: (d_intermediate, d_out) (usually d_out =
     d_model); any strides. b_gate, b_up: (d_intermediate,) or None (both or neither);
-    b_down: (d_out,) or None. dtypes and devices as for `swiglu`. Returns (..., d_out).
+    b_down: (d_out,) or None. activation: "silu" (SwiGLU, LLaMA) or "gelu_tanh" (GeGLU, Gemma), as
+    for `swiglu`. dtypes and devices as for `swiglu`. Returns (..., d_out).
     """
     if needs_autograd(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
-        return _swiglu_mlp_apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
-    return mlp_forward(None, x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+        return _swiglu_mlp_apply(x, w_gate, w_up, w_down, b_gate, b_up, b_down, activation)
+    return mlp_forward(None, x, w_gate, w_up, w_down, b_gate, b_up, b_down, activation)

@@ -1,6 +1,7 @@
 """FusedSwiGLU / FastAccumFusedSwiGLU autograd Functions and the functional `swiglu`.
 
-Forward: one kernel, h = silu(x @ w_gate) * (x @ w_up); x is read once for both matmuls.
+Forward: one kernel, h = act(x @ w_gate) * (x @ w_up); x is read once for both matmuls. act is
+silu (SwiGLU) or, with activation="gelu_tanh", the tanh-approximate GELU (GeGLU, as Gemma's MLP).
 It saves g = x @ w_gate and u = x @ w_up (operand dtype) for the backward, not h.
 
 Why save g and u rather than recompute them (H100, bf16, e.g. 16384 x 2048 -> 5632): writing
@@ -39,7 +40,7 @@ from .._runtime.validation import (
     check_same_dtype,
     check_tensor,
 )
-from .._validation import autocast_inputs, check_bias_pair, check_matrix
+from .._validation import autocast_inputs, check_activation, check_bias_pair, check_matrix
 from .launchers import forward_outputs, swiglu_fwd, swiglu_grad_, swiglu_input_grad, swiglu_weight_grad
 
 
@@ -83,12 +84,12 @@ def with_leading(y2d: torch.Tensor, leading) -> torch.Tensor:
     return y2d if len(leading) == 1 else y2d.view(*leading, y2d.shape[1])
 
 
-def forward_launch(x2d, w_gate, w_up, b_gate, b_up, save: bool, fp16_accumulate: bool):
+def forward_launch(x2d, w_gate, w_up, b_gate, b_up, save: bool, fp16_accumulate: bool, activation: int):
     """(h, g, u) of the fused forward: the launcher itself in eager mode, its custom op while
-    torch.compile traces."""
+    torch.compile traces. `activation`: the ACTIVATION code (check_activation's)."""
     if is_compiling():
-        return swiglu_fwd(x2d, w_gate, w_up, b_gate, b_up, save, fp16_accumulate)
-    return forward_outputs(x2d, w_gate, w_up, b_gate, b_up, save, fp16_accumulate)
+        return swiglu_fwd(x2d, w_gate, w_up, b_gate, b_up, save, fp16_accumulate, activation)
+    return forward_outputs(x2d, w_gate, w_up, b_gate, b_up, save, fp16_accumulate, activation)
 
 
 def grad_dtypes(w_gate, w_up, b_gate, b_up):
@@ -109,17 +110,19 @@ def weight_and_bias_grads(ctx, x2d, d_gate, d_up, need_w: bool, need_b: bool):
     return dw_gate, dw_up, d_gate.sum(0, dtype=db_gate_dtype), d_up.sum(0, dtype=db_up_dtype)
 
 
-def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dtypes) -> torch.Tensor:
+def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dtypes, activation) -> torch.Tensor:
     """The forward of both Functions, and of a call without autograd (ctx None): autocast,
     checks, one kernel, and what the backward needs."""
+    code = check_activation(activation)
     xc, wg, wu, bg, bu = autocast_inputs(x, w_gate, w_up, b_gate, b_up)
     has_bias = check_swiglu_operands(xc, wg, wu, bg, bu, dtypes)
     check_device(x=xc, w_gate=wg, w_up=wu, b_gate=bg, b_up=bu)
     x2d = flat_rows(xc)
     save = ctx is not None and any(ctx.needs_input_grad)
-    h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, fp16_accumulate)
+    h, g, u = forward_launch(x2d, wg, wu, bg, bu, save, fp16_accumulate, code)
     if save:
         ctx.save_for_backward(x2d, wg, wu, g, u)
+        ctx.activation = code
         # Before autocast's casts: the dtypes the weight and bias gradients are written in.
         ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
         ctx.leading, ctx.has_bias, ctx.fp16_accumulate = xc.shape[:-1], has_bias, fp16_accumulate
@@ -129,7 +132,7 @@ def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dt
 def swiglu_backward(ctx, dh: torch.Tensor, need_x: bool, need_w: bool, need_b: bool):
     """(dx, dw_gate, dw_up, db_gate, db_up), None where not needed."""
     x2d, w_gate, w_up, g, u = ctx.saved_tensors
-    swiglu_grad_(flat_rows(dh), g, u)  # g, u now hold d_gate, d_up
+    swiglu_grad_(flat_rows(dh), g, u, ctx.activation)  # g, u now hold d_gate, d_up
     dx = None
     if need_x:
         dx = with_leading(swiglu_input_grad(g, u, w_gate, w_up, ctx.fp16_accumulate), ctx.leading)
@@ -137,12 +140,12 @@ def swiglu_backward(ctx, dh: torch.Tensor, need_x: bool, need_w: bool, need_b: b
 
 
 class FusedSwiGLU(torch.autograd.Function):
-    """silu(x @ w_gate + b_gate) * (x @ w_up + b_up); fp32 accumulation. See `swiglu`."""
+    """act(x @ w_gate + b_gate) * (x @ w_up + b_up); fp32 accumulation. See `swiglu`."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, x, w_gate, w_up, b_gate=None, b_up=None):
-        return swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, False, FLOAT_DTYPES)
+    def forward(ctx, x, w_gate, w_up, b_gate=None, b_up=None, activation="silu"):
+        return swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, False, FLOAT_DTYPES, activation)
 
     @staticmethod
     @custom_bwd
@@ -151,7 +154,7 @@ class FusedSwiGLU(torch.autograd.Function):
         dx, dw_gate, dw_up, db_gate, db_up = swiglu_backward(
             ctx, dh, need[0], need[1] or need[2], ctx.has_bias and (need[3] or need[4])
         )
-        return dx, dw_gate, dw_up, db_gate, db_up
+        return dx, dw_gate, dw_up, db_gate, db_up, None
 
 
 _swiglu_apply = eager_function_apply(FusedSwiGLU)
@@ -168,9 +171,9 @@ class FastAccumFusedSwiGLU(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, x, w_gate, w_up, fp16_accumulate=False, b_gate=None, b_up=None):
+    def forward(ctx, x, w_gate, w_up, fp16_accumulate=False, b_gate=None, b_up=None, activation="silu"):
         check_bool("fp16_accumulate", fp16_accumulate)
-        return swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate, (torch.float16,))
+        return swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate, (torch.float16,), activation)
 
     @staticmethod
     @custom_bwd
@@ -179,7 +182,7 @@ class FastAccumFusedSwiGLU(torch.autograd.Function):
         dx, dw_gate, dw_up, db_gate, db_up = swiglu_backward(
             ctx, dh, need[0], need[1] or need[2], ctx.has_bias and (need[4] or need[5])
         )
-        return dx, dw_gate, dw_up, None, db_gate, db_up
+        return dx, dw_gate, dw_up, None, db_gate, db_up, None
 
 
 def swiglu(
@@ -188,12 +191,15 @@ def swiglu(
     w_up: torch.Tensor,
     b_gate: Optional[torch.Tensor] = None,
     b_up: Optional[torch.Tensor] = None,
+    activation: str = "silu",
 ) -> torch.Tensor:
-    """silu(x @ w_gate + b_gate) * (x @ w_up + b_up), differentiable, gate/up/activation fused.
+    """act(x @ w_gate + b_gate) * (x @ w_up + b_up), differentiable, gate/up/activation fused.
 
     x: (..., d_model), any leading dims (none included), any strides.
     w_gate, w_up: (d_model, d_intermediate), any strides.
     b_gate, b_up: (d_intermediate,) or None (both or neither).
+    activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU: torch.nn.functional.gelu(g, approximate="tanh"),
+    transformers' gelu_pytorch_tanh, as in Gemma's MLP).
     All of one dtype: bf16 or fp16 (fp32 accumulation), or fp32 (fp32 matmuls; TF32 only when
     torch.backends.cuda.matmul.allow_tf32 is set, as for torch's own). Under torch.autocast the
     inputs are cast to its dtype first, as F.linear's are. On a CUDA device (the CPU under
@@ -202,5 +208,5 @@ def swiglu(
     in it by the kernel that computes it (the module docstring).
     """
     if needs_autograd(x, w_gate, w_up, b_gate, b_up):
-        return _swiglu_apply(x, w_gate, w_up, b_gate, b_up)
-    return swiglu_forward(None, x, w_gate, w_up, b_gate, b_up, False, FLOAT_DTYPES)
+        return _swiglu_apply(x, w_gate, w_up, b_gate, b_up, activation)
+    return swiglu_forward(None, x, w_gate, w_up, b_gate, b_up, False, FLOAT_DTYPES, activation)
