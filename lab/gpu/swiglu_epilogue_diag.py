@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.testing import do_bench
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from fused_swiglu.kernels.activation import _swiglu, _swiglu_backward_tile, _swiglu_grads
+from fused_swiglu.kernels.activation import SILU, _swiglu, _swiglu_backward_tile, _swiglu_grads
 from fused_swiglu.kernels.backward import _weight_grad_reduce_kernel, _weight_grad_work
 from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.kernels.matmul import _grouped_tile
@@ -57,7 +57,7 @@ def fwd_variant(x_desc, wg_desc, wu_desc, h_desc, g_desc, u_desc, h_ptr, g_ptr, 
             x = x_desc.load([off_m, off_k])
             acc_g = tl.dot(x, wg_desc.load([off_k, off_n]), acc_g)
             acc_u = tl.dot(x, wu_desc.load([off_k, off_n]), acc_u)
-        h = _swiglu(acc_g, acc_u)
+        h = _swiglu(acc_g, acc_u, SILU)
         if MODE == 0:  # tma3
             h_desc.store([off_m, off_n], h.to(h_desc.dtype))
             g_desc.store([off_m, off_n], acc_g.to(g_desc.dtype))
@@ -105,7 +105,7 @@ def fwd_flat_variant(x_desc, wg_desc, wu_desc, h_desc, g_desc, u_desc, M, N, K, 
         acc_g = tl.dot(x, wg_desc.load([off_k, off_n]), acc_g)
         acc_u = tl.dot(x, wu_desc.load([off_k, off_n]), acc_u)
         if ki == k_tiles - 1:
-            h_desc.store([off_m, off_n], _swiglu(acc_g, acc_u).to(h_desc.dtype))
+            h_desc.store([off_m, off_n], _swiglu(acc_g, acc_u, SILU).to(h_desc.dtype))
             g_desc.store([off_m, off_n], acc_g.to(g_desc.dtype))
             u_desc.store([off_m, off_n], acc_u.to(u_desc.dtype))
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -131,7 +131,7 @@ def down_variant(dy_desc, wd_desc, g_ptr, u_ptr, h_ptr, M, N, D, MODE: tl.conste
         off_d = step * BLOCK_D
         acc = tl.dot(dy_desc.load([off_m, off_d]), wd_desc.load([off_n, off_d]).T, acc)
     if MODE == 1:
-        d_gate, d_up, h = _swiglu_grads(acc, g.to(tl.float32), u.to(tl.float32))
+        d_gate, d_up, h = _swiglu_grads(acc, g.to(tl.float32), u.to(tl.float32), SILU)
         tl.store(g_ptr + offs, d_gate.to(h_ptr.dtype.element_ty), mask=mask)
         tl.store(u_ptr + offs, d_up.to(h_ptr.dtype.element_ty), mask=mask)
         tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
@@ -140,7 +140,7 @@ def down_variant(dy_desc, wd_desc, g_ptr, u_ptr, h_ptr, M, N, D, MODE: tl.conste
         tl.debug_barrier()
         for start in tl.static_range(0, BLOCK_M, EPILOGUE_M):
             offs_slice = off_m + start + tl.arange(0, EPILOGUE_M)
-            _swiglu_backward_tile(h_ptr, g_ptr, u_ptr, h_ptr, N, 1, N, offs_slice, offs_n, M, N, True, False)
+            _swiglu_backward_tile(h_ptr, g_ptr, u_ptr, h_ptr, N, 1, N, offs_slice, offs_n, M, N, True, False, SILU)
 
 
 @triton.jit
@@ -242,9 +242,9 @@ def down_section(dy, wd):
     silu = g0.float() * sig
     ref = (dh_ref * u0.float() * sig * (1 + g0.float() * (1 - sig)), dh_ref * silu, silu * u0.float())
     g, u = g0.clone(), u0.clone()
-    h = mlp_down_grad_(dy, wd, g, u)
+    h = mlp_down_grad_(dy, wd, g, u, SILU)
     print("shipped down errors", [f"{rel_err(a, b):.2e}" for a, b in zip((g, u, h), ref)])
-    fns = {"shipped (autotuned)": lambda: mlp_down_grad_(dy, wd, g, u)}
+    fns = {"shipped (autotuned)": lambda: mlp_down_grad_(dy, wd, g, u, SILU)}
     hbuf = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     for mode, (bm, bn, bd, stages, warps, epi) in itertools.product(
         (0, 1),

@@ -107,14 +107,25 @@ def layer_norm_forward(self: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tenso
     return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def _is_silu(activation: torch.nn.Module) -> bool:
-    return isinstance(activation, torch.nn.SiLU) or type(activation).__name__ == "SiLUActivation"
+# transformers' tanh-approximate GELU modules (gelu_pytorch_tanh, gelu_new): Gemma's GeGLU.
+_GELU_TANH_MODULES = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation")
+
+
+def _gate_activation(activation: Optional[torch.nn.Module]) -> Optional[str]:
+    """fused_swiglu's name for a gated MLP's activation module ("silu", "gelu_tanh"), or None."""
+    name = type(activation).__name__
+    if isinstance(activation, torch.nn.SiLU) or name == "SiLUActivation":
+        return "silu"
+    if (isinstance(activation, torch.nn.GELU) and activation.approximate == "tanh") or name in _GELU_TANH_MODULES:
+        return "gelu_tanh"
+    return None
 
 
 def swiglu_mlp_ready(mlp: torch.nn.Module) -> Optional[str]:
-    """None when mlp is down(silu(gate(x)) * up(x)) of plain nn.Linear layers, else why not."""
-    if not _is_silu(getattr(mlp, "act_fn", None)):
-        return f"the activation is {type(getattr(mlp, 'act_fn', None)).__name__}, not SiLU"
+    """None when mlp is down(act(gate(x)) * up(x)) of plain nn.Linear layers with act SiLU or the
+    tanh-approximate GELU, else why not."""
+    if _gate_activation(getattr(mlp, "act_fn", None)) is None:
+        return f"the activation is {type(getattr(mlp, 'act_fn', None)).__name__}, not SiLU or tanh-approximate GELU"
     layers = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     if any(type(layer) is not torch.nn.Linear for layer in layers):
         return "gate_proj, up_proj and down_proj are not all torch.nn.Linear"
@@ -124,7 +135,7 @@ def swiglu_mlp_ready(mlp: torch.nn.Module) -> Optional[str]:
 
 
 def swiglu_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """down_proj(silu(gate_proj(x)) * up_proj(x)) in one fused_swiglu.swiglu_mlp call."""
+    """down_proj(act(gate_proj(x)) * up_proj(x)) in one fused_swiglu.swiglu_mlp call (SwiGLU, GeGLU)."""
     gate, up, down = self.gate_proj, self.up_proj, self.down_proj
     weights = (gate.weight, up.weight, down.weight)
     same_dtype = all(w.dtype == x.dtype for w in weights) or autocast_dtype(x.device.type) is not None
@@ -133,7 +144,10 @@ def swiglu_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     from fused_swiglu import swiglu_mlp
 
     # nn.Linear keeps (out, in) weights; swiglu_mlp takes (in, out): transposed views, no copies.
-    return swiglu_mlp(x, gate.weight.t(), up.weight.t(), down.weight.t(), gate.bias, up.bias, down.bias)
+    return swiglu_mlp(
+        x, gate.weight.t(), up.weight.t(), down.weight.t(), gate.bias, up.bias, down.bias,
+        activation=_gate_activation(self.act_fn),
+    )  # fmt: skip
 
 
 def make_rope(original: Callable) -> Callable:

@@ -14,7 +14,8 @@ model type lacks is ignored):
 - layer_norm: GPT-2's torch.nn.LayerNorm modules through fused_norm_xent.layer_norm.
 - rope: `apply_rotary_pos_emb` through fused_rope.apply_rotary_qk (apply: in this model's attention
   modules only; apply_to_<type>: the modeling module's function, for every model of the type).
-- swiglu: the gate/up/down MLP through fused_swiglu.swiglu_mlp (when the activation is SiLU).
+- swiglu: the gate/up/down MLP through fused_swiglu.swiglu_mlp (SiLU, or Gemma's tanh-approximate
+  GELU as activation="gelu_tanh").
 - attention: attn_implementation "tritonformer", registered in transformers' attention-function and
   attention-mask registries: fused_attention's flash kernel, or its varlen kernel over the unpadded
   tokens when the padding mask has padding; transformers' sdpa for what the kernels cannot do.
