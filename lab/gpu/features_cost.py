@@ -8,6 +8,7 @@ both; anchors in the same process: SDPA (its default backend) plain and with dro
 (SDPA has no softcap). Losses: cross_entropy at 16384 x 50304 and linear_cross_entropy at
 8192 x 2304 -> 256000 (Gemma-2 2B's head) with softcap 0 and 30, Liger-Kernel's cross-entropy
 and fused linear cross-entropy with the same softcaps when liger_kernel imports.
+The gated MLP at the 1.4B shape with SiLU and with Gemma's tanh-GELU gate, against torch eager.
 Times: triton.testing.do_bench medians (ms), eager calls. A lab tool: it prints and changes nothing.
 """
 
@@ -102,8 +103,28 @@ def loss_rows():
     )
 
 
+def mlp_rows(tokens=16384, d_model=2048, d_ff=5632):
+    """fused_swiglu.swiglu_mlp with SiLU and with the tanh-approximate GELU gate (Gemma's GeGLU),
+    against torch's eager composition of the same MLP."""
+    from fused_swiglu import swiglu_mlp
+
+    x = torch.randn(tokens, d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w_gate, w_up = ((torch.randn(d_model, d_ff, device="cuda") / d_model**0.5).to(torch.bfloat16).requires_grad_(True)
+                    for _ in range(2))  # fmt: skip
+    w_down = (torch.randn(d_ff, d_model, device="cuda") / d_ff**0.5).to(torch.bfloat16).requires_grad_(True)
+    inputs = (x, w_gate, w_up, w_down)
+    torch_act = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
+    print(f"\n### gated MLP {tokens} x {d_model} -> {d_ff} -> {d_model} bf16 (ms, medians)\n")
+    print("| activation | ours fwd+bwd | torch eager fwd+bwd |\n|---|---|---|")
+    for activation, act in torch_act.items():
+        ours = _median_ms(_fwd_bwd(lambda a=activation: swiglu_mlp(x, w_gate, w_up, w_down, activation=a), inputs))
+        eager = _median_ms(_fwd_bwd(lambda a=act: (a(x @ w_gate) * (x @ w_up)) @ w_down, inputs))
+        print(f"| {activation} | {ours:.3f} | {eager:.3f} |")
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     attention_rows(4, 16, 2048, 128)
     attention_rows(4, 32, 2048, 64)
     loss_rows()
+    mlp_rows()

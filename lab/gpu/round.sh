@@ -35,10 +35,11 @@ for stage in ${@:-tests host norms model}; do
     norms) timeout "${T_NORMS:-100}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_norms.py \
              -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
     decode) timeout "${T_DECODE:-60}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
-    # Softcap and dropout (attention, losses) compiled: their GPU tests, then their cost with anchors.
+    # Softcap, dropout, GeGLU compiled: their GPU tests, then their cost with anchors.
     features) timeout "${T_FEATURES:-240}" python3 -m pytest -q -n 8 -p no:randomly -rfE --tb=short \
-                packages/fused-attention/tests packages/fused-norm-xent/tests packages/tritonformer-model/tests/test_hf_patch.py \
-                -k "softcap or dropout or gemma2" 2>&1 | tail -8 | tee "$OUT/features_tests.log"
+                packages/fused-attention/tests packages/fused-norm-xent/tests packages/fused-swiglu/tests \
+                packages/tritonformer-model/tests/test_hf_patch.py \
+                -k "softcap or dropout or gemma or gelu" 2>&1 | tail -8 | tee "$OUT/features_tests.log"
               timeout "${T_FEATURES_COST:-240}" python3 lab/gpu/features_cost.py 2>&1 | tee "$OUT/features.md" ;;
     # The generation rows with their anchors (the 1.4B first), then where the batch-1 step goes.
     generate) timeout "${T_GENERATE:-420}" python3 -m tritonformer.bench --generate --presets llama-1.4B llama-410M \
