@@ -47,6 +47,11 @@ CONFIGS = {
         **COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
         query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
     ),
+    # Gemma 3's text model: q/k norms, local and global rotary bases, windows on most layers.
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(
+        **COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
+        query_pre_attn_scalar=16,
+    ),
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
@@ -60,6 +65,7 @@ KERNELS = {
     "qwen2": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gemma": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gemma2": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
+    "gemma3_text": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gpt2": {"layer_norm"},
 }
 
@@ -166,7 +172,7 @@ def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, au
 # full, layer 1 windowed), MHA dense and varlen (gpt2). (The dense window: the cache-geometry tests.)
 BF16_CASES = [
     ("llama", False), ("mistral", True), ("qwen2", True), ("gpt2", False), ("gpt2", True), ("gemma2", False),
-    ("gemma2", "right"),
+    ("gemma2", "right"), ("gemma3_text", True),
 ]  # fmt: skip
 PADDING_IDS = {False: "no-padding", True: "padding", "right": "right-padding"}
 
@@ -184,7 +190,7 @@ def test_autocast_matches_unpatched(device, kernel_calls):
     check_against_unpatched("llama", torch.bfloat16, True, device, kernel_calls, autocast=True)
 
 
-@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gpt2"])
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gemma3_text", "gpt2"])
 def test_fp32_matches_unpatched(model_type, device, kernel_calls):
     """fp32: the norm (Gemma's 1 + w), rotary and loss kernels in fp32; attention through sdpa (the kernels
     take fp16/bf16), given the 4-D mask rebuilt from tritonformer_mask's padding mask (Gemma: MQA), or for

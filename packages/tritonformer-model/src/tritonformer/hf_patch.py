@@ -7,9 +7,9 @@
     tritonformer.hf.apply_to_llama()            # or: patch the classes before instantiation
     model = LlamaForCausalLM.from_pretrained(...)
 
-Model types: llama, mistral, qwen2, gemma and gemma2 (RMSNorm with the `1 + w` offset; Gemma-2's
-attention and final-logit softcapping in the kernels), gpt2. Switches (all on by default; one a
-model type lacks is ignored):
+Model types: llama, mistral, qwen2, gemma, gemma2 and gemma3_text (Gemma3ForCausalLM; RMSNorm with
+the `1 + w` offset, Gemma-2's attention and final-logit softcapping in the kernels), gpt2.
+Switches (all on by default; one a model type lacks is ignored):
 - rms_norm: the RMSNorm modules through fused_norm_xent.rms_norm.
 - layer_norm: GPT-2's torch.nn.LayerNorm modules through fused_norm_xent.layer_norm.
 - rope: `apply_rotary_pos_emb` through fused_rope.apply_rotary_qk (apply: in this model's attention
@@ -96,6 +96,10 @@ SPECS: Dict[str, _ModelSpec] = {
     "qwen2": _llama_like("qwen2", "Qwen2"),
     "gemma": _llama_like("gemma", "Gemma", rms_offset=1.0),
     "gemma2": _llama_like("gemma2", "Gemma2", rms_offset=1.0),
+    # Gemma 3's text model (model type gemma3_text): its q/k norms are Gemma3RMSNorm modules too.
+    "gemma3_text": _llama_like(
+        "gemma3_text", "Gemma3", rms_offset=1.0, module="transformers.models.gemma3.modeling_gemma3"
+    ),
     "gpt2": _ModelSpec(
         model_type="gpt2",
         module="transformers.models.gpt2.modeling_gpt2",
@@ -633,6 +637,7 @@ apply_to_mistral = _class_patcher("mistral")
 apply_to_qwen2 = _class_patcher("qwen2")
 apply_to_gemma = _class_patcher("gemma")
 apply_to_gemma2 = _class_patcher("gemma2")
+apply_to_gemma3 = _class_patcher("gemma3_text")
 apply_to_gpt2 = _class_patcher("gpt2")
 
 
