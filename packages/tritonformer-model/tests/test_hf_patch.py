@@ -47,6 +47,8 @@ CONFIGS = {
         **COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
         query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
     ),
+    # Qwen3: q/k norms on the head dim (RMSNorm modules), GQA.
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
     # Gemma 3's text model: q/k norms, local and global rotary bases, windows on most layers.
     "gemma3_text": lambda: transformers.Gemma3TextConfig(
         **COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
@@ -66,6 +68,7 @@ KERNELS = {
     "gemma": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gemma2": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gemma3_text": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
+    "qwen3": {"rms_norm", "apply_rotary_qk", "swiglu_mlp"},
     "gpt2": {"layer_norm"},
 }
 
@@ -172,7 +175,7 @@ def check_against_unpatched(model_type, dtype, padding, device, kernel_calls, au
 # full, layer 1 windowed), MHA dense and varlen (gpt2). (The dense window: the cache-geometry tests.)
 BF16_CASES = [
     ("llama", False), ("mistral", True), ("qwen2", True), ("gpt2", False), ("gpt2", True), ("gemma2", False),
-    ("gemma2", "right"), ("gemma3_text", True),
+    ("gemma2", "right"), ("gemma3_text", True), ("qwen3", True),
 ]  # fmt: skip
 PADDING_IDS = {False: "no-padding", True: "padding", "right": "right-padding"}
 

@@ -3,7 +3,7 @@
 Kernels in a transformers model, in one call (hf_patch: what each switch does, the fallbacks):
 
     import tritonformer.hf
-    report = tritonformer.hf.apply(model)   # Llama, Mistral, Qwen2, Gemma 1-3, GPT-2; or apply_to_llama() etc.
+    report = tritonformer.hf.apply(model)   # Llama, Mistral, Qwen2/3, Gemma 1-3, GPT-2; or apply_to_llama() etc.
 
 GPT-2 weights from `transformers` into a GPT-2-style model of ours:
 
@@ -39,6 +39,7 @@ from .hf_patch import (  # noqa: F401 - the one-call API lives here
     apply_to_llama,
     apply_to_mistral,
     apply_to_qwen2,
+    apply_to_qwen3,
     revert,
 )
 

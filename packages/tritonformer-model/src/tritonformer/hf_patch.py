@@ -7,7 +7,7 @@
     tritonformer.hf.apply_to_llama()            # or: patch the classes before instantiation
     model = LlamaForCausalLM.from_pretrained(...)
 
-Model types: llama, mistral, qwen2, gemma, gemma2 and gemma3_text (Gemma3ForCausalLM; RMSNorm with
+Model types: llama, mistral, qwen2, qwen3, gemma, gemma2 and gemma3_text (Gemma3ForCausalLM; RMSNorm with
 the `1 + w` offset, Gemma-2's attention and final-logit softcapping in the kernels), gpt2.
 Switches (all on by default; one a model type lacks is ignored):
 - rms_norm: the RMSNorm modules through fused_norm_xent.rms_norm.
@@ -94,6 +94,7 @@ SPECS: Dict[str, _ModelSpec] = {
     "llama": _llama_like("llama", "Llama"),
     "mistral": _llama_like("mistral", "Mistral"),
     "qwen2": _llama_like("qwen2", "Qwen2"),
+    "qwen3": _llama_like("qwen3", "Qwen3"),  # its q/k norms are Qwen3RMSNorm modules too
     "gemma": _llama_like("gemma", "Gemma", rms_offset=1.0),
     "gemma2": _llama_like("gemma2", "Gemma2", rms_offset=1.0),
     # Gemma 3's text model (model type gemma3_text): its q/k norms are Gemma3RMSNorm modules too.
@@ -635,6 +636,7 @@ def _class_patcher(model_type: str) -> Callable[..., PatchReport]:
 apply_to_llama = _class_patcher("llama")
 apply_to_mistral = _class_patcher("mistral")
 apply_to_qwen2 = _class_patcher("qwen2")
+apply_to_qwen3 = _class_patcher("qwen3")
 apply_to_gemma = _class_patcher("gemma")
 apply_to_gemma2 = _class_patcher("gemma2")
 apply_to_gemma3 = _class_patcher("gemma3_text")
