@@ -20,9 +20,6 @@ from .compat import HAS_CUSTOM_OP, custom_bwd, custom_fwd, is_compiling
 # Whether a functorch transform (vmap, grad, ...) is active; never on torch without the query.
 _functorch_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
-# Tags on custom ops (e.g. nondeterministic_seeded: never deduplicated or recomputed).
-CUSTOM_OP_TAGS = HAS_CUSTOM_OP and "tags" in inspect.signature(torch.library.custom_op).parameters
-
 
 def needs_autograd(*tensors) -> bool:
     """Whether a call on `tensors` (None entries skipped) must record an autograd node: grad mode
@@ -92,7 +89,6 @@ def differentiable_op(
     n_differentiable_outputs: int,
     differentiable_args: Sequence[int],
     backward_mutates: Sequence[str] = (),
-    forward_tags: Sequence[torch.Tag] = (),
 ) -> Tuple[type, Callable]:
     """(Function, apply) for an op made of a forward and a backward launcher.
 
@@ -145,8 +141,7 @@ def differentiable_op(
     if not HAS_CUSTOM_OP:  # pragma: no cover - torch < 2.4: the autograd.Function everywhere
         return Function, eager_apply
 
-    tags = {"tags": tuple(forward_tags)} if forward_tags and CUSTOM_OP_TAGS else {}
-    forward_op = torch.library.custom_op(f"{library}::{name}_fwd", forward, mutates_args=(), **tags)
+    forward_op = torch.library.custom_op(f"{library}::{name}_fwd", forward, mutates_args=())
     forward_op.register_fake(fake_forward)
     backward_op = torch.library.custom_op(f"{library}::{name}_bwd", backward, mutates_args=tuple(backward_mutates))
     backward_op.register_fake(fake_backward)

@@ -56,8 +56,8 @@ def check_layout(layout) -> bool:
 
 
 # The kernels scale scores by softmax_scale * log2(e) in fp32: it must be a normal fp32 number.
-_FP32_TINY, _FP32_MAX, _LOG2E = 2.0**-126, float(torch.finfo(torch.float32).max), 1.4426950408889634
-SOFTMAX_SCALE_RANGE = (_FP32_TINY / _LOG2E, _FP32_MAX / _LOG2E)
+_FP32_TINY, _FP32_MAX, LOG2E = 2.0**-126, float(torch.finfo(torch.float32).max), 1.4426950408889634
+SOFTMAX_SCALE_RANGE = (_FP32_TINY / LOG2E, _FP32_MAX / LOG2E)
 
 
 def check_softmax_scale(softmax_scale, head_dim: int) -> float:
@@ -77,7 +77,7 @@ def check_softcap(softcap, softmax_scale: float) -> float:
     """0 (no softcap) or a positive float for which the kernels' fp32 factors, softcap * log2(e)
     and 2 * softmax_scale * log2(e) / softcap, are finite normal numbers."""
     value = check_float("softcap", softcap, 0.0)
-    low, high = max(_FP32_TINY, 2.0 * softmax_scale * _LOG2E / _FP32_MAX), _FP32_MAX / _LOG2E
+    low, high = max(_FP32_TINY, 2.0 * softmax_scale * LOG2E / _FP32_MAX), _FP32_MAX / LOG2E
     if value and not low <= value <= high:
         raise ValueError(f"softcap must be 0 or lie in [{low:.3g}, {high:.3g}] (fp32 range), got {value}")
     return value

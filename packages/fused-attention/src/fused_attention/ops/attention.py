@@ -306,8 +306,7 @@ def flash_attention(
     """
     if return_lse.__class__ is not bool:
         check_bool("return_lse", return_lse)
-    if seed is not None or seed_offset.__class__ is not int or seed_offset:
-        check_seed(seed, seed_offset)
+    check_seed(seed, seed_offset)
     q, k, v = _autocast_inputs(q, k, v)
     if is_compiling():
         spec = _check_dense(
@@ -437,8 +436,7 @@ def flash_attention_varlen(
     q, k, v = _autocast_inputs(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, alibi_slopes,
             window_size, return_lse, check_seqlens, deterministic, softcap, dropout_p)  # fmt: skip
-    if seed is not None or seed_offset.__class__ is not int or seed_offset:
-        check_seed(seed, seed_offset)
+    check_seed(seed, seed_offset)
     if is_compiling():
         spec = _check_varlen(*args)
         rng = dropout_rng(q.device, seed, seed_offset) if spec.dropout_p else None

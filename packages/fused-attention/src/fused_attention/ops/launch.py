@@ -39,6 +39,7 @@ from .._runtime.compat import (
 from .._runtime.dropout import dropout_threshold_and_scale
 from .._runtime.launch import Launch
 from .._runtime.tuning import TunedPlan
+from .._validation import LOG2E
 from ..kernels.attention_bwd import _attn_bwd_dq_convert_kernel, _attn_bwd_preprocess_kernel
 from . import configs
 from .configs import KERNELS, PREPROCESS_WARPS, KernelConfig, dq_atomic, length_class, preprocess_block_m
@@ -104,7 +105,6 @@ class AttentionSpec(NamedTuple):
 
 _FLOAT_FIELDS = ("softmax_scale", "softcap", "dropout_p")
 _INT_FIELDS = tuple(name for name in AttentionSpec._fields if name not in _FLOAT_FIELDS)
-_LOG2E = 1.4426950408889634
 
 
 def contiguous_strides(shape) -> Tuple[int, ...]:
@@ -187,8 +187,8 @@ def _softcap_args(spec: AttentionSpec) -> Dict[str, float]:
     if not spec.softcap:
         return {"softcap_in": 0.0, "softcap_out": 0.0}
     return {
-        "softcap_in": 2.0 * spec.softmax_scale * _LOG2E / spec.softcap,
-        "softcap_out": spec.softcap * _LOG2E,
+        "softcap_in": 2.0 * spec.softmax_scale * LOG2E / spec.softcap,
+        "softcap_out": spec.softcap * LOG2E,
     }
 
 
@@ -440,8 +440,8 @@ class ForwardPlan:
         """(dQ, dK, dV) in the inputs' dtypes, contiguous in the call's layout, or written into
         `grads` (tensors of q's, k's and v's shapes and dtypes and of the strides `grad_strides`,
         unit-stride head dim: e.g. views of one packed gradient). o, lse and rng: this plan's
-        forward outputs and its dropout words. do: any strides (copied where the kernels cannot address it); None: zero.
-        Deterministic (no atomics) when spec.deterministic or under
+        forward outputs and its dropout words. do: any strides (copied where the kernels cannot
+        address it); None: zero. Deterministic (no atomics) when spec.deterministic or under
         torch.use_deterministic_algorithms(True)."""
         if do is None:
             do = torch.zeros_like(o)

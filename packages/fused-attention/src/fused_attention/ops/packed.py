@@ -142,8 +142,7 @@ def flash_attention_qkvpacked(
     Returns out (B, S, H, D). The gradient of qkv is written packed by the backward kernels (no
     concatenation of dQ, dK and dV). Under torch.compile it traces as flash_attention on the views.
     """
-    if seed is not None or seed_offset.__class__ is not int or seed_offset:
-        check_seed(seed, seed_offset)
+    check_seed(seed, seed_offset)
     (qkv,) = _autocast_inputs(qkv)  # once for q, k and v
     if is_compiling():
         q, k, v = _addressable(qkv, 1).split(_check_packed(qkv, n_kv_heads), dim=2)
