@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
-# Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_gemma2 features (default: tests host
+# Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_gemma2 hf_profile features (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -30,6 +30,9 @@ for stage in ${@:-tests host norms model}; do
     # Gemma-2 at the 1.4B shape: HF's eager softcapped attention against the kernels and Liger's.
     hf_gemma2) timeout "${T_HF:-300}" python3 -m tritonformer.bench --providers hf-gemma2 hf-gemma2+tritonformer \
                  hf-gemma2+liger --config llama-1.4B:2048:4 --out-dir "$OUT/hf_gemma2" 2>&1 | tail -8 ;;
+    # Kernel time of the HF Llama 1.4B step, patched by us and by Liger, beside our own model's.
+    hf_profile) timeout "${T_HF_PROFILE:-220}" python3 lab/gpu/model_bubbles.py llama-1.4B:2048:4 hf-llama+tritonformer \
+                  hf-llama+liger tritonformer 2>&1 | tee "$OUT/hf_profile.md" ;;
     host) timeout "${T_HOST:-150}" python3 -m pytest -q -p no:xdist packages/*/benchmarks/bench_host.py \
             --bench-table "$OUT/host.md" 2>&1 | tail -3 ;;
     norms) timeout "${T_NORMS:-100}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_norms.py \
@@ -39,7 +42,7 @@ for stage in ${@:-tests host norms model}; do
     features) timeout "${T_FEATURES:-240}" python3 -m pytest -q -n 8 -p no:randomly -rfE --tb=short \
                 packages/fused-attention/tests packages/fused-norm-xent/tests packages/fused-swiglu/tests \
                 packages/tritonformer-model/tests/test_hf_patch.py \
-                -k "softcap or dropout or gemma or gelu" 2>&1 | tail -8 | tee "$OUT/features_tests.log"
+                -k "softcap or dropout or gemma or gelu" 2>&1 | tee "$OUT/features_tests.log" | tail -8
               timeout "${T_FEATURES_COST:-240}" python3 lab/gpu/features_cost.py 2>&1 | tee "$OUT/features.md" ;;
     # The generation rows with their anchors (the 1.4B first), then where the batch-1 step goes.
     generate) timeout "${T_GENERATE:-420}" python3 -m tritonformer.bench --generate --presets llama-1.4B llama-410M \

@@ -125,6 +125,42 @@ def test_fp32_parameters_with_bf16_input(helpers, kind, device):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_cols", [200, 9000])
+def test_out_dtype(helpers, kind, n_cols, device):
+    """out_dtype=bf16 on an fp32 x: y is the fp32 result rounded once, as torch's fp32 norm then
+    .to(bf16); the bf16 dy comes back as an fp32 dx and fp32 parameter gradients (the one-block
+    and the chunked kernels)."""
+    x = (2 * torch.randn(5, n_cols, device=device) + 0.5).requires_grad_()
+    w, b = (t.requires_grad_() for t in _affine(n_cols, FP32, device))
+    b = b if kind == "layernorm" else None
+    inputs = [t for t in (x, w, b) if t is not None]
+    dy = torch.randn(5, n_cols, device=device).to(BF16)
+    if kind == "layernorm":
+        y = layer_norm(x, (n_cols,), w, b, 1e-5, out_dtype=BF16)
+    else:
+        y = rms_norm(x, (n_cols,), w, 1e-5, out_dtype=BF16)
+    assert y.dtype == BF16
+    grads = torch.autograd.grad(y, inputs, dy)
+    x64, w64, b64 = helpers.as_float64(x, w, b)
+    reference = _reference(kind, 1, 1e-5, 0.0)(x64, w64, b64)
+    grads_ref = torch.autograd.grad(reference, [t for t in (x64, w64, b64) if t is not None], dy.double())
+    torch_fp32 = _torch(kind, (n_cols,), 1e-5, 0.0)(x, w, b)
+    grads_fp32 = torch.autograd.grad(torch_fp32, inputs, dy.float())
+    assert_close_to_reference(y, reference.detach(), torch_fp32.detach().to(BF16), name="y")
+    for name, g, g_ref, g_fp32 in zip(["dx", "dweight", "dbias"], grads, grads_ref, grads_fp32):
+        assert g.dtype == FP32, name
+        assert_close_to_reference(g, g_ref, g_fp32, name=name)
+
+
+def test_out_dtype_must_be_a_float_dtype(device):
+    x = torch.randn(3, 8, device=device)
+    with pytest.raises(TypeError, match="out_dtype must be None or one of"):
+        rms_norm(x, (8,), out_dtype=torch.int32)
+    with pytest.raises(TypeError, match="out_dtype must be None or one of"):
+        layer_norm(x, (8,), out_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_multi_dim_normalized_shape_and_leading_dims(helpers, kind, device):
     x = torch.randn(2, 3, 4, 10, device=device)
     w, b = (1 + torch.randn(4, 10, device=device), torch.randn(4, 10, device=device))

@@ -39,6 +39,8 @@ def test_softmax(device):
 def test_norms(device):
     x, w, b = torch.randn(6, 40, device=device), torch.randn(40, device=device), torch.randn(40, device=device)
     _compare(lambda x, w, b: (nx.layer_norm(x, 40, w, b), nx.rms_norm(x, [40], w, offset=1.0)), x, w, b)
+    _compare(lambda x, w, b: (nx.layer_norm(x, 40, w, b, out_dtype=torch.bfloat16),
+                              nx.rms_norm(x, [40], w, out_dtype=torch.bfloat16)), x, w, b)  # fmt: skip
 
 
 @pytest.mark.parametrize("prenorm", [True, False])
@@ -77,7 +79,8 @@ def test_opcheck(device):
     ops = torch.ops.fused_norm_xent
     x, w = torch.randn(3, 16, device=device, requires_grad=True), torch.randn(16, device=device, requires_grad=True)
     torch.library.opcheck(ops.softmax_fwd, (x, 1, False))
-    torch.library.opcheck(ops.norm_fwd, (x, w, None, [16], 1e-5, 0.0, False))
+    torch.library.opcheck(ops.norm_fwd, (x, w, None, [16], 1e-5, 0.0, False, None))
+    torch.library.opcheck(ops.norm_fwd, (x, w, None, [16], 1e-5, 0.0, True, torch.bfloat16))
     residual = torch.randn(3, 16, device=device, requires_grad=True)
     rng = dropout_rng(x.device, 7, 0)  # the dropout's key words: the op itself draws nothing
     torch.library.opcheck(ops.add_dropout_norm_fwd, (x, residual, w, None, 1e-5, 0.0, True, 0.25, rng, False))

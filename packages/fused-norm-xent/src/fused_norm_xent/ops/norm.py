@@ -21,6 +21,7 @@ from .._runtime.compat import is_compiling, multiprocessor_count
 from .._runtime.dropout import check_seed, dropout_rng, dropout_threshold_and_scale
 from .._runtime.launch import Launch
 from .._runtime.registration import differentiable_op
+from .._runtime.validation import FLOAT_DTYPES, dtype_names
 from .._validation import (
     cached_plan,
     check_choice,
@@ -150,7 +151,8 @@ class ForwardPlan(NamedTuple):
 
     launch: Optional[Launch]  # None when there are no rows
     shape: torch.Size  # of x, y and the stored residual
-    dtype: torch.dtype  # of x and y
+    dtype: torch.dtype  # of x
+    y_dtype: torch.dtype  # of y: x's, or the out_dtype asked for
     y_like_x: bool  # x is contiguous: y = empty_like(x)
     x_rows: Optional[Tuple[int, int]]  # (rows, cols) to copy x into when its strides do not map to rows
     residual_rows: Optional[Tuple[int, int]]  # the same for the residual
@@ -173,14 +175,16 @@ def _check_param(name: str, key, shape: Tuple[int, ...]) -> None:
 @functools.lru_cache(maxsize=1024)
 def _forward_plan(
     shape, strides, dtype, device, weight, bias, residual, normalized_shape, eps, weight_offset, is_rms_norm,
-    dropout_p, residual_in_fp32,
+    dropout_p, residual_in_fp32, out_dtype=None,
 ) -> ForwardPlan:  # fmt: skip
     """The plan of a forward call; raises on invalid arguments (never cached then).
 
     weight, bias: _param_key of each; residual: (shape, strides, dtype, device) or None;
-    normalized_shape None: x's last dim (add_dropout_norm).
+    normalized_shape None: x's last dim (add_dropout_norm); out_dtype None: y in x's dtype.
     """
     check_tensor("x", stand_in((), dtype))
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"out_dtype must be None or one of {dtype_names(FLOAT_DTYPES)}, got {out_dtype!r}")
     fused = normalized_shape is None
     normalized = tuple(shape[-1:]) if fused else normalized_shape_tuple(normalized_shape)
     if fused and not shape:
@@ -222,6 +226,7 @@ def _forward_plan(
         launch=launch,
         shape=torch.Size(shape),
         dtype=dtype,
+        y_dtype=dtype if out_dtype is None else out_dtype,
         y_like_x=_is_contiguous(shape, strides),
         x_rows=None if x_strides is not None else (n_rows, n_cols),
         residual_rows=None if residual_strides is not None else (n_rows, n_cols),
@@ -241,7 +246,10 @@ def _flat(t: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def _empty_like_x(plan: ForwardPlan, x: Tensor, device) -> Tensor:
-    return torch.empty_like(x) if plan.y_like_x else torch.empty(plan.shape, dtype=plan.dtype, device=device)
+    """y: x's shape (and strides when x is contiguous), in the plan's y dtype."""
+    if plan.y_like_x:
+        return torch.empty_like(x, dtype=plan.y_dtype)
+    return torch.empty(plan.shape, dtype=plan.y_dtype, device=device)
 
 
 def norm_forward(
@@ -252,13 +260,15 @@ def norm_forward(
     eps: Optional[float],
     weight_offset: float,
     is_rms_norm: bool,
+    out_dtype: Optional[torch.dtype],
 ) -> Tuple[Tensor, Tensor]:
     """(y, stats) of the norm of x over its trailing normalized_shape dims; stats holds fp32
-    (mean, rstd) per row (rstd only for RMSNorm). eps None: torch.finfo(x.dtype).eps."""
+    (mean, rstd) per row (rstd only for RMSNorm). eps None: torch.finfo(x.dtype).eps. y in
+    out_dtype (None: x's)."""
     device = x.device
     plan = cached_plan(_forward_plan, (
         x.shape, x.stride(), x.dtype, device, _param_key(weight), _param_key(bias), None,
-        _hashable_shape(normalized_shape), eps, weight_offset, is_rms_norm, 0.0, False,
+        _hashable_shape(normalized_shape), eps, weight_offset, is_rms_norm, 0.0, False, out_dtype,
     ))  # fmt: skip
     y = _empty_like_x(plan, x, device)
     stats = torch.empty(plan.stats_numel, dtype=torch.float32, device=device)
@@ -269,9 +279,9 @@ def norm_forward(
     return y, stats
 
 
-def _norm_forward_fake(x, weight, bias, normalized_shape, eps, weight_offset, is_rms_norm):
+def _norm_forward_fake(x, weight, bias, normalized_shape, eps, weight_offset, is_rms_norm, out_dtype):
     n_rows = x.numel() // math.prod(normalized_shape)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(
+    return torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format), x.new_empty(
         ((1 if is_rms_norm else 2) * n_rows,), dtype=torch.float32
     )
 
@@ -459,7 +469,7 @@ def _norm_backward_fake(dy, x, weight, bias, stats, normalized_shape, weight_off
 
 
 def _norm_setup_context(ctx, inputs, output):
-    x, weight, bias, normalized_shape, _, weight_offset, is_rms_norm = inputs
+    x, weight, bias, normalized_shape, _, weight_offset, is_rms_norm, _ = inputs
     ctx.save_for_backward(x, weight, bias, output[1])
     ctx.options = (normalized_shape, weight_offset, is_rms_norm)
 
@@ -475,7 +485,7 @@ def _norm_backward_rule(ctx, grads, backward, eager):
     x, weight, bias, stats = ctx.saved_tensors
     normalized_shape, weight_offset, is_rms_norm = ctx.options
     out = backward(grads[0], x, weight, bias, stats, normalized_shape, weight_offset, is_rms_norm)
-    return (out[0], *_split_param_grads(out, 1, weight, bias), None, None, None, None)
+    return (out[0], *_split_param_grads(out, 1, weight, bias), None, None, None, None, None)
 
 
 NormFunction, _norm_apply = differentiable_op(
@@ -581,15 +591,18 @@ def layer_norm(
     weight: Optional[Tensor] = None,
     bias: Optional[Tensor] = None,
     eps: float = 1e-5,
+    *,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """LayerNorm over the trailing `normalized_shape` dims of x, differentiable (F.layer_norm).
 
     x: (..., *normalized_shape), fp32/fp16/bf16, any strides, on a CUDA device (the CPU under
     TRITON_INTERPRET=1). weight, bias: normalized_shape, any float dtype, optional.
-    Returns x's shape and dtype; mean and variance are fp32.
+    out_dtype: y's dtype (None: x's), rounded once from fp32: an fp32 x can feed a bf16 matmul with
+    no cast kernel (the gradient comes back in x's dtype). Returns x's shape; mean and variance are fp32.
     """
     _require_tensors(x, weight, bias)
-    return _norm_apply(x, weight, bias, _op_shape(normalized_shape), eps, 0.0, False)[0]
+    return _norm_apply(x, weight, bias, _op_shape(normalized_shape), eps, 0.0, False, out_dtype)[0]
 
 
 def rms_norm(
@@ -599,15 +612,17 @@ def rms_norm(
     eps: Optional[float] = None,
     *,
     offset: float = 0.0,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """RMSNorm over the trailing `normalized_shape` dims of x, differentiable (F.rms_norm).
 
     x: (..., *normalized_shape), fp32/fp16/bf16, any strides. weight: normalized_shape, optional.
     eps: None uses torch.finfo(x.dtype).eps, as torch does. offset: y = x * rstd * (offset + weight)
-    (offset=1.0 is the Gemma-style `1 + w` form). Returns x's shape and dtype.
+    (offset=1.0 is the Gemma-style `1 + w` form). out_dtype: y's dtype (None: x's), as layer_norm.
+    Returns x's shape.
     """
     _require_tensors(x, weight, None)
-    return _norm_apply(x, weight, None, _op_shape(normalized_shape), eps, offset, True)[0]
+    return _norm_apply(x, weight, None, _op_shape(normalized_shape), eps, offset, True, out_dtype)[0]
 
 
 def add_dropout_norm(
@@ -644,7 +659,7 @@ def add_dropout_norm(
     _require_tensors(x, weight, bias, residual)
     if residual is None and p == 0.0 and not (residual_in_fp32 and x.dtype != torch.float32):
         # The norm input is x itself: nothing to add, drop or store.
-        y = _norm_apply(x, weight, bias, _op_shape(x.shape[-1:]), eps, offset, is_rms_norm)[0]
+        y = _norm_apply(x, weight, bias, _op_shape(x.shape[-1:]), eps, offset, is_rms_norm, None)[0]
         return (y, x) if prenorm else (y, y)
     # The key words are drawn (or written) only for a dropout that runs: p is checked first.
     rng = dropout_rng(x.device, seed, seed_offset) if check_float("p", p, 0.0, 1.0) > 0.0 else None
