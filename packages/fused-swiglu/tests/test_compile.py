@@ -61,8 +61,8 @@ KERNELS = {
     "weight_grad": (
         _swiglu_weight_grad_kernel,
         ["x_ptr", "dg_ptr", "du_ptr", "dwg_ptr", "dwu_ptr", "ws_ptr"],
-        ["stride_xm", "stride_xk", "stride_dm", "stride_dwk", "M", "N", "K", "split"],
-        ["stride_xk", "split"],
+        ["stride_xm", "stride_xk", "stride_dm", "stride_dwk", "stride_dwn", "M", "N", "K", "split"],
+        ["stride_xk", "stride_dwn", "split"],
     ),
     "down_grad": (
         _mlp_down_grad_kernel,
@@ -222,7 +222,7 @@ def test_weight_grad_reduce_kernel_compiles(dtype, blocks, arch):
     (fp32: fp32 weights, or 16-bit ones under autocast; it reads only the fp32 workspace)."""
     block_k, block_n, group_k = blocks
     signature = {"ws_ptr": "*fp32", "dwg_ptr": POINTER[dtype], "dwu_ptr": POINTER[dtype]}
-    signature.update({i: "i32" for i in ("stride_dwk", "N", "K", "split")})
+    signature.update({i: "i32" for i in ("stride_dwk", "stride_dwn", "N", "K", "split")})
     constexprs = dict(UPCAST=False, NUM_SMS=NUM_SMS[arch], BLOCK_K=block_k, BLOCK_N=block_n, GROUP_K=group_k)
     constexprs["ROWS"] = min(REDUCE_ROWS, block_k)
     compile_to_cubin(
@@ -285,11 +285,12 @@ def _weight_grad_tma_signature(c, dtype, out_dtype):
         "dwg_ptr": POINTER[out_dtype],
         "dwu_ptr": POINTER[out_dtype],
         "ws_ptr": "*fp32",
-        **{i: "i32" for i in ("stride_dwk", "M", "N", "K", "split")},
+        **{i: "i32" for i in ("stride_dwk", "stride_dwn", "M", "N", "K", "split")},
     }
 
 
 SM90 = {"NUM_SMS": NUM_SMS[90]}
+SM90_ROW_MAJOR = dict(SM90, stride_dwn=1)  # the weight gradients' usual layout
 SM90_SILU = dict(SM90, ACTIVATION=SILU)
 TMA_KERNELS = {
     # The forward: biases, saved g/u and fp16 accumulation (FastAccum) each on and off.
@@ -314,7 +315,8 @@ TMA_KERNELS = {
     # The weight gradients in the operand dtype or in fp32 (fp32 weights under autocast); the split
     # count a runtime value.
     "weight_grad_tma": (_swiglu_weight_grad_tma_kernel, _weight_grad_tma_signature, [
-        ("bf16", "bf16", SM90), ("fp16", "fp32", SM90), ("bf16", "fp32", SM90), ("fp16", "fp16", SM90),
+        ("bf16", "bf16", SM90_ROW_MAJOR), ("fp16", "fp32", SM90_ROW_MAJOR), ("bf16", "fp32", SM90_ROW_MAJOR),
+        ("fp16", "fp16", SM90_ROW_MAJOR),
     ]),
 }  # fmt: skip
 # GELU-tanh in each TMA kernel that evaluates it, on its workhorse config (cfg0).
@@ -346,10 +348,32 @@ def test_tma_kernels_compile(name, config, dtype, out_dtype, constexprs):
     num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
     compile_to_cubin(
         kernel,
-        signature=signature_of(config, dtype, out_dtype),
+        signature={k: v for k, v in signature_of(config, dtype, out_dtype).items() if k not in constexprs},
         constexprs=dict(constexprs, UPCAST=False, **config),
         arch=90,
         num_warps=num_warps,
         num_stages=num_stages,
         serialized_wgmma_ok=_known_serialized(constexprs),
     )
+
+
+@pytest.mark.parametrize("arch, tma", [(80, False), (90, False), (90, True)], ids=["sm80", "sm90", "sm90-tma"])
+def test_column_major_weight_grads_compile(arch, tma):
+    """fp32 weight gradients stored in the (1, K) strides of an nn.Linear weight's transposed view
+    (stride_dwk = 1, a transposing store), bf16 operands, each kernel's first config."""
+    if tma and TRITON_VERSION < (3, 4):
+        pytest.skip("tensor descriptors need Triton >= 3.4")
+    kernel = _swiglu_weight_grad_tma_kernel if tma else _swiglu_weight_grad_kernel
+    config = dict(autotune_configs(kernel)[0])
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    constexprs = dict(config, UPCAST=False, NUM_SMS=NUM_SMS[arch], stride_dwk=1)
+    if tma:
+        signature = _weight_grad_tma_signature(config, "bf16", "fp32")
+    else:
+        _, pointers, ints, _ = KERNELS["weight_grad"]
+        signature = {p: POINTER["bf16"] for p in pointers}
+        signature.update({i: "i32" for i in ints}, ws_ptr="*fp32", dwg_ptr="*fp32", dwu_ptr="*fp32")
+        constexprs.update(stride_xk=1, ALLOW_TF32=False, EVEN_M=True)
+    signature = {k: v for k, v in signature.items() if k not in constexprs}
+    compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps,
+                     num_stages=num_stages)  # fmt: skip

@@ -137,3 +137,65 @@ def test_tma_backward_kernels(dtype, activation, device, sw, monkeypatch):
         assert len(launchers.DOWN_GRAD) == 0 and len(launchers.WEIGHT_GRAD) == 0
     finally:
         launchers.clear_plans()
+
+
+class _WeightSizedCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the copies (copy_, clone, _to_copy) whose output has `numel` elements."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        copies = (torch.ops.aten.copy_.default, torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
+        if func in copies and isinstance(out, torch.Tensor) and out.numel() == self.numel:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linear_weights_get_their_gradients_in_place(dtype, device, sw):
+    """Weights passed as the transposed views of nn.Linear weights (the Hugging Face layout, w.t()):
+    values as the reference's, and each Linear's gradient is written in its own layout, so that
+    autograd stores it as it comes, with no transposing copy of any weight-sized tensor."""
+    d_model, d_inter = 48, 72
+    gate, up = (torch.nn.Linear(d_model, d_inter, bias=False, device=device, dtype=dtype) for _ in range(2))
+    down = torch.nn.Linear(d_inter, d_model, bias=False, device=device, dtype=dtype)
+    x = torch.randn(2, 19, d_model, device=device, dtype=dtype)
+    dy = torch.randn(2, 19, d_model, device=device, dtype=dtype)
+    linears = (gate, up, down)
+    counter = _WeightSizedCopies(d_model * d_inter)
+    y = swiglu_mlp(x, *(lin.weight.t() for lin in linears))
+    with counter:
+        y.backward(dy)
+    assert counter.count == 0
+    weights = [lin.weight.detach().double().t().requires_grad_() for lin in linears]
+    reference = swiglu_mlp_reference(x.double(), *weights)
+    grads_ref = torch.autograd.grad(reference, weights, dy.double())
+    lowp = [lin.weight.detach().t().requires_grad_() for lin in linears]
+    grads_low = torch.autograd.grad(swiglu_mlp_reference(x, *lowp), lowp, dy)
+    for name, lin, g_ref, g_low in zip(["dw_gate", "dw_up", "dw_down"], linears, grads_ref, grads_low):
+        assert lin.weight.grad.is_contiguous(), name
+        assert_close_to_reference(lin.weight.grad, g_ref.t(), g_low.t(), name=name)
+
+
+@pytest.mark.torch_compile
+def test_linear_weight_views_under_torch_compile(device):
+    """The same transposed views through torch.compile (AOTAutograd, the custom ops' fake
+    implementations with the column-major weight gradients): results and gradients as eager."""
+    torch.manual_seed(0)
+    weights = [torch.randn(shape, device=device) for shape in ((72, 48), (72, 48), (48, 72))]
+    x = torch.randn(2, 19, 48, device=device)
+
+    def run(fn):
+        leaves = [w.detach().clone().requires_grad_() for w in weights]
+        y = fn(x, *(w.t() for w in leaves))
+        y.square().sum().backward()
+        return [y.detach()] + [w.grad for w in leaves]
+
+    eager = run(swiglu_mlp)
+    compiled = run(torch.compile(swiglu_mlp, backend="aot_eager", fullgraph=True))
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b)
+    assert all(g.is_contiguous() for g in compiled[1:])

@@ -305,6 +305,7 @@ def _swiglu_weight_grad_kernel(
     stride_xk,
     stride_dm,
     stride_dwk,
+    stride_dwn,
     M,
     N,
     K,
@@ -331,19 +332,21 @@ def _swiglu_weight_grad_kernel(
         stride_xk, stride_xm, stride_dm, 1, stride_dm, 1,
         r_begin, r_end, False, ALLOW_TF32, UPCAST, BLOCK_K, BLOCK_N, BLOCK_M, EVEN_M,
     )  # fmt: skip
-    _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, N, K,
-                       UPCAST, BLOCK_K, BLOCK_N)  # fmt: skip
+    _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, stride_dwn,
+                       N, K, UPCAST, BLOCK_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
-def _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, N, K,
-                       UPCAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """A whole tile's (dw_gate, dw_up) into the gradients; a split program's into the workspace."""
+def _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, stride_dwn,
+                       N, K, UPCAST: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """A whole tile's (dw_gate, dw_up) into the gradients (any strides: a weight passed as the
+    transposed view of an nn.Linear's gets its gradient in that layout, and autograd no copy); a
+    split program's into the workspace."""
     if part_program < 0:
         offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-        offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n[None, :]
+        offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n.to(tl.int64)[None, :] * stride_dwn
         _store(dwg_ptr + offs, acc_g, mask, UPCAST)
         _store(dwu_ptr + offs, acc_u, mask, UPCAST)
     else:
@@ -370,6 +373,7 @@ def _swiglu_weight_grad_tma_kernel(
     dwu_ptr,
     ws_ptr,
     stride_dwk,
+    stride_dwn,
     M,
     N,
     K,
@@ -398,8 +402,8 @@ def _swiglu_weight_grad_tma_kernel(
         x_t = x_desc.load([off_m, off_k]).T
         acc_g = _dot(x_t, dg_desc.load([off_m, off_n]), acc_g, False, False, UPCAST)
         acc_u = _dot(x_t, du_desc.load([off_m, off_n]), acc_u, False, False, UPCAST)
-    _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, N, K,
-                       UPCAST, BLOCK_K, BLOCK_N)  # fmt: skip
+    _weight_grad_store(acc_g, acc_u, pid_k, pid_n, part_program, dwg_ptr, dwu_ptr, ws_ptr, stride_dwk, stride_dwn,
+                       N, K, UPCAST, BLOCK_K, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -408,6 +412,7 @@ def _weight_grad_reduce_kernel(
     dwg_ptr,
     dwu_ptr,
     stride_dwk,
+    stride_dwn,
     N,
     K,
     split,
@@ -433,7 +438,7 @@ def _weight_grad_reduce_kernel(
             total += tl.load(first + part * (2 * BLOCK_K * BLOCK_N) + tile_offs)
         offs_k = pid_k * BLOCK_K + rows
         mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-        offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n[None, :]
+        offs = offs_k.to(tl.int64)[:, None] * stride_dwk + offs_n.to(tl.int64)[None, :] * stride_dwn
         if which == 0:
             _store(dwg_ptr + offs, total, mask, UPCAST)
         else:

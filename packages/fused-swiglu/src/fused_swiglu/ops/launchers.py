@@ -446,7 +446,8 @@ def _weight_grad_tail(meta: dict) -> WeightGradTail:
     block_k, block_n, sms = meta["BLOCK_K"], meta["BLOCK_N"], meta["NUM_SMS"]
     remainder = (triton.cdiv(meta["K"], block_k) * triton.cdiv(meta["N"], block_n)) % sms
     reduce = Launch(
-        _weight_grad_reduce_kernel, (remainder, 2), stride_dwk=meta["stride_dwk"], N=meta["N"], K=meta["K"],
+        _weight_grad_reduce_kernel, (remainder, 2), stride_dwk=meta["stride_dwk"], stride_dwn=meta["stride_dwn"],
+        N=meta["N"], K=meta["K"],
         split=split, UPCAST=INTERPRETING, NUM_SMS=sms, BLOCK_K=block_k, BLOCK_N=block_n, GROUP_K=meta["GROUP_K"],
         ROWS=min(REDUCE_ROWS, block_k), num_warps=REDUCE_NUM_WARPS,
     )  # fmt: skip
@@ -459,11 +460,11 @@ def _weight_grad_grid(meta):
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _weight_grad_launch(M, N, K, x_strides, dg_strides, du_strides, stride_dwk, dtype, dw_dtype, tf32, device,
+def _weight_grad_launch(M, N, K, x_strides, dg_strides, du_strides, dw_strides, dtype, dw_dtype, tf32, device,
                         tma: bool) -> TunedPlan:  # fmt: skip
     """The weight gradients' launch; per call: x, d_gate, d_up, dw_gate, dw_up, workspace."""
-    sizes = (("stride_dwk", stride_dwk), ("M", M), ("N", N), ("K", K), ("UPCAST", INTERPRETING),
-             ("NUM_SMS", _sms(device)))  # fmt: skip
+    sizes = (("stride_dwk", dw_strides[0]), ("stride_dwn", dw_strides[1]), ("M", M), ("N", N), ("K", K),
+             ("UPCAST", INTERPRETING), ("NUM_SMS", _sms(device)))  # fmt: skip
     outputs = ("dwg_ptr", "dwu_ptr", "ws_ptr")
     if tma:
         return TunedPlan(
@@ -488,9 +489,9 @@ class WeightGradPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=PLANS)
-def _weight_grad_plan(M, N, K, x_strides, dg_strides, du_strides, stride_dwk, dtype, dw_dtype, tf32,
+def _weight_grad_plan(M, N, K, x_strides, dg_strides, du_strides, dw_strides, dtype, dw_dtype, tf32,
                       device) -> WeightGradPlan:  # fmt: skip
-    key = (M, N, K, x_strides, dg_strides, du_strides, stride_dwk, dtype, dw_dtype, tf32, device)
+    key = (M, N, K, x_strides, dg_strides, du_strides, dw_strides, dtype, dw_dtype, tf32, device)
     tma = weight_grad_tma_suits(dtype, x_strides, dg_strides, du_strides, device)
     where = torch.device("cuda", device) if device >= 0 else torch.device("cpu")
     unused = torch.empty(1, dtype=torch.float32, device=where)
@@ -534,7 +535,7 @@ def _run_weight_grad(plan: TunedPlan, x, d_gate, d_up, dw_gate, dw_up, unused_wo
 def _weight_grad_key(x: Tensor, d_gate: Tensor, d_up: Tensor, dw_gate: Tensor):
     M, K = x.shape
     dtype = x.dtype
-    return (M, d_gate.shape[1], K, x.stride(), d_gate.stride(), d_up.stride(), dw_gate.stride(0), dtype, dw_gate.dtype,
+    return (M, d_gate.shape[1], K, x.stride(), d_gate.stride(), d_up.stride(), dw_gate.stride(), dtype, dw_gate.dtype,
             _allow_tf32(dtype), x.get_device())  # fmt: skip
 
 
@@ -545,23 +546,29 @@ def launch_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dw_gate: Tensor,
                      _weight_grad_plan(*key).unused_workspace)  # fmt: skip
 
 
-def _swiglu_weight_grad_fake(x, d_gate, d_up, dtype):
-    shape = (x.shape[1], d_gate.shape[1])
-    return x.new_empty(shape, dtype=dtype), x.new_empty(shape, dtype=dtype)
+def _weight_grads_empty(x: Tensor, d_gate: Tensor, dtype: torch.dtype, column_major: bool) -> Tuple[Tensor, Tensor]:
+    K, N = x.shape[1], d_gate.shape[1]
+    strides = (1, K) if column_major else (N, 1)
+    return tuple(torch.empty_strided((K, N), strides, dtype=dtype, device=x.device) for _ in range(2))
+
+
+def _swiglu_weight_grad_fake(x, d_gate, d_up, dtype, column_major=False):
+    return _weight_grads_empty(x, d_gate, dtype, column_major)
 
 
 @custom_op("fused_swiglu::swiglu_weight_grad", fake=_swiglu_weight_grad_fake)
-def swiglu_weight_grad(x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+def swiglu_weight_grad(
+    x: Tensor, d_gate: Tensor, d_up: Tensor, dtype: torch.dtype, column_major: bool = False
+) -> Tuple[Tensor, Tensor]:
     """(dw_gate, dw_up) = (x^T @ d_gate, x^T @ d_up), reduced over all M rows -> (K, N) each, in
-    `dtype`: x's, or fp32 for fp32 weights under autocast (the fp32 accumulator stored uncast).
+    `dtype`: x's, or fp32 for fp32 weights under autocast (the fp32 accumulator stored uncast);
+    column_major: with strides (1, K), the layout of an nn.Linear weight's transposed view.
 
     A last, partial wave of output tiles splits its reduction (configs.weight_grad_split): those
     programs write fp32 partial sums to a workspace, which a second kernel adds up in order.
     """
-    M, K = x.shape
-    N = d_gate.shape[1]
-    dw_gate = torch.empty((K, N), dtype=dtype, device=x.device)
-    dw_up = torch.empty((K, N), dtype=dtype, device=x.device)
+    M = x.shape[0]
+    dw_gate, dw_up = _weight_grads_empty(x, d_gate, dtype, column_major)
     if M == 0:
         return dw_gate.zero_(), dw_up.zero_()
     plan = _weight_grad_plan(*_weight_grad_key(x, d_gate, d_up, dw_gate))

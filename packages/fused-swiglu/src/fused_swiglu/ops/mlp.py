@@ -29,6 +29,7 @@ from .._validation import autocast_inputs, check_activation, check_vector
 from .launchers import mlp_down_grad_, swiglu_input_grad
 from .swiglu import (
     check_swiglu_operands,
+    column_major,
     flat_rows,
     forward_launch,
     grad_dtypes,
@@ -68,6 +69,8 @@ def mlp_forward(ctx, x, w_gate, w_up, w_down, b_gate, b_up, b_down, activation) 
         ctx.activation = code
         # Before autocast's casts: the dtypes the weight and bias gradients are written in.
         ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
+        ctx.weights_column_major = column_major(w_gate) and column_major(w_up)
+        ctx.down_column_major = column_major(w_down)
         ctx.b_down_dtype = None if b_down is None else b_down.dtype
         ctx.leading, ctx.has_bias, ctx.has_down_bias = xc.shape[:-1], has_bias, bd is not None
     return with_leading(y, xc.shape[:-1])
@@ -89,7 +92,10 @@ class FusedSwiGLUMLP(torch.autograd.Function):
         dy2d = flat_rows(dy)
         h = mlp_down_grad_(dy2d, w_down, g, u, ctx.activation)  # g, u now hold d_gate, d_up
         # In h's dtype, cast by autograd for an fp32 w_down: torch.mm's out_dtype is recent torch's, and not on CPU.
-        dw_down = torch.mm(h.t(), dy2d) if need[3] else None
+        # In w_down's layout when it is an nn.Linear weight's transposed view (column_major).
+        dw_down = None
+        if need[3]:
+            dw_down = torch.mm(dy2d.t(), h).t() if ctx.down_column_major else torch.mm(h.t(), dy2d)
         del h
         db_down = dy2d.sum(0, dtype=ctx.b_down_dtype) if ctx.has_down_bias and need[6] else None
         dx = None

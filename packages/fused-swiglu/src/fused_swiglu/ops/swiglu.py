@@ -100,10 +100,20 @@ def grad_dtypes(w_gate, w_up, b_gate, b_up):
     return dw, *(None if b is None else b.dtype for b in (b_gate, b_up))
 
 
+def column_major(w: torch.Tensor) -> bool:
+    """Whether w (k, n) has strides (1, k): the transposed view of an nn.Linear's (n, k) weight.
+    Its gradient is written in that layout, so that autograd hands the Linear's weight a
+    contiguous gradient instead of copying a transposed one."""
+    return w.shape[1] > 1 and w.stride(0) == 1 and w.stride(1) == w.shape[0]
+
+
 def weight_and_bias_grads(ctx, x2d, d_gate, d_up, need_w: bool, need_b: bool):
-    """(dw_gate, dw_up, db_gate, db_up) in the dtypes of ctx.grad_dtypes, None where not needed."""
+    """(dw_gate, dw_up, db_gate, db_up) in the dtypes of ctx.grad_dtypes, None where not needed;
+    the weight gradients in the weights' layout where both are column-major (column_major)."""
     dw_dtype, db_gate_dtype, db_up_dtype = ctx.grad_dtypes
-    dw_gate, dw_up = swiglu_weight_grad(x2d, d_gate, d_up, dw_dtype) if need_w else (None, None)
+    dw_gate, dw_up = (
+        swiglu_weight_grad(x2d, d_gate, d_up, dw_dtype, ctx.weights_column_major) if need_w else (None, None)
+    )
     if not need_b:
         return dw_gate, dw_up, None, None
     # Summed straight into the bias's dtype (in fp32 for an fp32 bias: no cast kernel after).
@@ -125,6 +135,7 @@ def swiglu_forward(ctx, x, w_gate, w_up, b_gate, b_up, fp16_accumulate: bool, dt
         ctx.activation = code
         # Before autocast's casts: the dtypes the weight and bias gradients are written in.
         ctx.grad_dtypes = grad_dtypes(w_gate, w_up, b_gate, b_up)
+        ctx.weights_column_major = column_major(w_gate) and column_major(w_up)
         ctx.leading, ctx.has_bias, ctx.fp16_accumulate = xc.shape[:-1], has_bias, fp16_accumulate
     return with_leading(h, xc.shape[:-1])
 
