@@ -16,10 +16,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tritonformer.bench_common import hf_model
 from tritonformer.config import TransformerConfig
 
-SKIP = {"aten.detach.default", "aten.view.default", "aten._unsafe_view.default", "aten.t.default",
-        "aten.transpose.int", "aten.unsqueeze.default", "aten.expand.default", "aten.slice.Tensor",
-        "aten.select.int", "aten.permute.default", "aten.squeeze.dim", "aten.as_strided.default",
-        "aten.alias.default", "aten.split.Tensor", "aten.unbind.int", "aten.lift_fresh.default"}
+SKIP = {
+    "aten.detach.default",
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.t.default",
+    "aten.transpose.int",
+    "aten.unsqueeze.default",
+    "aten.expand.default",
+    "aten.slice.Tensor",
+    "aten.select.int",
+    "aten.permute.default",
+    "aten.squeeze.dim",
+    "aten.as_strided.default",
+    "aten.alias.default",
+    "aten.split.Tensor",
+    "aten.unbind.int",
+    "aten.lift_fresh.default",
+}
 
 
 class Log(TorchDispatchMode):
@@ -40,12 +54,20 @@ class Log(TorchDispatchMode):
 def main():
     arch = sys.argv[1] if len(sys.argv) > 1 else "llama"
     patch = sys.argv[2] if len(sys.argv) > 2 else "tritonformer"
-    config = TransformerConfig.preset("llama-160M", d_model=128, n_head=2, n_kv_head=2 if arch == "llama" else 1,
-                                      n_layer=1, d_ff=352, vocab_size=512, max_seq_len=64)
+    config = TransformerConfig.preset(
+        "llama-160M",
+        d_model=128,
+        n_head=2,
+        n_kv_head=2 if arch == "llama" else 1,
+        n_layer=1,
+        d_ff=352,
+        vocab_size=512,
+        max_seq_len=64,
+    )
     torch.manual_seed(0)
     model = hf_model(config, arch, "" if patch == "none" else patch)
     idx = torch.randint(0, 512, (2, 64))
-    for phase in range(2):
+    for _ in range(2):  # the second step: warm caches, as timed steps are
         log = Log()
         with log:
             with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -187,10 +187,39 @@ def test_bf16_matches_unpatched(model_type, padding, device, kernel_calls):
     check_against_unpatched(model_type, torch.bfloat16, padding, device, kernel_calls)
 
 
-def test_autocast_matches_unpatched(device, kernel_calls):
-    """fp32 weights under torch.autocast(bf16), the usual training setup: fp32 norms, q/k rotated in fp32
-    (bf16 projections with fp32 cos/sin), attention and SwiGLU cast to bf16, an fp32 loss."""
-    check_against_unpatched("llama", torch.bfloat16, True, device, kernel_calls, autocast=True)
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "gpt2"])
+def test_autocast_matches_unpatched(model_type, device, kernel_calls):
+    """fp32 weights under torch.autocast(bf16), the usual training setup: an fp32 residual stream, the
+    norms that feed linear layers written in bf16 (the unpatched model casts them there), q/k rotated
+    from bf16 projections with fp32 cos/sin into bf16, attention and the gated MLP in bf16, an fp32
+    loss; Gemma-2's post-norms and every final norm keep the unpatched model's dtype."""
+    padding = "right" if model_type == "gemma2" else True
+    check_against_unpatched(model_type, torch.bfloat16, padding, device, kernel_calls, autocast=True)
+
+
+@pytest.mark.parametrize(
+    "model_type, marked",
+    [("llama", {"input_layernorm", "post_attention_layernorm"}),
+     ("gemma2", {"input_layernorm", "pre_feedforward_layernorm"}), ("gpt2", {"ln_1", "ln_2"})],
+)  # fmt: skip
+def test_norms_that_feed_linear_layers_give_autocast_dtype(model_type, marked, device, kernel_calls):
+    """apply marks the pre-attention and pre-MLP norms of each layer; under autocast those return
+    bf16 (what every linear layer they feed casts to), the others the unpatched model's dtype."""
+    model = tiny_model(model_type, device)
+    hf.apply(model)
+    norms = {name: m for name, m in model.named_modules() if "norm" in type(m).__name__.lower()}
+    feeds = {name for name, m in norms.items() if getattr(m, hf_kernels.FEEDS_MATMULS, False)}
+    assert {name.rpartition(".")[2] for name in feeds} == marked and len(feeds) == 2 * len(marked)
+    x = torch.randn(2, 5, 64, device=device)
+    for name, norm in norms.items():
+        if not hasattr(norm, "weight") or norm.weight.shape != (64,):
+            continue  # Gemma 2's q/k norms are absent; this loop sees the hidden-size norms only
+        with torch.autocast(device, dtype=torch.bfloat16):
+            got = norm(x)
+        expected = torch.bfloat16 if name in feeds else torch.float32
+        assert got.dtype == expected, name
+    hf.revert(model)
+    assert not any(getattr(m, hf_kernels.FEEDS_MATMULS, False) for m in model.modules())
 
 
 @pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gemma3_text", "gpt2"])
@@ -501,6 +530,13 @@ def test_apply_to_llama_patches_new_models(device, class_patches, kernel_calls):
     assert modeling.LlamaRMSNorm.forward.__module__ == modeling.__name__
 
 
+def test_apply_to_llama_marks_the_norms_that_feed_linear_layers(device, class_patches):
+    hf.apply_to_llama()
+    model = tiny_model("llama", device)
+    feeds = {name for name, m in model.named_modules() if getattr(m, hf_kernels.FEEDS_MATMULS, False)}
+    assert feeds == {f"model.layers.{i}.{n}" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")}
+
+
 def test_apply_to_gpt2_patches_the_layer_norms_of_new_models(device, class_patches):
     report = hf.apply_to_gpt2(attention=False, cross_entropy=False, fused_linear_cross_entropy=False)
     assert set(report.patched) == {"layer_norm"}
@@ -577,8 +613,8 @@ def test_where_kernels_cannot_run_the_original_code_runs(monkeypatch, kernel_cal
 
 
 def test_rope_keeps_the_contract_of_apply_rotary_pos_emb(device, kernel_calls):
-    """The dtype of q promoted with cos's (fp32 under autocast, where the projections are bf16 and cos/sin
-    fp32), and the original function for a layout the kernel does not take (unsqueeze_dim=2)."""
+    """The dtype of q promoted with cos's (fp32 for fp32 q, k), and the original function for a layout
+    the kernel does not take (unsqueeze_dim=2)."""
     original = transformers.models.llama.modeling_llama.apply_rotary_pos_emb
     rope = hf_kernels.make_rope(original)
     q, k, _ = qkv(device, 6, 6)
@@ -603,3 +639,21 @@ def test_layer_norm_keeps_the_dtype_of_torch_under_autocast(device, kernel_calls
         got, expected = ours(x), norm(x)
     assert got.dtype == expected.dtype and kernel_calls["layer_norm"] == 1
     assert_close_to_reference(got, torch.nn.functional.layer_norm(x.double(), (64,)), expected)
+
+
+def test_rope_under_autocast_keeps_the_projections_dtype(device, kernel_calls):
+    """bf16 q, k with fp32 cos/sin under autocast(bf16): bf16 out (the unpatched fp32 result rounded
+    once, as every attention function rounds it), and fp32 q, k keep fp32."""
+    original = transformers.models.llama.modeling_llama.apply_rotary_pos_emb
+    rope = hf_kernels.make_rope(original)
+    q, k, _ = qkv(device, 6, 6)
+    angles = torch.rand(1, 6, 8, device=device) * 6
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = rope(q, k, cos, sin)
+        assert [t.dtype for t in rope(q.float(), k.float(), cos, sin)] == [torch.float32] * 2
+    expected = original(q, k, cos, sin)  # fp32, as the unpatched model's
+    exact = original(q.double(), k.double(), cos.double(), sin.double())
+    for out, ref, lowp in zip(got, exact, expected):
+        assert out.dtype == torch.bfloat16
+        assert_close_to_reference(out, ref, lowp.bfloat16())

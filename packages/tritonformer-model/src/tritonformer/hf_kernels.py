@@ -73,38 +73,58 @@ def original_method(module: torch.nn.Module, name: str = "forward") -> Callable:
 # ---------------------------------------------------------------------------------------------
 # Norms, MLP, rotary embedding.
 
+# Set by apply (and by new models after apply_to_<type>) on the norms whose output only feeds
+# linear layers: the pre-attention and pre-MLP norms of each decoder layer.
+FEEDS_MATMULS = "_tritonformer_feeds_matmuls"
+
+
+def _matmul_dtype(norm: torch.nn.Module, x: torch.Tensor) -> Optional[torch.dtype]:
+    """Autocast's half dtype for a norm that feeds only linear layers, None otherwise.
+
+    Under autocast every consumer of such a norm casts its output to that dtype: the kernel writes
+    it directly (the same value, rounded once from fp32), and the cast kernels of the forward and
+    of the backward, one per consuming linear, are not run.
+    """
+    if not getattr(norm, FEEDS_MATMULS, False):
+        return None
+    dtype = autocast_dtype(x.device.type)
+    return dtype if dtype in _HALF_DTYPES else None
+
 
 def rms_norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * normalized x, in x's dtype promoted with the weight's."""
+    """LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: weight * normalized x, in x's dtype promoted
+    with the weight's (autocast's dtype for a norm that feeds linear layers, see _matmul_dtype)."""
     weight = self.weight
     if not (_on_kernel_device(hidden_states, weight) and _kernel_floats(hidden_states, weight)):
         return original_method(self)(self, hidden_states)
     from fused_norm_xent import rms_norm
 
-    out = rms_norm(hidden_states, (hidden_states.shape[-1],), weight, self.variance_epsilon)
-    dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
-    return out if out.dtype == dtype else out.to(dtype)
+    dtype = _matmul_dtype(self, hidden_states) or torch.promote_types(hidden_states.dtype, weight.dtype)
+    out_dtype = dtype if dtype != hidden_states.dtype else None
+    return rms_norm(hidden_states, (hidden_states.shape[-1],), weight, self.variance_epsilon, out_dtype=out_dtype)
 
 
 def offset_rms_norm_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """GemmaRMSNorm: normalized x * (1 + weight), in x's dtype."""
+    """GemmaRMSNorm: normalized x * (1 + weight), in x's dtype (autocast's, see _matmul_dtype)."""
     weight = self.weight
     if not (_on_kernel_device(x, weight) and _kernel_floats(x, weight)):
         return original_method(self)(self, x)
     from fused_norm_xent import rms_norm
 
-    return rms_norm(x, (x.shape[-1],), weight, self.eps, offset=1.0)
+    return rms_norm(x, (x.shape[-1],), weight, self.eps, offset=1.0, out_dtype=_matmul_dtype(self, x))
 
 
 def layer_norm_forward(self: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """torch.nn.LayerNorm; in fp32 under CUDA autocast, which runs layer_norm in fp32 (CPU autocast does not)."""
+    """torch.nn.LayerNorm; in fp32 under CUDA autocast, which runs layer_norm in fp32 (CPU autocast
+    does not); its output in autocast's dtype for a norm that feeds linear layers (_matmul_dtype)."""
     if not (_on_kernel_device(x, self.weight, self.bias) and _kernel_floats(x, self.weight, self.bias)):
         return original_method(self)(self, x)
     from fused_norm_xent import layer_norm
 
     if x.dtype != torch.float32 and x.device.type == "cuda" and autocast_dtype("cuda") is not None:
         x = x.float()
-    return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+    out_dtype = _matmul_dtype(self, x)
+    return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, out_dtype=out_dtype)
 
 
 # transformers' tanh-approximate GELU modules (gelu_pytorch_tanh, gelu_new): Gemma's GeGLU.
@@ -161,7 +181,12 @@ def make_rope(original: Callable) -> Callable:
         from fused_rope import apply_rotary_qk
 
         # q * cos + rotate_half(q) * sin has the dtype of q promoted with cos's (fp32 cos under autocast).
+        # Under autocast, q and k of its dtype stay in it: every attention function casts them to it
+        # (sdpa, eager's matmuls, ours), so the fp32 copies and their casts back are not needed.
         dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), cos.dtype)
+        amp = autocast_dtype(q.device.type)
+        if amp in _HALF_DTYPES and q.dtype == k.dtype == amp:
+            dtype = amp
         return apply_rotary_qk(q.to(dtype), k.to(dtype), cos, sin)
 
     apply_rotary_pos_emb.__tritonformer_original__ = original

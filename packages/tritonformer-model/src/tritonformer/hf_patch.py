@@ -43,6 +43,7 @@ import torch
 from .hf_kernels import (
     ATTENTION_NAME,
     CLASS_ORIGINALS,
+    FEEDS_MATMULS,
     MISSING,
     causal_lm_loss,
     layer_norm_forward,
@@ -73,6 +74,8 @@ class _ModelSpec:
     mlp: Optional[str] = None
     rope: bool = True
     layer_norm: bool = False  # GPT-2: torch.nn.LayerNorm modules
+    # The attribute names of each decoder layer's norms that feed only linear layers (hf_kernels.FEEDS_MATMULS).
+    matmul_norms: Tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
 
 
 def _llama_like(model_type: str, prefix: str, **options: Any) -> _ModelSpec:
@@ -90,17 +93,24 @@ def _llama_like(model_type: str, prefix: str, **options: Any) -> _ModelSpec:
     return _ModelSpec(**values)
 
 
+_GEMMA2_MATMUL_NORMS = ("input_layernorm", "pre_feedforward_layernorm")
+
 SPECS: Dict[str, _ModelSpec] = {
     "llama": _llama_like("llama", "Llama"),
     "mistral": _llama_like("mistral", "Mistral"),
     "qwen2": _llama_like("qwen2", "Qwen2"),
     "qwen3": _llama_like("qwen3", "Qwen3"),  # its q/k norms are Qwen3RMSNorm modules too
     "gemma": _llama_like("gemma", "Gemma", rms_offset=1.0),
-    "gemma2": _llama_like("gemma2", "Gemma2", rms_offset=1.0),
+    # Gemma 2 and 3 normalize the attention's and the MLP's outputs too (post_*): those feed the residual.
+    "gemma2": _llama_like("gemma2", "Gemma2", rms_offset=1.0, matmul_norms=_GEMMA2_MATMUL_NORMS),
     # Gemma 3's text model (model type gemma3_text): its q/k norms are Gemma3RMSNorm modules too.
     "gemma3_text": _llama_like(
-        "gemma3_text", "Gemma3", rms_offset=1.0, module="transformers.models.gemma3.modeling_gemma3"
-    ),
+        "gemma3_text",
+        "Gemma3",
+        rms_offset=1.0,
+        module="transformers.models.gemma3.modeling_gemma3",
+        matmul_norms=_GEMMA2_MATMUL_NORMS,
+    ),  # fmt: skip
     "gpt2": _ModelSpec(
         model_type="gpt2",
         module="transformers.models.gpt2.modeling_gpt2",
@@ -110,6 +120,7 @@ SPECS: Dict[str, _ModelSpec] = {
         output="CausalLMOutputWithCrossAttentions",
         rope=False,
         layer_norm=True,
+        matmul_norms=("ln_1", "ln_2"),
     ),
 }
 
@@ -185,6 +196,21 @@ def _forward_swap(modules: List[torch.nn.Module], function: Callable, descriptio
     return description, _bind_forwards(modules, function)
 
 
+def _matmul_norms(model: torch.nn.Module, spec: _ModelSpec, norm_type: Optional[type]) -> List[torch.nn.Module]:
+    """The norms of type norm_type that feed only linear layers (spec.matmul_norms, in decoder layers)."""
+    return [
+        module for name, module in model.named_modules()
+        if norm_type is not None and type(module) is norm_type and name.rpartition(".")[2] in spec.matmul_norms
+    ]  # fmt: skip
+
+
+def _with_matmul_marks(plan: Union[str, Plan], modules: List[torch.nn.Module]) -> Union[str, Plan]:
+    """plan, whose steps also mark `modules` as feeding linear layers (hf_kernels.FEEDS_MATMULS)."""
+    if isinstance(plan, str) or not plan[1]:
+        return plan
+    return plan[0], plan[1] + [_set_attribute(module, FEEDS_MATMULS, True) for module in modules]
+
+
 def _plan_rms_norm(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     cls = getattr(modeling, spec.rms_norm, None)
     modules = _modules_of(model, cls)
@@ -195,16 +221,18 @@ def _plan_rms_norm(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
             return f"{spec.rms_norm} has no 1-D weight and {eps} (a different transformers version)"
     forward = offset_rms_norm_forward if spec.rms_offset else rms_norm_forward
     offset = " (offset 1: normalized x * (1 + w))" if spec.rms_offset else ""
-    return _forward_swap(
+    plan = _forward_swap(
         modules, forward, f"{len(modules)} {spec.rms_norm} -> fused_norm_xent.rms_norm{offset}", spec.rms_norm or ""
     )
+    return _with_matmul_marks(plan, _matmul_norms(model, spec, cls))
 
 
 def _plan_layer_norm(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
     modules = _modules_of(model, torch.nn.LayerNorm)
-    return _forward_swap(
+    plan = _forward_swap(
         modules, layer_norm_forward, f"{len(modules)} torch.nn.LayerNorm -> fused_norm_xent.layer_norm", "LayerNorm"
     )
+    return _with_matmul_marks(plan, _matmul_norms(model, spec, torch.nn.LayerNorm))
 
 
 def _plan_swiglu(model, spec: _ModelSpec, modeling) -> Union[str, Plan]:
@@ -482,7 +510,20 @@ def _class_plan_rms_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     if owner is not None and eps not in getattr(getattr(owner.__init__, "__code__", None), "co_names", ()):
         return f"{spec.rms_norm} sets no {eps} (a different transformers version)"
     description = f"{spec.rms_norm}.forward -> fused_norm_xent.rms_norm"
-    return _class_swap(owner, "forward", forward, description, spec.rms_norm)
+    plan = _class_swap(owner, "forward", forward, description, spec.rms_norm)
+    pretrained = getattr(modeling, spec.pretrained, None)
+    if isinstance(plan, str) or not plan[1] or not callable(getattr(pretrained, "post_init", None)):
+        return plan
+    original = pretrained.post_init
+
+    @functools.wraps(original)
+    def post_init(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        for module in _matmul_norms(self, spec, owner):
+            setattr(module, FEEDS_MATMULS, True)
+        return result
+
+    return plan[0], plan[1] + [_set_class_attribute(pretrained, "post_init", post_init)]
 
 
 def _class_plan_layer_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
@@ -498,6 +539,8 @@ def _class_plan_layer_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
         for module in self.modules():
             if type(module) is torch.nn.LayerNorm and "forward" not in vars(module):
                 module.forward = types.MethodType(layer_norm_forward, module)
+        for module in _matmul_norms(self, spec, torch.nn.LayerNorm):
+            setattr(module, FEEDS_MATMULS, True)
         return result
 
     return _class_swap(
