@@ -410,7 +410,8 @@ def test_cross_entropy_alone_keeps_the_logits(device, kernel_calls):
 
 def test_fused_loss_only_with_labels_in_training(device, kernel_calls):
     """Eval mode or no labels: the unpatched forward (logits). Training with labels: logits=None, the loss of
-    transformers' ForCausalLMLoss, num_items_in_batch, positional labels and return_dict=False included."""
+    transformers' ForCausalLMLoss, num_items_in_batch, positional labels and return_dict=False included,
+    and no KV cache unless asked for."""
     reference = tiny_model("llama", device, use_cache=False)
     ours = copy.deepcopy(reference)
     hf.apply(ours, cross_entropy=False, **ONLY_LOSSES)
@@ -433,6 +434,10 @@ def test_fused_loss_only_with_labels_in_training(device, kernel_calls):
     assert_close_to_reference(trained.loss, exact, expected)
     as_tuple = ours(ids, None, None, None, None, labels, return_dict=False)  # labels as the 6th positional
     assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], ours(ids, labels=labels).loss)
+    ours.config.use_cache = True  # most configs' default: still no cache in a training step, unless asked
+    assert ours(ids, labels=labels).past_key_values is None
+    cached = ours(ids, labels=labels, use_cache=True)
+    assert cached.past_key_values is not None and torch.equal(cached.loss, ours(ids, labels=labels).loss)
 
 
 # ---------------------------------------------------------------------------------------------

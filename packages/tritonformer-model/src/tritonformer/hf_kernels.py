@@ -588,6 +588,10 @@ def _fused_causal_lm_forward(model, output_class: type, kwargs: Dict[str, Any]):
     return_dict = kwargs.pop("return_dict", None)
     if return_dict is None:
         return_dict = getattr(model.config, "return_dict", True)
+    if kwargs.get("use_cache") is None and kwargs.get("past_key_values") is None:
+        # A training step has no use for a KV cache: config.use_cache (True in most configs) would copy
+        # every layer's keys and values into one and keep them alive until the output is dropped.
+        kwargs["use_cache"] = False
     outputs = getattr(model, model.base_model_prefix)(**kwargs)
     hidden_states = outputs[0] if isinstance(outputs, tuple) else outputs.last_hidden_state
     head = model.get_output_embeddings()

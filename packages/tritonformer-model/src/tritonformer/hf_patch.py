@@ -22,7 +22,8 @@ Switches (all on by default; one a model type lacks is ignored):
 - cross_entropy: the causal-LM loss (loss_function) through fused_norm_xent.cross_entropy.
 - fused_linear_cross_entropy: in training, `model(..., labels=...)` computes the loss from the final
   hidden states with fused_norm_xent.linear_cross_entropy and returns logits=None (no (tokens, vocab)
-  logits tensor); without labels, or in eval mode, the forward is unchanged.
+  logits tensor) and no KV cache unless use_cache=True is passed; without labels, or in eval mode, the
+  forward is unchanged.
 
 Every patched function checks its inputs on each call and runs the original code where a kernel
 cannot (a CPU tensor without TRITON_INTERPRET=1, float64, an unsupported head dim, ...); the code
