@@ -246,11 +246,12 @@ def _desc(dtype, rows, cols):
     return f"tensordesc<{dtype}[{rows}, {cols}]>"
 
 
-def _fwd_tma_signature(c, dtype, out_dtype):
+def _fwd_tma_signature(c, dtype, out_dtype, transposed=False):
+    w_tile = (c["BLOCK_N"], c["BLOCK_K"]) if transposed else (c["BLOCK_K"], c["BLOCK_N"])
     return {
         "x_desc": _desc(dtype, c["BLOCK_M"], c["BLOCK_K"]),
-        "wg_desc": _desc(dtype, c["BLOCK_K"], c["BLOCK_N"]),
-        "wu_desc": _desc(dtype, c["BLOCK_K"], c["BLOCK_N"]),
+        "wg_desc": _desc(dtype, *w_tile),
+        "wu_desc": _desc(dtype, *w_tile),
         **{d: _desc(dtype, c["BLOCK_M"], c["BLOCK_N"]) for d in ("h_desc", "g_desc", "u_desc")},
         **{p: POINTER[dtype] for p in ("bg_ptr", "bu_ptr")},
         **{i: "i32" for i in ("M", "N", "K")},
@@ -291,7 +292,7 @@ def _weight_grad_tma_signature(c, dtype, out_dtype):
 
 SM90 = {"NUM_SMS": NUM_SMS[90]}
 SM90_ROW_MAJOR = dict(SM90, stride_dwn=1)  # the weight gradients' usual layout
-SM90_SILU = dict(SM90, ACTIVATION=SILU)
+SM90_SILU = dict(SM90, ACTIVATION=SILU, W_TRANSPOSED=False)
 TMA_KERNELS = {
     # The forward: biases, saved g/u and fp16 accumulation (FastAccum) each on and off.
     "fwd_tma": (_swiglu_fwd_tma_kernel, _fwd_tma_signature, [
@@ -321,7 +322,7 @@ TMA_KERNELS = {
 }  # fmt: skip
 # GELU-tanh in each TMA kernel that evaluates it, on its workhorse config (cfg0).
 TMA_GELU_CASES = {
-    "fwd_tma": ("bf16", "bf16", dict(SM90, ACTIVATION=GELU_TANH, HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
+    "fwd_tma": ("bf16", "bf16", dict(SM90_SILU, ACTIVATION=GELU_TANH, HAS_BIAS=True, SAVE_GU=True, ACC_FP16=False)),
     "down_grad_tma": ("bf16", "bf16", {"ACTIVATION": GELU_TANH}),
 }
 
@@ -377,3 +378,18 @@ def test_column_major_weight_grads_compile(arch, tma):
     signature = {k: v for k, v in signature.items() if k not in constexprs}
     compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=num_warps,
                      num_stages=num_stages)  # fmt: skip
+
+
+@pytest.mark.skipif(TRITON_VERSION < (3, 4), reason="tensor descriptors need Triton >= 3.4")
+@pytest.mark.parametrize("index", [0, 1], ids=["cfg0", "cfg1"])
+def test_tma_forward_of_linear_weight_views_compiles(index):
+    """W_TRANSPOSED: the weights' (BLOCK_N, BLOCK_K) tiles of (N, K) rows, transposed in shared
+    memory for the wgmma (which must stay asynchronous: the serialized-wgmma check)."""
+    config = dict(autotune_configs(_swiglu_fwd_tma_kernel)[index])
+    num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+    constexprs = dict(SM90_SILU, HAS_BIAS=False, SAVE_GU=True, ACC_FP16=False, UPCAST=False, **config)
+    constexprs["W_TRANSPOSED"] = True
+    compile_to_cubin(
+        _swiglu_fwd_tma_kernel, signature=_fwd_tma_signature(config, "bf16", "bf16", transposed=True),
+        constexprs=constexprs, arch=90, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip

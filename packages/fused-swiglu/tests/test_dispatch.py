@@ -54,6 +54,9 @@ def test_tma_forward_is_chosen_only_on_hopper_with_ready_operands(hopper, monkey
     assert not use_tma_forward(x, w_gate[:, :63], w_up[:, :63])  # aligned operands, 126-byte output rows
     assert not use_tma_forward(x, torch.zeros(64, 64, dtype=torch.bfloat16)[:, 1:57], w_up[:, :56])  # unaligned base
     assert not use_tma_forward(x.float(), w_gate.float(), w_up.float())  # 16-bit operands only
+    assert use_tma_forward(x, w_gate.t(), w_up.t()) is hopper  # nn.Linear weights' transposed views
+    padded = torch.zeros(56, 68, dtype=torch.bfloat16)[:, :64].t()  # (N, K) rows 136 bytes apart
+    assert not use_tma_forward(x, padded, padded)
     monkeypatch.setattr(launchers, "HOPPER_TMA", False)  # Triton < 3.4, or interpreting
     assert not use_tma_forward(x, w_gate, w_up)
 

@@ -5,12 +5,12 @@ import torch
 import triton
 from tritonformer_testkit import assert_close_to_reference, dtype_params, poisoned_allocations
 
-from fused_swiglu import FusedSwiGLUMLP, _compat, swiglu_mlp
+from fused_swiglu import FusedSwiGLUMLP, _compat, swiglu, swiglu_mlp
 from fused_swiglu.kernels.activation import ACTIVATION_CODES
 from fused_swiglu.kernels.backward import _mlp_down_grad_kernel, _swiglu_weight_grad_tma_kernel
 from fused_swiglu.kernels.configs import weight_grad_split
 from fused_swiglu.ops import launchers
-from fused_swiglu.reference import swiglu_mlp_reference
+from fused_swiglu.reference import swiglu_mlp_reference, swiglu_reference
 
 pytestmark = pytest.mark.kernels
 
@@ -135,6 +135,29 @@ def test_tma_backward_kernels(dtype, activation, device, sw, monkeypatch):
         sw.check_against_reference(ours, reference, inputs)
         assert len(launchers.DOWN_GRAD_TMA) == 1 and len(launchers.WEIGHT_GRAD_TMA) == 1  # they ran
         assert len(launchers.DOWN_GRAD) == 0 and len(launchers.WEIGHT_GRAD) == 0
+    finally:
+        launchers.clear_plans()
+
+
+@pytest.mark.skipif(_compat.TensorDescriptor is None, reason="TMA tensor descriptors need Triton >= 3.4")
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "linear-views"])
+def test_tma_forward_kernel(transposed, device, sw, monkeypatch):
+    """The Hopper TMA forward, chosen by force (on the CPU through the interpreter's descriptors),
+    with row-major weights and with nn.Linear weights' transposed views (its descriptors then read
+    the (N, K) rows and each tile is transposed): 38 rows, d_model 48, intermediate 56, the edges
+    zero-padded by the descriptors."""
+    if device == "cuda" and not _compat.is_hopper(None):
+        pytest.skip("the TMA kernels are compiled for sm_90 only")
+    monkeypatch.setattr(launchers, "HOPPER_TMA", True)
+    monkeypatch.setattr(launchers, "is_hopper", lambda index: True)
+    launchers.clear_plans()
+    try:
+        x, w_gate, w_up = sw.make_inputs((2, 19), 48, 56, torch.bfloat16, device)
+        if transposed:
+            w_gate, w_up = (w.detach().t().contiguous().t().requires_grad_() for w in (w_gate, w_up))
+            assert w_gate.stride() == (1, 48)
+        sw.check_against_reference(swiglu, swiglu_reference, [x, w_gate, w_up])
+        assert len(launchers.FORWARD_TMA) == 1 and len(launchers.FORWARD) == 0  # the TMA kernel ran
     finally:
         launchers.clear_plans()
 

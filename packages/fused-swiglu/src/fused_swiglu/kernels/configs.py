@@ -48,8 +48,10 @@ def _set_forward_tma_blocks(nargs):
     """Each config's tile shapes onto the host tensor descriptors, before its launch."""
     block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     nargs["x_desc"].block_shape = [block_m, block_k]
-    nargs["wg_desc"].block_shape = [block_k, block_n]
-    nargs["wu_desc"].block_shape = [block_k, block_n]
+    # W_TRANSPOSED: the weights' descriptors read (N, K) memory (nn.Linear weights), tiles transposed in the kernel.
+    w_tile = [block_n, block_k] if nargs.get("W_TRANSPOSED") else [block_k, block_n]
+    nargs["wg_desc"].block_shape = list(w_tile)
+    nargs["wu_desc"].block_shape = list(w_tile)
     for name in ("h_desc", "g_desc", "u_desc"):  # g, u may be h's descriptor itself (nothing saved)
         nargs[name].block_shape = [block_m, block_n]
 

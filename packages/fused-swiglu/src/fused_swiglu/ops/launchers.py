@@ -116,9 +116,17 @@ def _tile_grid(size_p: str, size_q: str, block_p: str, block_q: str):
 # Forward
 
 
+def _weights_transposed(*strides: Tuple[int, int]) -> bool:
+    """Weights (K, N) of strides (1, s >= K): transposed views of (N, K) rows, as nn.Linear keeps them."""
+    return all(s[0] == 1 and s[1] != 1 for s in strides)
+
+
 def forward_tma_suits(dtype, N: int, x_strides, wg_strides, wu_strides, device: int) -> bool:
-    """The Hopper TMA forward (see _compat) applies to this layout: 16-bit operands in TMA rows,
-    and outputs (new, contiguous (M, N) tensors) whose rows are a multiple of 16 bytes."""
+    """The Hopper TMA forward (see _compat) applies to this layout: 16-bit operands in TMA rows (the
+    weights' rows, or their columns for transposed views), and outputs (new, contiguous (M, N)
+    tensors) whose rows are a multiple of 16 bytes."""
+    if _weights_transposed(wg_strides, wu_strides):
+        wg_strides, wu_strides = wg_strides[::-1], wu_strides[::-1]
     return N * dtype.itemsize % 16 == 0 and _tma_suits(dtype, device, x_strides, wg_strides, wu_strides)
 
 
@@ -144,12 +152,17 @@ def _forward_launch(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias,
              ("ACTIVATION", activation))  # fmt: skip
     if tma:
         out = ((M, N), (N, 1))
+        transposed = _weights_transposed(wg_strides, wu_strides)
+        if transposed:  # descriptors over the (N, K) rows the views transpose
+            wg, wu = ((N, K), wg_strides[::-1]), ((N, K), wu_strides[::-1])
+        else:
+            wg, wu = ((K, N), wg_strides), ((K, N), wu_strides)
         return TunedPlan(
             FORWARD_TMA,
-            fixed=(("M", M), ("N", N), ("K", K), ("NUM_SMS", _sms(device)), *flags),
+            fixed=(("M", M), ("N", N), ("K", K), ("NUM_SMS", _sms(device)), *flags, ("W_TRANSPOSED", transposed)),
             tensors=("x_desc", "wg_desc", "wu_desc", "h_desc", "g_desc", "u_desc", "bg_ptr", "bu_ptr"),
             grid=_persistent_forward_grid,
-            descriptors=(((M, K), x_strides), ((K, N), wg_strides), ((K, N), wu_strides), out, out, out, None, None),
+            descriptors=(((M, K), x_strides), wg, wu, out, out, out, None, None),
         )
     strides = (*x_strides, *wg_strides, *wu_strides, N)
     names = ("stride_xm", "stride_xk", "stride_wgk", "stride_wgn", "stride_wuk", "stride_wun", "stride_hm")
