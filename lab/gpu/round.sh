@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
-# Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_qwen2 hf_padded hf_gemma2 hf_profile hf_ops
-# hf_tests features (default: tests host
+# Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
+# hf_profile hf_ops hf_tests numerics features (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -35,11 +35,15 @@ for stage in ${@:-tests host norms model}; do
     hf_tests) timeout "${T_HF_TESTS:-180}" python3 -m pytest -q -n 8 -p no:randomly -rfE --tb=long \
                 packages/fused-swiglu/tests/test_mlp.py packages/fused-swiglu/tests/test_swiglu.py \
                 packages/fused-norm-xent/tests/test_norm.py packages/tritonformer-model/tests/test_hf_patch.py \
-                -k "gelu or in_place or views or out_dtype or autocast or feed or marks or rope or fp32_matches" \
+                packages/fused-swiglu/tests/test_dispatch.py \
+                -k "${HF_TESTS_K:-gelu or in_place or views or out_dtype or autocast or feed or marks or rope or fp32_matches or tma_forward or fused_loss}" \
                 2>&1 | tee "$OUT/hf_tests.log" | tail -8 ;;
     # The aten ops of the HF Llama 1.4B step patched by us, by self CUDA time and input shapes.
     hf_ops) timeout "${T_HF_OPS:-120}" python3 lab/gpu/hf_step_ops.py llama-1.4B:2048:4 hf-llama+tritonformer \
               > "$OUT/hf_ops.md" 2>&1; head -60 "$OUT/hf_ops.md" ;;
+    hf_liger) timeout "${T_HF:-200}" python3 -m tritonformer.bench --providers hf-llama+liger hf-llama+tritonformer \
+                --config llama-1.4B:2048:4 --out-dir "$OUT/hf" 2>&1 | tail -6 ;;
+    numerics) timeout "${T_NUMERICS:-90}" python3 lab/gpu/numerics_diag.py > "$OUT/numerics.md" 2>&1; tail -12 "$OUT/numerics.md" ;;
     # The same with GQA (4 KV heads) in Qwen2, and Llama fine-tuning batches with right padding.
     hf_qwen2) timeout "${T_HF:-200}" python3 -m tritonformer.bench --providers hf-qwen2+liger hf-qwen2+tritonformer \
                 --config llama-1.4B:2048:4 --set n_kv_head=4 --out-dir "$OUT/hf_qwen2" 2>&1 | tail -6 ;;
