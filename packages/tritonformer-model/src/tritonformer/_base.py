@@ -8,24 +8,14 @@ a KV cache), `cross_entropy` and `linear_cross_entropy`; everything here works o
 from __future__ import annotations
 
 import math
-import sys
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from . import generation, positions
+from ._compat import is_compiling
 from .config import TransformerConfig
-
-
-def _is_compiling() -> bool:
-    """Whether torch.compile is tracing this call (torch.compiler.is_compiling from torch 2.3)."""
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
-    dynamo = sys.modules.get("torch._dynamo")  # pragma: no cover - torch < 2.3; never imported just to ask
-    return dynamo is not None and dynamo.is_compiling()  # pragma: no cover
-
 
 # Matrices whose product is added to the residual stream: GPT-2 scales their init by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.fc2.weight", "mlp.w_down")
@@ -98,7 +88,7 @@ class CausalLM(nn.Module):
     def _check_token_ids(self, idx: torch.Tensor) -> None:
         """Every id in [0, vocab_size), from one min/max reduction. Reading it on the host waits for the
         device, which a CUDA graph capture forbids and torch.compile would trace as a graph break: both skip it."""
-        if idx.numel() == 0 or _is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if idx.numel() == 0 or is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
             return
         low, high = torch.stack(torch.aminmax(idx)).tolist()
         vocab_size = self.config.vocab_size

@@ -7,6 +7,7 @@ the model runs on torch >= 2.2; the newer APIs it prefers are picked here.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Tuple
 
 import torch
@@ -69,3 +70,12 @@ def autocast_dtype(device_type: str):
     if device_type == "cuda":  # pragma: no cover - torch < 2.4
         return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
     return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None  # pragma: no cover
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing this call (torch.compiler.is_compiling from torch 2.3)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    dynamo = sys.modules.get("torch._dynamo")  # pragma: no cover - torch < 2.3; never imported just to ask
+    return dynamo is not None and dynamo.is_compiling()  # pragma: no cover

@@ -17,12 +17,12 @@ import inspect
 import os
 import sys
 import types
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ._compat import autocast_dtype
+from ._compat import autocast_dtype, is_compiling
 
 ATTENTION_NAME = "tritonformer"
 
@@ -429,38 +429,74 @@ def _fallback(module, query, key, value, attention_mask, dropout, scaling, causa
     return out, None
 
 
+class _VarlenLayout(NamedTuple):
+    """Where the real tokens of a padding mask are, for every layer of one forward."""
+
+    q_index: torch.Tensor  # (total_q,) int64: the queries' rows in (B * q_len)
+    k_index: torch.Tensor  # (total_k,) int64: the keys' rows in (B * visible)
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    has_holes: bool  # padding inside a row, not only at its ends
+
+
+def _varlen_layout(padding: torch.Tensor, q_len: int) -> _VarlenLayout:
+    """The layout of a (B, visible) bool padding mask, for queries at its last q_len positions.
+
+    transformers passes each forward's mask object to every layer: the layout is kept on it, so
+    that its one host read (the launch sizes) and its index tensors happen once per forward, not
+    once per layer (each read would stall the host's launches behind the GPU).
+    """
+    layouts = None if is_compiling() else vars(padding).setdefault("_tritonformer_varlen", {})
+    if layouts and q_len in layouts:
+        return layouts[q_len]
+    visible = padding.shape[-1]
+    queries = padding[:, visible - q_len :]
+    k_lens, q_lens = padding.sum(-1, dtype=torch.int32), queries.sum(-1, dtype=torch.int32)
+    # The kernel's window counts unpadded tokens, transformers' counts positions: equal without holes.
+    first = torch.where(k_lens > 0, padding.int().argmax(-1), 0)
+    last = visible - 1 - padding.flip(-1).int().argmax(-1)
+    holes = ((last - first + 1 != k_lens) & (k_lens > 0)).any()
+    max_k, max_q, has_holes = torch.stack([k_lens.max(), q_lens.max(), holes.int()]).tolist()
+    layout = _VarlenLayout(
+        q_index=queries.flatten().nonzero().flatten(),  # sizes known from the read above: no second read
+        k_index=padding.flatten().nonzero().flatten(),
+        cu_q=F.pad(q_lens.cumsum(0, dtype=torch.int32), (1, 0)),
+        cu_k=F.pad(k_lens.cumsum(0, dtype=torch.int32), (1, 0)),
+        max_q=max_q,
+        max_k=max_k,
+        has_holes=bool(has_holes),
+    )
+    if layouts is not None:
+        layouts[q_len] = layout
+    return layout
+
+
 def _varlen_attention(module, query, key, value, padding, dropout, scaling, causal, window, kwargs):
     """flash_attention_varlen over the unpadded tokens of a (B, keys up to the last query) padding mask."""
     from fused_attention import flash_attention_varlen
 
     padding = padding.bool()
-    batch, q_len, visible = query.shape[0], query.shape[2], padding.shape[-1]
-    key, value = key[:, :, :visible], value[:, :, :visible]
-    queries = padding[:, visible - q_len :]
-    k_lens, q_lens = padding.sum(-1, dtype=torch.int32), queries.sum(-1, dtype=torch.int32)
-    # One host read: the launch sizes, and whether a window meets padding inside a row (the kernel's
-    # window counts unpadded tokens, transformers' counts positions: equal without holes).
-    first = torch.where(k_lens > 0, padding.int().argmax(-1), 0)
-    last = visible - 1 - padding.flip(-1).int().argmax(-1)
-    holes = ((last - first + 1 != k_lens) & (k_lens > 0)).any()
-    max_k, max_q, has_holes = torch.stack([k_lens.max(), q_lens.max(), holes.int()]).tolist()
-    if has_holes and window is not None:
+    batch, heads, q_len, head_dim = query.shape
+    visible = padding.shape[-1]
+    layout = _varlen_layout(padding, q_len)
+    if layout.has_holes and window is not None:
         return _fallback(module, query, key, value, padding, dropout, scaling, causal, window, kwargs)
-    out = query.new_zeros(batch, q_len, query.shape[1], query.shape[3])
-    if max_q == 0:
-        return out, None
-    cu_k = F.pad(k_lens.cumsum(0, dtype=torch.int32), (1, 0))
-    cu_q = F.pad(q_lens.cumsum(0, dtype=torch.int32), (1, 0))
-    q_packed = query.transpose(1, 2)[queries]  # (total_q, H, D)
-    k_packed, v_packed = key.transpose(1, 2)[padding], value.transpose(1, 2)[padding]
+    if layout.max_q == 0:
+        return query.new_zeros(batch, q_len, heads, head_dim), None
+    # (B, H, S, D) views of (B, S, H, D) projections: the (B * S, H, D) rows without a copy, usually.
+    rows = lambda t, length: t.transpose(1, 2).reshape(batch * length, t.shape[1], head_dim)  # noqa: E731
+    q_packed = rows(query, q_len).index_select(0, layout.q_index)
+    k_packed = rows(key[:, :, :visible], visible).index_select(0, layout.k_index)
+    v_packed = rows(value[:, :, :visible], visible).index_select(0, layout.k_index)
     packed = flash_attention_varlen(
-        q_packed, k_packed, v_packed, cu_q, cu_k, max(max_q, 1), max(max_k, 1), causal=causal,
-        softmax_scale=scaling, window_size=_window_size(window), check_seqlens=False, softcap=_softcap(kwargs),
-        dropout_p=float(dropout),
+        q_packed, k_packed, v_packed, layout.cu_q, layout.cu_k, max(layout.max_q, 1), max(layout.max_k, 1),
+        causal=causal, softmax_scale=scaling, window_size=_window_size(window), check_seqlens=False,
+        softcap=_softcap(kwargs), dropout_p=float(dropout),
     )  # fmt: skip
-    out = out.to(packed.dtype)
-    out[queries] = packed
-    return out, None
+    out = packed.new_zeros(batch * q_len, heads, head_dim).index_copy(0, layout.q_index, packed)
+    return out.view(batch, q_len, heads, head_dim), None
 
 
 def register_attention() -> None:
