@@ -73,10 +73,15 @@ def test_bias(dtype, activation, device, sw):
 def test_gelu_tanh_of_large_gates(dtype, device, sw):
     """GeGLU where the gate biases put |g| anywhere from ~1 to 1000: past |g| ~ 10, where
     tanh(y) = (e^2y - 1) / (e^2y + 1) would overflow to inf / inf, the tanh saturates in fp32; forward
-    and every gradient as close to the float64 reference as torch's, and no NaN (checked there)."""
+    and every gradient as close to the float64 reference as torch's, and no NaN (checked there).
+
+    w_up is zero, so that u is its bias exactly: with gates near 1000, h = gelu(g) * u would
+    otherwise magnify the rounding of u's matmul 1000-fold, and compare the two matmuls' summation
+    orders (fp32 on a GPU: ours a sequential FMA chain, cuBLAS's another) instead of the gate."""
     x, w_gate, w_up, b_gate, b_up = sw.make_inputs((2, 13), 24, 40, dtype, device, bias=True)
     magnitudes = torch.logspace(0, 3, 40, device=device) * torch.tensor([1.0, -1.0], device=device).repeat(20)
     b_gate = magnitudes.to(dtype).requires_grad_()
+    w_up = torch.zeros_like(w_up).requires_grad_()
     ours, reference = (sw.with_activation(fn, "gelu_tanh", 5) for fn in (swiglu, swiglu_reference))
     sw.check_against_reference(ours, reference, [x, w_gate, w_up, b_gate, b_up])
 
