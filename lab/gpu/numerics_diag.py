@@ -86,6 +86,42 @@ def gemma2_switches():
         exact = reference.double()(ids, attention_mask=mask).logits[valid]
         low = copy.deepcopy(reference).float()(ids, attention_mask=mask).logits[valid]
     print(f"unpatched fp32: {(low.double() - exact).abs().max():.3e}")
+    print(f"default attn_implementation: {reference.config._attn_implementation}")
+    # Per layer: the attention modules' outputs of the unpatched fp32 model and of the one patched
+    # for attention alone, on the same inputs (each layer's input taken from the unpatched run).
+    captured = {}
+
+    def capture(tag):
+        def hook(module, args, kwargs, output):
+            captured[(tag, module.layer_idx)] = (output[0].detach(), args, kwargs)
+
+        return hook
+
+    plain, patched = copy.deepcopy(reference).float(), copy.deepcopy(reference).float()
+    hf.apply(patched, rms_norm=False, rope=False, swiglu=False, cross_entropy=False, fused_linear_cross_entropy=False)
+    for tag, model in (("plain", plain), ("patched", patched)):
+        for layer in model.model.layers:
+            layer.self_attn.register_forward_hook(capture(tag), with_kwargs=True)
+        with torch.no_grad():
+            model(ids, attention_mask=mask)
+    for index, layer in enumerate(patched.model.layers):
+        out_plain, args, kwargs = captured[("plain", index)]
+        with torch.no_grad():
+            out_patched = layer.self_attn(
+                *args,
+                **{k: v for k, v in kwargs.items() if k != "attention_mask"},
+                attention_mask=captured[("patched", index)][2].get("attention_mask"),
+            )[0]
+        rows = valid[:, :, None].expand_as(out_plain)
+        print(
+            f"layer {index} ({layer.attention_type if hasattr(layer, 'attention_type') else '?'}): attention "
+            f"output max diff on real rows {(out_patched - out_plain)[rows].abs().max():.3e}"
+        )
+        m = captured[("plain", index)][2].get("attention_mask")
+        print(
+            f"  plain mask: {None if m is None else (tuple(m.shape), m.dtype)}; "
+            f"patched mask: {captured[('patched', index)][2].get('attention_mask')}"
+        )
     switches = ["rms_norm", "rope", "swiglu", "attention", "cross_entropy", "fused_linear_cross_entropy"]
     for only in [None] + switches:
         model = copy.deepcopy(reference).float()
@@ -98,6 +134,7 @@ def gemma2_switches():
 if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_tf32 = False
     print("tf32:", torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    mlp_weight_grads()
-    gelu_large_gates()
-    gemma2_switches()
+    parts = sys.argv[1:] or ["mlp", "gelu", "gemma2"]
+    for part, run in (("mlp", mlp_weight_grads), ("gelu", gelu_large_gates), ("gemma2", gemma2_switches)):
+        if part in parts:
+            run()
