@@ -117,11 +117,8 @@ def gemma2_switches():
             f"layer {index} ({layer.attention_type if hasattr(layer, 'attention_type') else '?'}): attention "
             f"output max diff on real rows {(out_patched - out_plain)[rows].abs().max():.3e}"
         )
-        m = captured[("plain", index)][2].get("attention_mask")
-        print(
-            f"  plain mask: {None if m is None else (tuple(m.shape), m.dtype)}; "
-            f"patched mask: {captured[('patched', index)][2].get('attention_mask')}"
-        )
+        masks = [captured[(tag, index)][2].get("attention_mask") for tag in ("plain", "patched")]
+        print("  masks (plain, patched): " + ", ".join(str(None if m is None else (tuple(m.shape), m.dtype)) for m in masks))
     switches = ["rms_norm", "rope", "swiglu", "attention", "cross_entropy", "fused_linear_cross_entropy"]
     for only in [None] + switches:
         model = copy.deepcopy(reference).float()

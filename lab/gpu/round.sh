@@ -42,13 +42,15 @@ for stage in ${@:-tests host norms model}; do
     hf_ops) timeout "${T_HF_OPS:-120}" python3 lab/gpu/hf_step_ops.py llama-1.4B:2048:4 hf-llama+tritonformer \
               > "$OUT/hf_ops.md" 2>&1; head -60 "$OUT/hf_ops.md" ;;
     hf_liger) timeout "${T_HF:-200}" python3 -m tritonformer.bench --providers hf-llama+liger hf-llama+tritonformer \
-                --config llama-1.4B:2048:4 --out-dir "$OUT/hf" 2>&1 | tail -6 ;;
-    numerics) timeout "${T_NUMERICS:-90}" python3 lab/gpu/numerics_diag.py > "$OUT/numerics.md" 2>&1; tail -12 "$OUT/numerics.md" ;;
+                --config llama-1.4B:2048:4 --out-dir "$OUT/hf" 2>&1 | grep "^| llama" ;;
+    numerics) timeout "${T_NUMERICS:-90}" python3 lab/gpu/numerics_diag.py $NUMERICS > "$OUT/numerics.md" 2>&1
+              tail -16 "$OUT/numerics.md" ;;
     # The same with GQA (4 KV heads) in Qwen2, and Llama fine-tuning batches with right padding.
     hf_qwen2) timeout "${T_HF:-200}" python3 -m tritonformer.bench --providers hf-qwen2+liger hf-qwen2+tritonformer \
-                --config llama-1.4B:2048:4 --set n_kv_head=4 --out-dir "$OUT/hf_qwen2" 2>&1 | tail -6 ;;
-    hf_padded) timeout "${T_HF:-200}" python3 -m tritonformer.bench --providers hf-llama+liger hf-llama+tritonformer \
-                 --config llama-1.4B:2048:4 --padding right --out-dir "$OUT/hf_padded" 2>&1 | tail -6 ;;
+                --config llama-1.4B:2048:4 --set n_kv_head=4 --out-dir "$OUT/hf_qwen2" 2>&1 | grep "^| llama" ;;
+    hf_padded) for side in right left; do timeout "${T_HF:-200}" python3 -m tritonformer.bench --providers \
+                 hf-llama+liger hf-llama+tritonformer --config llama-1.4B:2048:4 --padding $side \
+                 --out-dir "$OUT/hf_padded_$side" 2>&1 | grep "^| llama"; done ;;
     # Kernel time of the HF Llama 1.4B step, patched by us and by Liger, beside our own model's.
     hf_profile) timeout "${T_HF_PROFILE:-220}" python3 lab/gpu/model_bubbles.py llama-1.4B:2048:4 hf-llama+tritonformer \
                   hf-llama+liger tritonformer 2>&1 | tee "$OUT/hf_profile.md" ;;
