@@ -118,7 +118,8 @@ def gemma2_switches():
             f"output max diff on real rows {(out_patched - out_plain)[rows].abs().max():.3e}"
         )
         masks = [captured[(tag, index)][2].get("attention_mask") for tag in ("plain", "patched")]
-        print("  masks (plain, patched): " + ", ".join(str(None if m is None else (tuple(m.shape), m.dtype)) for m in masks))
+        shapes = [None if m is None else (tuple(m.shape), m.dtype) for m in masks]
+        print(f"  masks (plain, patched): {shapes}")
     switches = ["rms_norm", "rope", "swiglu", "attention", "cross_entropy", "fused_linear_cross_entropy"]
     for only in [None] + switches:
         model = copy.deepcopy(reference).float()
