@@ -104,12 +104,14 @@ def gemma2_switches():
             layer.self_attn.register_forward_hook(capture(tag), with_kwargs=True)
         with torch.no_grad():
             model(ids, attention_mask=mask)
-    for index, layer in enumerate(patched.model.layers):
-        (out_plain, _, kw_plain), (out_patched, _, kw_patched) = (captured[(tag, index)] for tag in ("plain", "patched"))
+    for index in range(len(patched.model.layers)):
+        (out_plain, _, kw_plain), (out_patched, _, kw_patched) = (captured[(t, index)] for t in ("plain", "patched"))
         rows = valid[:, :, None].expand_as(out_plain)
         same_input = torch.equal(kw_plain["hidden_states"], kw_patched["hidden_states"])
-        print(f"layer {index} ({model.config.layer_types[index]}): attention output max diff on real rows "
-              f"{(out_patched - out_plain)[rows].abs().max():.3e} (same input: {same_input})")
+        print(
+            f"layer {index} ({model.config.layer_types[index]}): attention output max diff on real rows "
+            f"{(out_patched - out_plain)[rows].abs().max():.3e} (same input: {same_input})"
+        )
     switches = ["rms_norm", "rope", "swiglu", "attention", "cross_entropy", "fused_linear_cross_entropy"]
     for only in [None] + switches:
         model = copy.deepcopy(reference).float()
