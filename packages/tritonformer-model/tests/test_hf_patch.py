@@ -78,7 +78,10 @@ def tiny_model(model_type: str, device, **overrides) -> torch.nn.Module:
     config = CONFIGS[model_type]()
     for name, value in overrides.items():
         setattr(config, name, value)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(device)
+    # Gemma-2's own attention is eager: where transformers picks sdpa for it (it did on a CUDA machine,
+    # not on the CPU), sdpa drops attn_logit_softcapping, and the unpatched model is not Gemma-2.
+    attention = {"attn_implementation": "eager"} if model_type == "gemma2" else {}
+    model = transformers.AutoModelForCausalLM.from_config(config, **attention).to(device)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name or ".ln_" in name:
