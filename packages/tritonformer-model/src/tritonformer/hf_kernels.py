@@ -441,6 +441,12 @@ class _VarlenLayout(NamedTuple):
     has_holes: bool  # padding inside a row, not only at its ends
 
 
+def _true_positions(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The flat positions of mask's `count` True entries, in order, without a host read (nonzero
+    would read its size): a stable sort puts them first."""
+    return torch.argsort((~mask.flatten()).to(torch.int8), stable=True)[:count]
+
+
 def _varlen_layout(padding: torch.Tensor, q_len: int) -> _VarlenLayout:
     """The layout of a (B, visible) bool padding mask, for queries at its last q_len positions.
 
@@ -458,10 +464,11 @@ def _varlen_layout(padding: torch.Tensor, q_len: int) -> _VarlenLayout:
     first = torch.where(k_lens > 0, padding.int().argmax(-1), 0)
     last = visible - 1 - padding.flip(-1).int().argmax(-1)
     holes = ((last - first + 1 != k_lens) & (k_lens > 0)).any()
-    max_k, max_q, has_holes = torch.stack([k_lens.max(), q_lens.max(), holes.int()]).tolist()
+    read = torch.stack([k_lens.max(), q_lens.max(), holes.int(), q_lens.sum(), k_lens.sum()]).tolist()
+    max_k, max_q, has_holes, total_q, total_k = read
     layout = _VarlenLayout(
-        q_index=queries.flatten().nonzero().flatten(),  # sizes known from the read above: no second read
-        k_index=padding.flatten().nonzero().flatten(),
+        q_index=_true_positions(queries, total_q),
+        k_index=_true_positions(padding, total_k),
         cu_q=F.pad(q_lens.cumsum(0, dtype=torch.int32), (1, 0)),
         cu_k=F.pad(k_lens.cumsum(0, dtype=torch.int32), (1, 0)),
         max_q=max_q,
