@@ -305,6 +305,26 @@ def test_attention_matches_sdpa_on_cache_geometries(case, device, kernel_calls):
     assert kernel_calls["flash_attention"] + kernel_calls["flash_attention_varlen"] == 1
 
 
+def test_padding_layout_is_read_once_per_mask(device, kernel_calls, monkeypatch):
+    """Every layer of a forward receives the same mask object: the varlen layout (token positions,
+    cu_seqlens, the launch sizes read on the host) is computed at the first layer and reused, and
+    the positions are those of the mask's True entries in order."""
+    padding = torch.ones(2, 12, dtype=torch.bool, device=device)
+    padding[0, :3] = False
+    padding[1, 9:] = False
+    ours_mask, _ = masks(device, 2, 12, 12, 0, 0, None, padding)
+    module = AttentionModule()
+    q, k, v = qkv(device, 12, 12)
+    reads = []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t, _read=torch.Tensor.tolist: reads.append(1) or _read(t))
+    first = hf_kernels.tritonformer_attention_forward(module, q, k, v, ours_mask, scaling=0.25)[0]
+    second = hf_kernels.tritonformer_attention_forward(module, q, k, v, ours_mask, scaling=0.25)[0]
+    assert len(reads) == 1 and torch.equal(first, second) and kernel_calls["flash_attention_varlen"] == 2
+    (layout,) = vars(ours_mask)["_tritonformer_varlen"].values()
+    assert torch.equal(layout.q_index, padding.flatten().nonzero().flatten())
+    assert layout.cu_q.tolist() == [0, 9, 18] and (layout.max_q, layout.max_k) == (9, 9)
+
+
 def test_attention_falls_back_to_sdpa(device, kernel_calls):
     """A 4-D mask, fp32 without autocast, an unsupported head dim, a window over a padding mask with a
     hole: sdpa's own result (bit for bit), no kernel launched."""
