@@ -12,18 +12,13 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tritonformer.bench import ModelSlot, Point, model_kind, point_config, training_step
+from lab import warm_training_step
 
 
 def main():
-    point = Point.parse(sys.argv[1])
     device = torch.device("cuda")
     for provider in sys.argv[2:]:
-        config = point_config(point, provider, {})
-        model = ModelSlot().get(model_kind(provider), config, device) if provider == "tritonformer" else None
-        step = training_step(point, provider, config, device, model=model)
-        step.warm()
-        step.warm()
+        step, model = warm_training_step(sys.argv[1], provider, device)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             step.fn()

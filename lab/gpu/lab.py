@@ -72,3 +72,18 @@ def step_ms(fn, steps: int = 6) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def warm_training_step(point_text: str, provider: str, device: torch.device):
+    """(step, model) of tritonformer.bench's training step for `provider` at "PRESET:CONTEXT:BATCH",
+    warmed up twice (compiled, autotuned); model is our Transformer for provider "tritonformer"
+    (None for the others, which build their own)."""
+    from tritonformer.bench import ModelSlot, Point, model_kind, point_config, training_step
+
+    point = Point.parse(point_text)
+    config = point_config(point, provider, {})
+    model = ModelSlot().get(model_kind(provider), config, device) if provider == "tritonformer" else None
+    step = training_step(point, provider, config, device, model=model)
+    step.warm()
+    step.warm()
+    return step, model

@@ -14,8 +14,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lab import step_ms
-from tritonformer.bench import ModelSlot, Point, model_kind, point_config, training_step
+from lab import step_ms, warm_training_step
 
 GAP_US = 5.0
 
@@ -25,14 +24,9 @@ def short(name, width=70):
 
 
 def main():
-    point = Point.parse(sys.argv[1])
     device = torch.device("cuda")
     for provider in sys.argv[2:]:
-        config = point_config(point, provider, {})
-        model = ModelSlot().get(model_kind(provider), config, device) if provider == "tritonformer" else None
-        step = training_step(point, provider, config, device, model=model)
-        step.warm()
-        step.warm()
+        step, model = warm_training_step(sys.argv[1], provider, device)
         print(f"\n## {provider} {sys.argv[1]}: step {step_ms(step.fn):.2f} ms")
         if model is not None:  # the token-id check on and off, alternating
             rows = {True: [], False: []}

@@ -205,6 +205,12 @@ def _matmul_norms(model: torch.nn.Module, spec: _ModelSpec, norm_type: Optional[
     ]  # fmt: skip
 
 
+def _mark_matmul_norms(model: torch.nn.Module, spec: _ModelSpec, norm_type: Optional[type]) -> None:
+    """Marks a new model's norms that feed only linear layers (the class-level patches' post_init)."""
+    for module in _matmul_norms(model, spec, norm_type):
+        setattr(module, FEEDS_MATMULS, True)
+
+
 def _with_matmul_marks(plan: Union[str, Plan], modules: List[torch.nn.Module]) -> Union[str, Plan]:
     """plan, whose steps also mark `modules` as feeding linear layers (hf_kernels.FEEDS_MATMULS)."""
     if isinstance(plan, str) or not plan[1]:
@@ -520,8 +526,7 @@ def _class_plan_rms_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
     @functools.wraps(original)
     def post_init(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        for module in _matmul_norms(self, spec, owner):
-            setattr(module, FEEDS_MATMULS, True)
+        _mark_matmul_norms(self, spec, owner)
         return result
 
     return plan[0], plan[1] + [_set_class_attribute(pretrained, "post_init", post_init)]
@@ -540,8 +545,7 @@ def _class_plan_layer_norm(spec: _ModelSpec, modeling) -> Union[str, Plan]:
         for module in self.modules():
             if type(module) is torch.nn.LayerNorm and "forward" not in vars(module):
                 module.forward = types.MethodType(layer_norm_forward, module)
-        for module in _matmul_norms(self, spec, torch.nn.LayerNorm):
-            setattr(module, FEEDS_MATMULS, True)
+        _mark_matmul_norms(self, spec, torch.nn.LayerNorm)
         return result
 
     return _class_swap(
