@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import sys
 from types import ModuleType
@@ -78,10 +79,14 @@ def warm_training_step(point_text: str, provider: str, device: torch.device):
     """(step, model) of tritonformer.bench's training step for `provider` at "PRESET:CONTEXT:BATCH",
     warmed up twice (compiled, autotuned); model is our Transformer for provider "tritonformer"
     (None for the others, which build their own)."""
-    from tritonformer.bench import ModelSlot, Point, model_kind, point_config, training_step
+    from tritonformer.bench import ModelSlot, Point, model_kind, parse_value, point_config, training_step
 
     point = Point.parse(point_text)
-    config = point_config(point, provider, {})
+    # LAB_SET="n_kv_head=4 ...": TransformerConfig overrides, as the bench's --set.
+    overrides = {
+        key: parse_value(value) for key, value in (item.split("=", 1) for item in os.environ.get("LAB_SET", "").split())
+    }
+    config = point_config(point, provider, overrides)
     model = ModelSlot().get(model_kind(provider), config, device) if provider == "tritonformer" else None
     step = training_step(point, provider, config, device, model=model)
     step.warm()

@@ -9,6 +9,7 @@ token-id check turned off, to price its host read.
 """
 
 import collections
+import os
 import sys
 
 import torch
@@ -71,7 +72,7 @@ def main():
             counts[short(e.name)] += 1
         print("| kernel | calls | ms |")
         print("|---|---:|---:|")
-        for name, us in totals.most_common(14):
+        for name, us in totals.most_common(int(os.environ.get("BUBBLES_TOP", "14"))):
             print(f"| {name} | {counts[name]} | {us / 1e3:.2f} |")
         del step, model
         torch.cuda.empty_cache()

@@ -2,9 +2,10 @@
 
 A covering set, not the cross product: each kernel meets every autotune config of every head-dim
 class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants, with descriptors in both
-dim orders), both dtypes, both architectures, each mask/bias/softcap/dropout/varlen specialization, and all nine
-head dims appear across the set; the dK/dV kernel compiles with and without its atomic dQ
-accumulation (DQ_ATOMIC) in each head-dim class and load path. On sm_90 (Triton 3.x) ptxas must
+dim orders), both dtypes, both architectures, each mask/bias/softcap/dropout/varlen
+specialization, both program orders (BLOCK_MAJOR), and all nine head dims appear across the set;
+the dK/dV kernel compiles with and without its atomic dQ accumulation (DQ_ATOMIC) in each head-dim
+class and load path. On sm_90 (Triton 3.x) ptxas must
 not have serialized the kernel's wgmma instructions (its note C7515 and kin): a 10 % slowdown that
 no result shows.
 """
@@ -80,14 +81,14 @@ def _cases():
                         flags = FLAGS[n % len(FLAGS)]
                         shape = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
                         yield pytest.param(
-                            kind, config, head_dim, dtype, flags, tma, arch, dq_atomic,
+                            kind, config, head_dim, dtype, flags, tma, arch, dq_atomic, (n // 3) % 2 == 1,
                             id=f"{kind}-d{head_dim}-{shape}-{'tma-' if tma else ''}{dtype}-flags{n % len(FLAGS)}"
-                            f"-sm{arch}{'-atomic' if dq_atomic else ''}",
+                            f"-sm{arch}{'-atomic' if dq_atomic else ''}{'-blockmajor' if (n // 3) % 2 else ''}",
                         )  # fmt: skip
 
 
-@pytest.mark.parametrize("kind, config, head_dim, dtype, flags, tma, arch, dq_atomic", list(_cases()))
-def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, arch, dq_atomic):
+@pytest.mark.parametrize("kind, config, head_dim, dtype, flags, tma, arch, dq_atomic, block_major", list(_cases()))
+def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, arch, dq_atomic, block_major):
     if tma and not HAS_TENSOR_DESCRIPTORS:
         pytest.skip("TMA descriptors need Triton >= 3.4: the launchers never choose these configs here")
     block_d = triton.next_power_of_2(head_dim)
@@ -99,7 +100,8 @@ def test_attention_kernels_compile(kind, config, head_dim, dtype, flags, tma, ar
     descriptor = f"tensordesc<{dtype}[{','.join(map(str, block))}]>" if tma else f"*{dtype}"
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_D=block_d, IS_VARLEN=is_varlen, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        ALIBI=alibi, SOFTCAP=softcap, DROPOUT=dropout, UPCAST=False, HEADS_OUTER=heads_outer, **config.meta(),
+        ALIBI=alibi, SOFTCAP=softcap, DROPOUT=dropout, UPCAST=False, HEADS_OUTER=heads_outer,
+        BLOCK_MAJOR=block_major, **config.meta(),
     )  # fmt: skip
     kernel = KERNELS[kind]
     if kind == "dkdv":

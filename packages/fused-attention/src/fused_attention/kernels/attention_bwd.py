@@ -44,6 +44,7 @@ from .common import (
     _dropout_keep,
     _load_rows,
     _load_tile,
+    _program_block,
     _rng_words,
     _seq_bounds,
     _softcap_scores,
@@ -252,16 +253,14 @@ def _attn_bwd_dkdv_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
-    DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr, UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     num_n_blocks = tl.cdiv(max_seqlen_k, BLOCK_N)
-    pid = tl.program_id(0)
     # Key blocks in order: under a causal mask the first keys are seen by the most queries, so the
     # longest programs start first.
-    pid_n = pid % num_n_blocks
-    batch_head = pid // num_n_blocks
+    pid_n, batch_head = _program_block(num_n_blocks, BLOCK_MAJOR)
     batch = batch_head // n_kv_heads
     kv_head = batch_head % n_kv_heads
     q_start, seqlen_q = _seq_bounds(cu_seqlens_q_ptr, batch, max_seqlen_q, total_q, IS_VARLEN)
@@ -488,14 +487,13 @@ def _attn_bwd_dq_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = num_m_blocks - 1 - pid % num_m_blocks
-    batch_head = pid // num_m_blocks
+    block, batch_head = _program_block(num_m_blocks, BLOCK_MAJOR)
+    pid_m = num_m_blocks - 1 - block
     batch = batch_head // n_heads
     head = batch_head % n_heads
     kv_head = head // kv_group

