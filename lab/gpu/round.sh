@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_order hf_qwen2_profile (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_order block_order hf_qwen2_profile (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -59,6 +59,9 @@ for stage in ${@:-tests host norms model}; do
     # The attention kernels against lab versions of their files (.carry/ab), configs pinned.
     attn_order) timeout "${T_ATTN_ORDER:-300}" python3 lab/gpu/attn_order_ab.py ${ATTN_AB:-.carry/ab/attention_fwd_lpt.py \
                   .carry/ab/attention_bwd_lpt.py} 2>&1 | tee "$OUT/attn_order.md" ;;
+    # The HF Qwen2 (4 KV heads) step with fused-attention's GQA grids block-major and head-major, alternating.
+    block_order) LAB_SET="n_kv_head=4" timeout "${T_BLOCK_ORDER:-300}" python3 lab/gpu/block_order_step.py \
+                   llama-1.4B:2048:4 hf-qwen2+tritonformer 2>&1 | tee "$OUT/block_order.md" | grep "^|" ;;
     # Kernel time of the HF Qwen2 (4 KV heads) 1.4B step, patched by us and by Liger.
     hf_qwen2_profile) BUBBLES_TOP=30 LAB_SET="n_kv_head=4" timeout "${T_HF_PROFILE:-220}" python3 lab/gpu/model_bubbles.py \
                         llama-1.4B:2048:4 hf-qwen2+tritonformer hf-qwen2+liger 2>&1 | tee "$OUT/hf_qwen2_profile.md" ;;
