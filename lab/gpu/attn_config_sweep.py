@@ -14,6 +14,7 @@ the GPU runs recorded in NOTES.md: it prints tables and changes nothing.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 
@@ -44,15 +45,23 @@ SWEEP = {
 
 
 def own_plans(fn):
-    """fn wrapped to run with launch plans of its own (pinned configs must not share a plan key)."""
-    plans = {}
+    """fn wrapped to run with launch plans of its own: ops.launch's plan caches (layout_plan,
+    _backward_plan) swapped for fresh ones around each call, so that a call made with other kernels
+    or another dQ policy never reuses a plan built for the package's (a plan holds its launches)."""
+    caches = {
+        name: functools.lru_cache(maxsize=None)(getattr(launch, name).__wrapped__)
+        for name in ("layout_plan", "_backward_plan")
+    }
 
     def call():
-        saved, launch._PLANS = launch._PLANS, plans
+        saved = {name: getattr(launch, name) for name in caches}
+        for name, cache in caches.items():
+            setattr(launch, name, cache)
         try:
             return fn()
         finally:
-            launch._PLANS = saved
+            for name, cache in saved.items():
+                setattr(launch, name, cache)
 
     return call
 
