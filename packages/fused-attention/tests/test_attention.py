@@ -26,6 +26,8 @@ CASES = {
     "alibi-causal": (2, 45, 45, 4, 2, 64, {"causal": True, "alibi": "heads"}, BOTH),
     "causal-long-q-empty-rows": (1, 50, 20, 2, 2, 64, {"causal": True}, (FP16,)),
     "causal-aligned-blocks": (1, 64, 64, 2, 2, 32, {"causal": True}, (BF16,)),
+    # Causal grids run block-major in groups of 8 batch-heads: 18 query (8 + 8 + 2) and 9 KV (8 + 1).
+    "causal-head-groups": (3, 40, 40, 6, 3, 32, {"causal": True}, (BF16,)),
     "length-1": (3, 1, 1, 2, 1, 64, {"causal": True}, (FP16,)),
     "decode-q1": (2, 1, 33, 2, 2, 64, {"causal": True}, (BF16,)),
     "one-key": (2, 33, 1, 2, 2, 64, {}, (FP16,)),

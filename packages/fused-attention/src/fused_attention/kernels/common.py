@@ -82,14 +82,17 @@ def _to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _program_block(n_blocks, BLOCK_MAJOR: tl.constexpr):
-    """(block, batch-head) of this program in a 1-D grid of n_blocks x batch-heads. BLOCK_MAJOR:
-    every batch-head's programs of one block run before the next block's (a causal grid's longest
-    programs all go first; GQA's dK/dV grid, a few waves of long programs, finishes 20 % sooner);
-    otherwise the blocks of one batch-head run side by side and share its tiles in L2."""
+    """(block, batch-head) of this program in a 1-D grid of n_blocks x batch-heads. Head-major:
+    the blocks of one batch-head run side by side (sharing its tiles in L2). BLOCK_MAJOR: groups
+    of 8 batch-heads one after another, block by block within a group, so under a causal mask the
+    longest programs of 8 heads start together and the short ones fill the tail."""
     pid = tl.program_id(0)
     if BLOCK_MAJOR:
         n_batch_heads = tl.num_programs(0) // n_blocks
-        return pid // n_batch_heads, pid % n_batch_heads
+        group = pid // (8 * n_blocks)
+        size = tl.minimum(8, n_batch_heads - group * 8)  # the last group may be smaller
+        rest = pid - group * 8 * n_blocks
+        return rest // size, group * 8 + rest % size
     else:
         return pid % n_blocks, pid // n_blocks
 
