@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_order block_order hf_qwen2_profile (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_gluon attn_order block_order hf_qwen2_profile (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -56,6 +56,8 @@ for stage in ${@:-tests host norms model}; do
                   hf-llama+liger tritonformer 2>&1 | tee "$OUT/hf_profile.md" ;;
     # Triton's automatic warp specialization on minimal attention kernels, against the package and cuDNN.
     attn_ws) timeout "${T_ATTN_WS:-300}" python3 lab/gpu/attn_ws_lab.py ${ATTN_WS:-} 2>&1 | tee "$OUT/attn_ws.md" | grep -v "^|  |" ;;
+    # The Gluon dK/dV lab kernel against the package's dK/dV kernel (Hopper, Triton 3.6).
+    attn_gluon) timeout "${T_ATTN_GLUON:-420}" python3 lab/gpu/attn_gluon_lab.py 2>&1 | tee "$OUT/attn_gluon.md" ;;
     # The attention kernels against lab versions of their files (.carry/ab), configs pinned.
     attn_order) timeout "${T_ATTN_ORDER:-300}" python3 lab/gpu/attn_order_ab.py ${ATTN_AB:-.carry/ab/attention_fwd_lpt.py \
                   .carry/ab/attention_bwd_lpt.py} 2>&1 | tee "$OUT/attn_order.md" ;;

@@ -1,0 +1,159 @@
+"""Lab: an attention dK/dV kernel for Hopper in Gluon (Triton 3.6), async wgmma with explicit waits.
+
+    dV = sum_j P_j^T dO_j,  dK = scale * sum_j dS_j^T Q_j,  P^T = exp2(K Q^T * qk_scale - lse2),
+    dS^T = P^T * (V dO^T - delta)
+
+One program per (key block of BLOCK_N keys, batch x head), dense BHSD tensors, S a multiple of
+BLOCK_N, causal (equal lengths) or full; no other options. K and V stay in shared memory; Q and dO
+blocks stream through a ring of STAGES TMA buffers. Per query block j, what the Triton kernel
+cannot say: S^T and dP^T are issued together (async), the softmax of S^T runs while dP^T is still
+in the tensor cores; the dV and dK products of block j are left in flight while block j + 1's
+S^T and dP^T are issued, and the stage of block j is refilled as soon as its products retired.
+P^T and dS^T feed their products from registers (the accumulator layout of S^T is the A-operand
+layout of a [BLOCK_N, BLOCK_M] x [BLOCK_M, D] product: no data moves).
+
+A lab kernel, not shipped: `attn_gluon_lab.py` checks it against the package and times both.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _issue_qdo(q_desc, do_desc, q_bufs, do_bufs, ready, step, row, valid):
+    """TMA loads of the Q and dO rows [row, row + BLOCK_M) into stage step % STAGES, if valid."""
+    STAGES: gl.constexpr = q_bufs.type.shape[0]
+    s = step % STAGES
+    mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=valid)
+    tma.async_copy_global_to_shared(q_desc, [row, 0], ready.index(s), q_bufs.index(s), pred=valid)
+    tma.async_copy_global_to_shared(do_desc, [row, 0], ready.index(s), do_bufs.index(s), pred=valid)
+
+
+@gluon.jit
+def _dkdv_step(j, dv, dk, k_smem, v_smem, q_desc, do_desc, q_bufs, do_bufs, ready, lse2_ptr, delta_ptr, row0, m_lo,
+               n_steps, keys, cols, zero_s, qk_scale, MASKED: gl.constexpr, a_layout: gl.constexpr):  # fmt: skip
+    """Query block j of the program's range: its dV and dK products issued, left in flight."""
+    STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    dtype: gl.constexpr = q_bufs.dtype
+    s = j % STAGES
+    m = m_lo + j * BLOCK_M
+    if MASKED:
+        # Keys past the query: -1e30 and more below the LSE, exp2 gives 0. Arithmetic, not a
+        # select: a select on these scores made ptxas serialize the kernel's wgmmas (C7515).
+        bias = gl.minimum((m + cols)[None, :] - keys[:, None], 0).to(gl.float32) * 1.0e30
+    mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(k_smem, q_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(v_smem, do_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    lse2 = gl.load(lse2_ptr + row0 + m + cols)
+    delta = gl.load(delta_ptr + row0 + m + cols)
+    # Retires block j - 1's dV and dK products and S^T; dP^T may still run.
+    s_t, dv, dk = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, dv, dk))
+    # Block j - 1's stage is free: it takes the block STAGES - 1 ahead of this one.
+    ahead = j + STAGES - 1
+    _issue_qdo(q_desc, do_desc, q_bufs, do_bufs, ready, ahead, row0 + m_lo + ahead * BLOCK_M, ahead < n_steps)
+    x_t = s_t * qk_scale - lse2[None, :]
+    if MASKED:
+        x_t = x_t + bias
+    p_t = gl.exp2(x_t)
+    dp_t = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+    ds_t = p_t * (dp_t - delta[None, :])
+    p_op = gl.convert_layout(p_t.to(dtype), a_layout, assert_trivial=True)
+    ds_op = gl.convert_layout(ds_t.to(dtype), a_layout, assert_trivial=True)
+    dv = warpgroup_mma(p_op, do_bufs.index(s), dv, is_async=True)
+    dk = warpgroup_mma(ds_op, q_bufs.index(s), dk, is_async=True)
+    return dv, dk
+
+
+@gluon.jit
+def _gluon_dkdv_kernel(
+    q_desc, k_desc, v_desc, do_desc, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seqlen, qk_scale, sm_scale,
+    CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    dtype: gl.constexpr = k_desc.dtype
+    # Accumulators: S^T and dP^T [BLOCK_N, BLOCK_M], dK and dV [BLOCK_N, HEAD_DIM]; warps along the keys.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    row0 = bh * seqlen
+    n0 = pid_n * BLOCK_N
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0 + n0, 0], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + n0, 0], kv_ready, v_smem)
+
+    # Query blocks [m_lo, seqlen): under a causal mask from the first one holding a query >= n0;
+    # the first BLOCK_N // BLOCK_M of them straddle the diagonal and are masked.
+    if CAUSAL:
+        m_lo = n0
+        n_masked: gl.constexpr = BLOCK_N // BLOCK_M
+    else:
+        m_lo = 0
+        n_masked: gl.constexpr = 0
+    n_steps = (seqlen - m_lo) // BLOCK_M
+    for p in gl.static_range(STAGES - 1):
+        _issue_qdo(q_desc, do_desc, q_bufs, do_bufs, ready, p, row0 + m_lo + p * BLOCK_M, p < n_steps)
+
+    keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout))
+    dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout))
+    mbarrier.wait(kv_ready, 0)
+    for j in range(n_masked):
+        dv, dk = _dkdv_step(j, dv, dk, k_smem, v_smem, q_desc, do_desc, q_bufs, do_bufs, ready, lse2_ptr, delta_ptr,
+                            row0, m_lo, n_steps, keys, cols, zero_s, qk_scale, True, a_layout)  # fmt: skip
+    for j in range(n_masked, n_steps):
+        dv, dk = _dkdv_step(j, dv, dk, k_smem, v_smem, q_desc, do_desc, q_bufs, do_bufs, ready, lse2_ptr, delta_ptr,
+                            row0, m_lo, n_steps, keys, cols, zero_s, qk_scale, False, a_layout)  # fmt: skip
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+
+    rows = row0 + n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    offs = rows[:, None] * HEAD_DIM + dims[None, :]
+    gl.store(dk_ptr + offs, (dk * sm_scale).to(dtype))
+    gl.store(dv_ptr + offs, dv.to(dtype))
+
+
+def launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m=64, block_n=128, stages=2, num_warps=8):
+    """dK, dV of dense BHSD q, k, v, do (contiguous, 16-bit) into dk, dv; lse2 = LSE * log2(e) and
+    delta = rowsum(dO * O), fp32 (B * H * S,)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, heads, seqlen, dim = q.shape
+    dtype = gl.bfloat16 if str(q.dtype) == "torch.bfloat16" else gl.float16
+
+    def desc(t, rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, dim], dtype)
+        return TensorDescriptor.from_tensor(t.reshape(-1, dim), [rows, dim], layout)
+
+    grid = (seqlen // block_n, batch * heads)
+    _gluon_dkdv_kernel[grid](
+        desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), lse2, delta, dk, dv, seqlen,
+        dim**-0.5 * 1.4426950408889634, dim**-0.5, causal, stages, num_warps=num_warps,
+    )  # fmt: skip

@@ -1,0 +1,101 @@
+"""The Gluon dK/dV kernel (attn_gluon_dkdv.py) against the package's dK/dV kernel, on Hopper.
+
+    python3 lab/gpu/attn_gluon_lab.py
+
+Per shape: the package's backward kernels timed by the profiler (the dK/dV kernel's own time
+listed), then each Gluon config in a process of its own (a kernel that hangs costs its timeout):
+dK and dV checked against SDPA's gradients (relative Frobenius error, the package's beside it),
+timed with do_bench (median). A lab tool for the GPU runs recorded in NOTES.md: it prints a table
+and changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+from attn_ws_lab import kernel_ms, rel, torch_lse
+from triton.testing import do_bench
+
+LOG2E = 1.4426950408889634
+SHAPES = [(4, 16, 2048, 128, True), (8, 16, 2048, 64, True), (4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
+CONFIGS = [(64, 128, 2, 8), (64, 128, 3, 8), (64, 64, 2, 4)]  # (BLOCK_M, BLOCK_N, STAGES, num_warps)
+
+
+def problem(b, h, s, d, causal):
+    """BHSD bf16 q, k, v, do; SDPA's output and gradients; the LSE * log2(e) and delta, flat."""
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    lse = torch.cat([torch_lse(q[i : i + 1], k[i : i + 1], causal) for i in range(b)])
+    lse2 = (lse * LOG2E).reshape(-1).contiguous()
+    delta = (out.float() * do.float()).sum(-1).reshape(-1).contiguous()
+    return (q, k, v, do), out, grads, lse2, delta
+
+
+def child(shape_index: int, config_index: int) -> None:
+    from attn_gluon_dkdv import launch_gluon_dkdv
+
+    b, h, s, d, causal = SHAPES[shape_index]
+    block_m, block_n, stages, warps = CONFIGS[config_index]
+    (q, k, v, do), _, (_, dk_ref, dv_ref), lse2, delta = problem(b, h, s, d, causal)
+    q, k, v = (t.detach() for t in (q, k, v))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+    def run():
+        launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m, block_n, stages, warps)
+
+    run()
+    torch.cuda.synchronize()
+    err = max(rel(dk, dk_ref), rel(dv, dv_ref))
+    ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+    flops = 2 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)  # the four dK/dV products
+    print(f"RESULT {ms:.4f} {flops / ms / 1e9:.1f} {err:.2e}", flush=True)
+
+
+def package_dkdv(b, h, s, d, causal):
+    """(the package's dK/dV kernel ms in its autotuned backward, its dK/dV error against SDPA's)."""
+    from fused_attention import flash_attention
+
+    (q, k, v, do), _, (_, dk_ref, dv_ref), _, _ = problem(b, h, s, d, causal)
+
+    def fwd_bwd():
+        return torch.autograd.grad(flash_attention(q, k, v, causal=causal, layout="bhsd"), (q, k, v), do)
+
+    _, dk, dv = fwd_bwd()
+    return kernel_ms(fwd_bwd)["_attn_bwd_dkdv_kernel"], max(rel(dk, dk_ref), rel(dv, dv_ref))
+
+
+def main() -> None:
+    print("| B, H, S, D, mask | kernel | config | dK/dV ms | TFLOP/s | rel err (dK, dV) |")
+    print("|---|---|---|---:|---:|---:|")
+    for shape_index, (b, h, s, d, causal) in enumerate(SHAPES):
+        label = f"{b}, {h}, {s}, {d}, {'causal' if causal else 'full'}"
+        ms, err = package_dkdv(b, h, s, d, causal)
+        flops = 2 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+        print(f"| {label} | package (autotuned) | | {ms:.4f} | {flops / ms / 1e9:.1f} | {err:.2e} |", flush=True)
+        torch.cuda.empty_cache()
+        for config_index, config in enumerate(CONFIGS):
+            name = "{}x{} s{} w{}".format(*config)
+            try:
+                done = subprocess.run([sys.executable, __file__, "child", str(shape_index), str(config_index)],
+                                      timeout=90, capture_output=True, text=True)  # fmt: skip
+                found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
+                if found:
+                    print(f"| {label} | Gluon | {name} | {' | '.join(found[0])} |", flush=True)
+                else:
+                    tail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+                    print(f"| {label} | Gluon | {name} | {tail[0][:150]} |", flush=True)
+            except subprocess.TimeoutExpired:
+                print(f"| {label} | Gluon | {name} | no result in 90 s (hang) |", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["child"]:
+        child(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()
