@@ -157,3 +157,123 @@ def launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m=64, bloc
         desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), lse2, delta, dk, dv, seqlen,
         dim**-0.5 * 1.4426950408889634, dim**-0.5, causal, stages, num_warps=num_warps,
     )  # fmt: skip
+
+
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, step, row, valid):
+    """TMA loads of the K and V rows [row, row + BLOCK_N) into stage step % STAGES, if valid."""
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    s = step % STAGES
+    mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=valid)
+    tma.async_copy_global_to_shared(k_desc, [row, 0], ready.index(s), k_bufs.index(s), pred=valid)
+    tma.async_copy_global_to_shared(v_desc, [row, 0], ready.index(s), v_bufs.index(s), pred=valid)
+
+
+@gluon.jit
+def _dq_step(j, dq, q_smem, do_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0, n_steps, lse2, delta, rows,
+             cols, zero_s, qk_scale, MASKED: gl.constexpr, a_layout: gl.constexpr):  # fmt: skip
+    """Key block j: its dQ product issued, left in flight."""
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    dtype: gl.constexpr = k_bufs.dtype
+    s = j % STAGES
+    n = j * BLOCK_N
+    if MASKED:  # keys past the query (arithmetic, not a select: see _dkdv_step)
+        bias = gl.minimum(rows[:, None] - (n + cols)[None, :], 0).to(gl.float32) * 1.0e30
+    mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(q_smem, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(do_smem, v_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s_val, dq = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, dq))
+    ahead = j + STAGES - 1
+    _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, ahead, row0 + ahead * BLOCK_N, ahead < n_steps)
+    x = s_val * qk_scale - lse2[:, None]
+    if MASKED:
+        x = x + bias
+    p = gl.exp2(x)
+    dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+    ds = p * (dp - delta[:, None])
+    ds_op = gl.convert_layout(ds.to(dtype), a_layout, assert_trivial=True)
+    return warpgroup_mma(ds_op, k_bufs.index(s), dq, is_async=True)
+
+
+@gluon.jit
+def _gluon_dq_kernel(
+    q_desc, k_desc, v_desc, do_desc, lse2_ptr, delta_ptr, dq_ptr, seqlen, qk_scale, sm_scale,
+    CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """dQ = scale * sum_j dS_j K_j: one program per (query block, batch x head), key blocks streamed."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=q_layout, k_width=2)
+
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # the longest causal rows first
+    bh = gl.program_id(1)
+    row0 = bh * seqlen
+    m0 = pid_m * BLOCK_M
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + m0, 0], q_ready, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [row0 + m0, 0], q_ready, do_smem)
+
+    # Key blocks [0, n_steps): under a causal mask up to the block's last query; the last
+    # BLOCK_M // BLOCK_N of them straddle the diagonal and are masked.
+    if CAUSAL:
+        n_steps = (m0 + BLOCK_M) // BLOCK_N
+        n_full = m0 // BLOCK_N
+    else:
+        n_steps = seqlen // BLOCK_N
+        n_full = n_steps
+    for p in gl.static_range(STAGES - 1):
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, p, row0 + p * BLOCK_N, p < n_steps)
+
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    lse2 = gl.load(lse2_ptr + row0 + rows)
+    delta = gl.load(delta_ptr + row0 + rows)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    dq = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout))
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_full):
+        dq = _dq_step(j, dq, q_smem, do_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0, n_steps, lse2, delta, rows,
+                      cols, zero_s, qk_scale, False, a_layout)  # fmt: skip
+    for j in range(n_full, n_steps):
+        dq = _dq_step(j, dq, q_smem, do_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0, n_steps, lse2, delta, rows,
+                      cols, zero_s, qk_scale, True, a_layout)  # fmt: skip
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+
+    out_rows = row0 + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    gl.store(dq_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :], (dq * sm_scale).to(dtype))
+
+
+def launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m=128, block_n=64, stages=2, num_warps=8):
+    """dQ of dense BHSD q, k, v, do (contiguous, 16-bit) into dq; lse2, delta as launch_gluon_dkdv's."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, heads, seqlen, dim = q.shape
+    dtype = gl.bfloat16 if str(q.dtype) == "torch.bfloat16" else gl.float16
+
+    def desc(t, rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, dim], dtype)
+        return TensorDescriptor.from_tensor(t.reshape(-1, dim), [rows, dim], layout)
+
+    grid = (seqlen // block_m, batch * heads)
+    _gluon_dq_kernel[grid](
+        desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), lse2, delta, dq, seqlen,
+        dim**-0.5 * 1.4426950408889634, dim**-0.5, causal, stages, num_warps=num_warps,
+    )  # fmt: skip

@@ -1,11 +1,11 @@
-"""The Gluon dK/dV kernel (attn_gluon_dkdv.py) against the package's dK/dV kernel, on Hopper.
+"""The Gluon dK/dV and dQ kernels (attn_gluon_dkdv.py) against the package's, on Hopper.
 
     python3 lab/gpu/attn_gluon_lab.py
 
-Per shape: the package's backward kernels timed by the profiler (the dK/dV kernel's own time
-listed), then each Gluon config in a process of its own (a kernel that hangs costs its timeout):
-dK and dV checked against SDPA's gradients (relative Frobenius error, the package's beside it),
-timed with do_bench (median). A lab tool for the GPU runs recorded in NOTES.md: it prints a table
+Per shape: the package's backward kernels timed by the profiler (the dK/dV and dQ kernels' own
+times), then each Gluon config in a process of its own (a kernel that hangs costs its timeout):
+its gradients checked against SDPA's (relative Frobenius error, the package's beside it), timed
+with do_bench (median). A lab tool for the GPU runs recorded in NOTES.md: it prints a table
 and changes nothing.
 """
 
@@ -20,7 +20,12 @@ from triton.testing import do_bench
 
 LOG2E = 1.4426950408889634
 SHAPES = [(4, 16, 2048, 128, True), (8, 16, 2048, 64, True), (4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
-CONFIGS = [(64, 128, 2, 8), (64, 128, 3, 8), (64, 64, 2, 4)]  # (BLOCK_M, BLOCK_N, STAGES, num_warps)
+CONFIGS = {  # (BLOCK_M, BLOCK_N, STAGES, num_warps)
+    "dkdv": [(64, 128, 2, 8), (64, 128, 3, 8), (64, 64, 2, 4)],
+    "dq": [(128, 64, 2, 8), (128, 64, 3, 8), (128, 128, 2, 8)],
+}
+KERNEL_NAMES = {"dkdv": "_attn_bwd_dkdv_kernel", "dq": "_attn_bwd_dq_kernel"}
+PRODUCTS = {"dkdv": 4, "dq": 3}  # matmuls of the kernel per (query block, key block) pair
 
 
 def problem(b, h, s, d, causal):
@@ -37,65 +42,73 @@ def problem(b, h, s, d, causal):
     return (q, k, v, do), out, grads, lse2, delta
 
 
-def child(shape_index: int, config_index: int) -> None:
-    from attn_gluon_dkdv import launch_gluon_dkdv
+def child(kind: str, shape_index: int, config_index: int) -> None:
+    from attn_gluon_dkdv import launch_gluon_dkdv, launch_gluon_dq
 
     b, h, s, d, causal = SHAPES[shape_index]
-    block_m, block_n, stages, warps = CONFIGS[config_index]
-    (q, k, v, do), _, (_, dk_ref, dv_ref), lse2, delta = problem(b, h, s, d, causal)
+    block_m, block_n, stages, warps = CONFIGS[kind][config_index]
+    (q, k, v, do), _, (dq_ref, dk_ref, dv_ref), lse2, delta = problem(b, h, s, d, causal)
     q, k, v = (t.detach() for t in (q, k, v))
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def run():
-        launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m, block_n, stages, warps)
+        if kind == "dkdv":
+            launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m, block_n, stages, warps)
+        else:
+            launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m, block_n, stages, warps)
 
     run()
     torch.cuda.synchronize()
-    err = max(rel(dk, dk_ref), rel(dv, dv_ref))
+    err = max(rel(dk, dk_ref), rel(dv, dv_ref)) if kind == "dkdv" else rel(dq, dq_ref)
     ms = do_bench(run, warmup=25, rep=100, return_mode="median")
-    flops = 2 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)  # the four dK/dV products
+    flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
     print(f"RESULT {ms:.4f} {flops / ms / 1e9:.1f} {err:.2e}", flush=True)
 
 
-def package_dkdv(b, h, s, d, causal):
-    """(the package's dK/dV kernel ms in its autotuned backward, its dK/dV error against SDPA's)."""
+def package_kernels(b, h, s, d, causal):
+    """{kind: (the package's kernel ms in its autotuned backward, its gradients' error against SDPA's)}."""
     from fused_attention import flash_attention
 
-    (q, k, v, do), _, (_, dk_ref, dv_ref), _, _ = problem(b, h, s, d, causal)
+    (q, k, v, do), _, (dq_ref, dk_ref, dv_ref), _, _ = problem(b, h, s, d, causal)
 
     def fwd_bwd():
         return torch.autograd.grad(flash_attention(q, k, v, causal=causal, layout="bhsd"), (q, k, v), do)
 
-    _, dk, dv = fwd_bwd()
-    return kernel_ms(fwd_bwd)["_attn_bwd_dkdv_kernel"], max(rel(dk, dk_ref), rel(dv, dv_ref))
+    dq, dk, dv = fwd_bwd()
+    times = kernel_ms(fwd_bwd)
+    errors = {"dkdv": max(rel(dk, dk_ref), rel(dv, dv_ref)), "dq": rel(dq, dq_ref)}
+    return {kind: (times[name], errors[kind]) for kind, name in KERNEL_NAMES.items()}
 
 
 def main() -> None:
-    print("| B, H, S, D, mask | kernel | config | dK/dV ms | TFLOP/s | rel err (dK, dV) |")
+    print("| B, H, S, D, mask | kernel | config | ms | TFLOP/s | rel err |")
     print("|---|---|---|---:|---:|---:|")
     for shape_index, (b, h, s, d, causal) in enumerate(SHAPES):
         label = f"{b}, {h}, {s}, {d}, {'causal' if causal else 'full'}"
-        ms, err = package_dkdv(b, h, s, d, causal)
-        flops = 2 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-        print(f"| {label} | package (autotuned) | | {ms:.4f} | {flops / ms / 1e9:.1f} | {err:.2e} |", flush=True)
+        package = package_kernels(b, h, s, d, causal)
         torch.cuda.empty_cache()
-        for config_index, config in enumerate(CONFIGS):
-            name = "{}x{} s{} w{}".format(*config)
-            try:
-                done = subprocess.run([sys.executable, __file__, "child", str(shape_index), str(config_index)],
-                                      timeout=90, capture_output=True, text=True)  # fmt: skip
-                found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
-                if found:
-                    print(f"| {label} | Gluon | {name} | {' | '.join(found[0])} |", flush=True)
-                else:
-                    tail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-                    print(f"| {label} | Gluon | {name} | {tail[0][:150]} |", flush=True)
-            except subprocess.TimeoutExpired:
-                print(f"| {label} | Gluon | {name} | no result in 90 s (hang) |", flush=True)
+        for kind, configs in CONFIGS.items():
+            ms, err = package[kind]
+            flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
+            tflops = flops / ms / 1e9
+            print(f"| {label} | {kind} package | autotuned | {ms:.4f} | {tflops:.1f} | {err:.2e} |", flush=True)
+            for config_index, config in enumerate(configs):
+                name = "{}x{} s{} w{}".format(*config)
+                args = [sys.executable, __file__, "child", kind, str(shape_index), str(config_index)]
+                try:
+                    done = subprocess.run(args, timeout=90, capture_output=True, text=True)
+                    found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
+                    if found:
+                        print(f"| {label} | {kind} Gluon | {name} | {' | '.join(found[0])} |", flush=True)
+                    else:
+                        tail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+                        print(f"| {label} | {kind} Gluon | {name} | {tail[0][:150]} |", flush=True)
+                except subprocess.TimeoutExpired:
+                    print(f"| {label} | {kind} Gluon | {name} | no result in 90 s (hang) |", flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["child"]:
-        child(int(sys.argv[2]), int(sys.argv[3]))
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
         main()
