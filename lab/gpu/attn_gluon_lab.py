@@ -1,11 +1,11 @@
-"""The Gluon dK/dV and dQ kernels (attn_gluon_dkdv.py) against the package's, on Hopper.
+"""The Gluon forward, dK/dV and dQ kernels (attn_gluon_kernels.py) against the package's, on Hopper.
 
     python3 lab/gpu/attn_gluon_lab.py
 
-Per shape: the package's backward kernels timed by the profiler (the dK/dV and dQ kernels' own
-times), then each Gluon config in a process of its own (a kernel that hangs costs its timeout):
-its gradients checked against SDPA's (relative Frobenius error, the package's beside it), timed
-with do_bench (median). A lab tool for the GPU runs recorded in NOTES.md: it prints a table
+Per shape: the package's forward, dK/dV and dQ kernels timed by the profiler in its autotuned
+forward+backward, then each Gluon config in a process of its own (a kernel that hangs costs its
+timeout): its outputs checked against SDPA's (relative Frobenius error, the package's beside
+it), timed with do_bench (median). A lab tool for the GPU runs recorded in NOTES.md: it prints a table
 and changes nothing.
 """
 
@@ -21,11 +21,12 @@ from triton.testing import do_bench
 LOG2E = 1.4426950408889634
 SHAPES = [(4, 16, 2048, 128, True), (8, 16, 2048, 64, True), (4, 16, 4096, 128, False)]
 CONFIGS = {  # (BLOCK_M, BLOCK_N, STAGES, num_warps)
+    "fwd": [(128, 64, 3, 8), (128, 128, 3, 8)],
     "dkdv": [(64, 128, 2, 8), (64, 64, 2, 4)],
     "dq": [(128, 64, 2, 8), (128, 64, 3, 8)],
 }
-KERNEL_NAMES = {"dkdv": "_attn_bwd_dkdv_kernel", "dq": "_attn_bwd_dq_kernel"}
-PRODUCTS = {"dkdv": 4, "dq": 3}  # matmuls of the kernel per (query block, key block) pair
+KERNEL_NAMES = {"fwd": "_attn_fwd_kernel", "dkdv": "_attn_bwd_dkdv_kernel", "dq": "_attn_bwd_dq_kernel"}
+PRODUCTS = {"fwd": 2, "dkdv": 4, "dq": 3}  # matmuls of the kernel per (query block, key block) pair
 
 
 def problem(b, h, s, d, causal):
@@ -43,23 +44,31 @@ def problem(b, h, s, d, causal):
 
 
 def child(kind: str, shape_index: int, config_index: int) -> None:
-    from attn_gluon_dkdv import launch_gluon_dkdv, launch_gluon_dq
+    from attn_gluon_kernels import launch_gluon_dkdv, launch_gluon_dq, launch_gluon_fwd
 
     b, h, s, d, causal = SHAPES[shape_index]
     block_m, block_n, stages, warps = CONFIGS[kind][config_index]
-    (q, k, v, do), _, (dq_ref, dk_ref, dv_ref), lse2, delta = problem(b, h, s, d, causal)
+    (q, k, v, do), out_ref, (dq_ref, dk_ref, dv_ref), lse2, delta = problem(b, h, s, d, causal)
     q, k, v = (t.detach() for t in (q, k, v))
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv, out = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
+    lse = torch.empty_like(lse2)
 
     def run():
-        if kind == "dkdv":
+        if kind == "fwd":
+            launch_gluon_fwd(q, k, v, out, lse, causal, block_m, block_n, stages, warps)
+        elif kind == "dkdv":
             launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m, block_n, stages, warps)
         else:
             launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m, block_n, stages, warps)
 
     run()
     torch.cuda.synchronize()
-    err = max(rel(dk, dk_ref), rel(dv, dv_ref)) if kind == "dkdv" else rel(dq, dq_ref)
+    errors = {
+        "fwd": lambda: max(rel(out, out_ref), rel(lse * LOG2E, lse2)),
+        "dkdv": lambda: max(rel(dk, dk_ref), rel(dv, dv_ref)),
+        "dq": lambda: rel(dq, dq_ref),
+    }
+    err = errors[kind]()
     ms = do_bench(run, warmup=25, rep=100, return_mode="median")
     flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
     print(f"RESULT {ms:.4f} {flops / ms / 1e9:.1f} {err:.2e}", flush=True)
@@ -69,14 +78,15 @@ def package_kernels(b, h, s, d, causal):
     """{kind: (the package's kernel ms in its autotuned backward, its gradients' error against SDPA's)}."""
     from fused_attention import flash_attention
 
-    (q, k, v, do), _, (dq_ref, dk_ref, dv_ref), _, _ = problem(b, h, s, d, causal)
+    (q, k, v, do), out_ref, (dq_ref, dk_ref, dv_ref), _, _ = problem(b, h, s, d, causal)
 
     def fwd_bwd():
         return torch.autograd.grad(flash_attention(q, k, v, causal=causal, layout="bhsd"), (q, k, v), do)
 
     dq, dk, dv = fwd_bwd()
     times = kernel_ms(fwd_bwd)
-    errors = {"dkdv": max(rel(dk, dk_ref), rel(dv, dv_ref)), "dq": rel(dq, dq_ref)}
+    out = flash_attention(q, k, v, causal=causal, layout="bhsd")
+    errors = {"fwd": rel(out, out_ref), "dkdv": max(rel(dk, dk_ref), rel(dv, dv_ref)), "dq": rel(dq, dq_ref)}
     return {kind: (times[name], errors[kind]) for kind, name in KERNEL_NAMES.items()}
 
 

@@ -1,18 +1,20 @@
-"""Lab: an attention dK/dV kernel for Hopper in Gluon (Triton 3.6), async wgmma with explicit waits.
+"""Lab: attention kernels for Hopper in Gluon (Triton 3.6): async wgmma with explicit waits.
 
-    dV = sum_j P_j^T dO_j,  dK = scale * sum_j dS_j^T Q_j,  P^T = exp2(K Q^T * qk_scale - lse2),
-    dS^T = P^T * (V dO^T - delta)
+Dense BHSD tensors, S a multiple of the blocks, causal (equal lengths) or full, no other options.
+One program per (block, batch x head); the resident operands in shared memory, the streamed ones
+through a ring of STAGES TMA buffers; P (or P^T, dS^T, dS) feed their products from registers
+(an accumulator's layout is the A-operand layout of the next product: no data moves). Masks are
+arithmetic (a select on the scores made ptxas serialize the wgmmas, its note C7515), applied on
+the diagonal blocks only, in a loop of their own.
 
-One program per (key block of BLOCK_N keys, batch x head), dense BHSD tensors, S a multiple of
-BLOCK_N, causal (equal lengths) or full; no other options. K and V stay in shared memory; Q and dO
-blocks stream through a ring of STAGES TMA buffers. Per query block j, what the Triton kernel
-cannot say: S^T and dP^T are issued together (async), the softmax of S^T runs while dP^T is still
-in the tensor cores; the dV and dK products of block j are left in flight while block j + 1's
-S^T and dP^T are issued, and the stage of block j is refilled as soon as its products retired.
-P^T and dS^T feed their products from registers (the accumulator layout of S^T is the A-operand
-layout of a [BLOCK_N, BLOCK_M] x [BLOCK_M, D] product: no data moves).
+- `_gluon_dkdv_kernel`: dV = sum P^T dO, dK = scale * sum dS^T Q, key block resident. Per query
+  block, S^T and dP^T are issued together and the softmax of S^T runs while dP^T is still in the
+  tensor cores; the dV and dK products stay in flight while the next block's S^T and dP^T issue.
+- `_gluon_dq_kernel`: dQ = scale * sum dS K, query block resident, the same overlap.
+- `_gluon_fwd_kernel`: O and the LSE. Block j + 1's scores are issued before block j's softmax,
+  which runs beside them and beside block j - 1's P V (FlashAttention-3's intra-warpgroup overlap).
 
-A lab kernel, not shipped: `attn_gluon_lab.py` checks it against the package and times both.
+Not shipped: `attn_gluon_lab.py` checks them against SDPA and times them against the package.
 """
 
 from triton.experimental import gluon
@@ -276,4 +278,121 @@ def launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m=128, block_n=6
     _gluon_dq_kernel[grid](
         desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), lse2, delta, dq, seqlen,
         dim**-0.5 * 1.4426950408889634, dim**-0.5, causal, stages, num_warps=num_warps,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _fwd_step(j, acc, m_i, l_i, s_cur, q_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0, n_steps, rows, cols,
+              zero_s, qk_scale, MASKED: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
+    """Key block j, whose scores s_cur have retired: block j + 1's scores are issued first, the
+    softmax of block j runs beside them and beside block j - 1's P V, then block j's P V is issued.
+    Returns the state (block j's P V in flight) and block j + 1's scores (retired)."""
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    dtype: gl.constexpr = k_bufs.dtype
+    nxt = j + 1
+    s_nxt = nxt % STAGES
+    mbarrier.wait(ready.index(s_nxt), (nxt // STAGES) & 1, pred=nxt < n_steps)
+    s_tok = warpgroup_mma(q_smem, k_bufs.index(s_nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    x = s_cur * qk_scale
+    if MASKED:  # keys past the query (arithmetic, not a select: see _dkdv_step)
+        x = x + gl.minimum(rows[:, None] - (j * BLOCK_N + cols)[None, :], 0).to(gl.float32) * 1.0e30
+    m_new = gl.maximum(m_i, gl.max(x, 1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(x - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    # Block j - 1's P V and block j + 1's scores retire (both ran beside the softmax; leaving the
+    # scores in flight across the rescale made ptxas serialize the wgmmas, C7514): block j - 1's
+    # stage takes block j - 1 + STAGES, and the output is rescaled.
+    acc, s_next = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_tok))
+    ahead = j - 1 + STAGES
+    _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, ahead, row0 + ahead * BLOCK_N, (j >= 1) & (ahead < n_steps))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+    p_op = gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
+    s_j = j % STAGES
+    acc = warpgroup_mma(p_op, v_bufs.index(s_j), acc, is_async=True)
+    return acc, m_new, l_i, s_next
+
+
+@gluon.jit
+def _gluon_fwd_kernel(
+    q_desc, k_desc, v_desc, o_ptr, lse_ptr, seqlen, qk_scale,
+    CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """O and the LSE (natural log): one program per (query block, batch x head), K/V streamed."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    gl.static_assert(STAGES >= 3, "block j + 1's keys must be loaded before block j's stage frees")
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # the longest causal rows first
+    bh = gl.program_id(1)
+    row0 = bh * seqlen
+    m0 = pid_m * BLOCK_M
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + m0, 0], q_ready, q_smem)
+
+    if CAUSAL:
+        n_steps = (m0 + BLOCK_M) // BLOCK_N
+        n_full = m0 // BLOCK_N
+    else:
+        n_steps = seqlen // BLOCK_N
+        n_full = n_steps
+    for p in gl.static_range(STAGES):
+        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, p, row0 + p * BLOCK_N, p < n_steps)
+
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
+    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(ready.index(0), 0)
+    s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
+    for j in range(n_full):
+        acc, m_i, l_i, s_cur = _fwd_step(j, acc, m_i, l_i, s_cur, q_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0,
+                                         n_steps, rows, cols, zero_s, qk_scale, False, p_layout, o_layout)  # fmt: skip
+    for j in range(n_full, n_steps):
+        acc, m_i, l_i, s_cur = _fwd_step(j, acc, m_i, l_i, s_cur, q_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0,
+                                         n_steps, rows, cols, zero_s, qk_scale, True, p_layout, o_layout)  # fmt: skip
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout), assert_trivial=True)
+    out_rows = row0 + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    gl.store(o_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :], (acc / l_o[:, None]).to(dtype))
+    gl.store(lse_ptr + row0 + rows, (m_i + gl.log2(l_i)) * 0.6931471805599453)
+
+
+def launch_gluon_fwd(q, k, v, o, lse, causal, block_m=128, block_n=64, stages=3, num_warps=8):
+    """O into o (q's shape) and the natural-log LSE into lse (B * H * S fp32) of dense BHSD q, k, v."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, heads, seqlen, dim = q.shape
+    dtype = gl.bfloat16 if str(q.dtype) == "torch.bfloat16" else gl.float16
+
+    def desc(t, rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, dim], dtype)
+        return TensorDescriptor.from_tensor(t.reshape(-1, dim), [rows, dim], layout)
+
+    grid = (seqlen // block_m, batch * heads)
+    _gluon_fwd_kernel[grid](
+        desc(q, block_m), desc(k, block_n), desc(v, block_n), o, lse, seqlen, dim**-0.5 * 1.4426950408889634, causal,
+        stages, num_warps=num_warps,
     )  # fmt: skip
