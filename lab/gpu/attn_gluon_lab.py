@@ -16,6 +16,7 @@ import sys
 
 import torch
 from attn_ws_lab import kernel_ms, rel, torch_lse
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 LOG2E = 1.4426950408889634
@@ -87,7 +88,14 @@ def package_kernels(b, h, s, d, causal):
     times = kernel_ms(fwd_bwd)
     out = flash_attention(q, k, v, causal=causal, layout="bhsd")
     errors = {"fwd": rel(out, out_ref), "dkdv": max(rel(dk, dk_ref), rel(dv, dv_ref)), "dq": rel(dq, dq_ref)}
-    return {kind: (times[name], errors[kind]) for kind, name in KERNEL_NAMES.items()}
+    rows = {kind: (times[name], errors[kind]) for kind, name in KERNEL_NAMES.items()}
+    rows["fwd+bwd"] = (sum(times.values()), float("nan"))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        rows["cuDNN fwd"] = (sum(kernel_ms(lambda: sdpa(q, k, v, is_causal=causal)).values()), float("nan"))
+        total = kernel_ms(lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=causal), (q, k, v), do))
+        rows["cuDNN fwd+bwd"] = (sum(total.values()), float("nan"))
+    return rows
 
 
 def main() -> None:
@@ -97,6 +105,11 @@ def main() -> None:
         label = f"{b}, {h}, {s}, {d}, {'causal' if causal else 'full'}"
         package = package_kernels(b, h, s, d, causal)
         torch.cuda.empty_cache()
+        fwd_flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
+        for name, work in (("fwd+bwd", 3.5), ("cuDNN fwd", 1.0), ("cuDNN fwd+bwd", 3.5)):
+            ms = package[name][0]
+            owner = "package" if name == "fwd+bwd" else "anchor"
+            print(f"| {label} | {name} | {owner} | {ms:.4f} | {work * fwd_flops / ms / 1e9:.1f} | |", flush=True)
         for kind, configs in CONFIGS.items():
             ms, err = package[kind]
             flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
