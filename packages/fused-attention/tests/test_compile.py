@@ -5,9 +5,8 @@ class (pointer loads, and on Triton >= 3.4 for sm_90 the TMA variants, with desc
 dim orders), both dtypes, both architectures, each mask/bias/softcap/dropout/varlen
 specialization, both program orders (BLOCK_MAJOR), and all nine head dims appear across the set;
 the dK/dV kernel compiles with and without its atomic dQ accumulation (DQ_ATOMIC) in each head-dim
-class and load path. On sm_90 (Triton 3.x) ptxas must
-not have serialized the kernel's wgmma instructions (its note C7515 and kin): a 10 % slowdown that
-no result shows.
+class and load path. On sm_90 (Triton 3.x) ptxas must not have serialized the kernel's wgmma
+instructions (its note C7515 and kin): a 10 % slowdown that no result shows.
 """
 
 import itertools
