@@ -3,8 +3,8 @@
     python3 lab/gpu/attn_gluon_lab.py
 
 Per shape: the package's forward, dK/dV and dQ kernels timed by the profiler in its autotuned
-forward+backward, then each Gluon config in a process of its own (a kernel that hangs costs its
-timeout): its outputs checked against SDPA's (relative Frobenius error, the package's beside
+forward+backward, then the Gluon kernels, each kernel's configs in a process of their own (a
+kernel that hangs costs its timeout): outputs checked against SDPA's (relative Frobenius error, the package's beside
 it), timed with do_bench (median). A lab tool for the GPU runs recorded in NOTES.md: it prints a table
 and changes nothing.
 """
@@ -44,35 +44,40 @@ def problem(b, h, s, d, causal):
     return (q, k, v, do), out, grads, lse2, delta
 
 
-def child(kind: str, shape_index: int, config_index: int) -> None:
+def child(kind: str, shape_index: int) -> None:
+    """Every config of `kind` at one shape: a RESULT line each (index, ms, TFLOP/s, error)."""
     from attn_gluon_kernels import launch_gluon_dkdv, launch_gluon_dq, launch_gluon_fwd
 
     b, h, s, d, causal = SHAPES[shape_index]
-    block_m, block_n, stages, warps = CONFIGS[kind][config_index]
     (q, k, v, do), out_ref, (dq_ref, dk_ref, dv_ref), lse2, delta = problem(b, h, s, d, causal)
     q, k, v = (t.detach() for t in (q, k, v))
     dq, dk, dv, out = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
     lse = torch.empty_like(lse2)
-
-    def run():
-        if kind == "fwd":
-            launch_gluon_fwd(q, k, v, out, lse, causal, block_m, block_n, stages, warps)
-        elif kind == "dkdv":
-            launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m, block_n, stages, warps)
-        else:
-            launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m, block_n, stages, warps)
-
-    run()
-    torch.cuda.synchronize()
     errors = {
         "fwd": lambda: max(rel(out, out_ref), rel(lse * LOG2E, lse2)),
         "dkdv": lambda: max(rel(dk, dk_ref), rel(dv, dv_ref)),
         "dq": lambda: rel(dq, dq_ref),
     }
-    err = errors[kind]()
-    ms = do_bench(run, warmup=25, rep=100, return_mode="median")
     flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
-    print(f"RESULT {ms:.4f} {flops / ms / 1e9:.1f} {err:.2e}", flush=True)
+    for index, (block_m, block_n, stages, warps) in enumerate(CONFIGS[kind]):
+
+        def run(block_m=block_m, block_n=block_n, stages=stages, warps=warps):
+            if kind == "fwd":
+                launch_gluon_fwd(q, k, v, out, lse, causal, block_m, block_n, stages, warps)
+            elif kind == "dkdv":
+                launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m, block_n, stages, warps)
+            else:
+                launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m, block_n, stages, warps)
+
+        try:
+            run()
+            torch.cuda.synchronize()
+        except Exception as error:  # a config that does not compile or fit
+            print(f"FAILED {index} {type(error).__name__}: {str(error)[:120]}", flush=True)
+            continue
+        err = errors[kind]()
+        ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+        print(f"RESULT {index} {ms:.4f} {flops / ms / 1e9:.1f} {err:.2e}", flush=True)
 
 
 def package_kernels(b, h, s, d, causal):
@@ -115,23 +120,29 @@ def main() -> None:
             flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
             tflops = flops / ms / 1e9
             print(f"| {label} | {kind} package | autotuned | {ms:.4f} | {tflops:.1f} | {err:.2e} |", flush=True)
-            for config_index, config in enumerate(configs):
-                name = "{}x{} s{} w{}".format(*config)
-                args = [sys.executable, __file__, "child", kind, str(shape_index), str(config_index)]
-                try:
-                    done = subprocess.run(args, timeout=90, capture_output=True, text=True)
-                    found = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
-                    if found:
-                        print(f"| {label} | {kind} Gluon | {name} | {' | '.join(found[0])} |", flush=True)
-                    else:
-                        tail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-                        print(f"| {label} | {kind} Gluon | {name} | {tail[0][:150]} |", flush=True)
-                except subprocess.TimeoutExpired:
-                    print(f"| {label} | {kind} Gluon | {name} | no result in 90 s (hang) |", flush=True)
+            names = ["{}x{} s{} w{}".format(*config) for config in configs]
+            args = [sys.executable, __file__, "child", kind, str(shape_index)]
+            try:  # one process per kernel and shape: a hang costs its timeout, not the run
+                done = subprocess.run(args, timeout=120, capture_output=True, text=True)
+                lines = [line.split(maxsplit=2) for line in done.stdout.splitlines()]
+                for line in lines:
+                    if line[0] == "RESULT":
+                        ms, rate, err = line[2].split()
+                        print(f"| {label} | {kind} Gluon | {names[int(line[1])]} | {ms} | {rate} | {err} |", flush=True)
+                    elif line[0] == "FAILED":
+                        print(f"| {label} | {kind} Gluon | {names[int(line[1])]} | {line[2]} |", flush=True)
+                if done.returncode:
+                    tail = done.stderr.strip().splitlines()[-1:] or [""]
+                    print(f"| {label} | {kind} Gluon | exit {done.returncode} | {tail[0][:150]} |", flush=True)
+            except subprocess.TimeoutExpired as expired:
+                out = expired.stdout or ""
+                seen = (out.decode(errors="replace") if isinstance(out, bytes) else out).count("RESULT")
+                name = names[min(seen, len(names) - 1)]
+                print(f"| {label} | {kind} Gluon | {name} | no result in 120 s (hang?) |", flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["child"]:
-        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        child(sys.argv[2], int(sys.argv[3]))
     else:
         main()

@@ -57,7 +57,7 @@ for stage in ${@:-tests host norms model}; do
     # Triton's automatic warp specialization on minimal attention kernels, against the package and cuDNN.
     attn_ws) timeout "${T_ATTN_WS:-300}" python3 lab/gpu/attn_ws_lab.py ${ATTN_WS:-} 2>&1 | tee "$OUT/attn_ws.md" | grep -v "^|  |" ;;
     # The Gluon lab kernels (forward, dK/dV, dQ) against the package's (Hopper, Triton 3.6).
-    attn_gluon) timeout "${T_ATTN_GLUON:-420}" python3 lab/gpu/attn_gluon_lab.py 2>&1 | tee "$OUT/attn_gluon.md" ;;
+    attn_gluon) timeout "${T_ATTN_GLUON:-540}" python3 lab/gpu/attn_gluon_lab.py 2>&1 | tee "$OUT/attn_gluon.md" ;;
     # The attention kernels against lab versions of their files (.carry/ab), configs pinned.
     attn_order) timeout "${T_ATTN_ORDER:-300}" python3 lab/gpu/attn_order_ab.py ${ATTN_AB:-.carry/ab/attention_fwd_lpt.py \
                   .carry/ab/attention_bwd_lpt.py} 2>&1 | tee "$OUT/attn_order.md" ;;
