@@ -78,11 +78,12 @@ def _cases():
                         arch = 90 if tma else (80, 90)[n % 2]
                         dtype = DTYPES[n % 2 if tma else (n // 2) % 2]
                         flags = FLAGS[n % len(FLAGS)]
+                        block_major = (n // 3) % 2 == 1
                         shape = f"{config.block_m}x{config.block_n}w{config.num_warps}s{config.num_stages}"
                         yield pytest.param(
-                            kind, config, head_dim, dtype, flags, tma, arch, dq_atomic, (n // 3) % 2 == 1,
+                            kind, config, head_dim, dtype, flags, tma, arch, dq_atomic, block_major,
                             id=f"{kind}-d{head_dim}-{shape}-{'tma-' if tma else ''}{dtype}-flags{n % len(FLAGS)}"
-                            f"-sm{arch}{'-atomic' if dq_atomic else ''}{'-blockmajor' if (n // 3) % 2 else ''}",
+                            f"-sm{arch}{'-atomic' if dq_atomic else ''}{'-blockmajor' if block_major else ''}",
                         )  # fmt: skip
 
 
