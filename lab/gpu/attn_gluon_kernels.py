@@ -27,15 +27,33 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+LOG2E = 1.4426950408889634
+
 
 @gluon.jit
-def _issue_qdo(q_desc, do_desc, q_bufs, do_bufs, ready, step, row, valid):
-    """TMA loads of the Q and dO rows [row, row + BLOCK_M) into stage step % STAGES, if valid."""
-    STAGES: gl.constexpr = q_bufs.type.shape[0]
+def _issue_pair(a_desc, b_desc, a_bufs, b_bufs, ready, step, row, valid):
+    """TMA loads of rows [row, row + block) of two tensors (Q and dO, or K and V) into stage
+    step % STAGES of their rings, if valid."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
     s = step % STAGES
-    mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=valid)
-    tma.async_copy_global_to_shared(q_desc, [row, 0], ready.index(s), q_bufs.index(s), pred=valid)
-    tma.async_copy_global_to_shared(do_desc, [row, 0], ready.index(s), do_bufs.index(s), pred=valid)
+    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=valid)
+    tma.async_copy_global_to_shared(a_desc, [row, 0], ready.index(s), a_bufs.index(s), pred=valid)
+    tma.async_copy_global_to_shared(b_desc, [row, 0], ready.index(s), b_bufs.index(s), pred=valid)
+
+
+@gluon.jit
+def _barriers(count: gl.constexpr):
+    """`count` initialized mbarriers (one arrival each)."""
+    bars = gl.allocate_shared_memory(gl.int64, [count, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(count):
+        mbarrier.init(bars.index(i), count=1)
+    return bars
+
+
+@gluon.jit
+def _ring(desc, STAGES: gl.constexpr):
+    """STAGES shared-memory buffers of desc's block (one for a program's resident tile)."""
+    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
 
 
 @gluon.jit
@@ -60,7 +78,7 @@ def _dkdv_step(j, dv, dk, k_smem, v_smem, q_desc, do_desc, q_bufs, do_bufs, read
     s_t, dv, dk = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, dv, dk))
     # Block j - 1's stage is free: it takes the block STAGES - 1 ahead of this one.
     ahead = j + STAGES - 1
-    _issue_qdo(q_desc, do_desc, q_bufs, do_bufs, ready, ahead, row0 + m_lo + ahead * BLOCK_M, ahead < n_steps)
+    _issue_pair(q_desc, do_desc, q_bufs, do_bufs, ready, ahead, row0 + m_lo + ahead * BLOCK_M, ahead < n_steps)
     x_t = s_t * qk_scale - lse2[None, :]
     if MASKED:
         x_t = x_t + bias
@@ -95,19 +113,15 @@ def _gluon_dkdv_kernel(
     row0 = bh * seqlen
     n0 = pid_n * BLOCK_N
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row0 + n0, 0], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [row0 + n0, 0], kv_ready, v_smem)
+    k_res = _ring(k_desc, 1)
+    v_res = _ring(v_desc, 1)
+    q_bufs = _ring(q_desc, STAGES)
+    do_bufs = _ring(do_desc, STAGES)
+    kv_ready = _barriers(1)
+    ready = _barriers(STAGES)
+    _issue_pair(k_desc, v_desc, k_res, v_res, kv_ready, 0, row0 + n0, True)
+    k_smem = k_res.index(0)
+    v_smem = v_res.index(0)
 
     # Query blocks [m_lo, seqlen): under a causal mask from the first one holding a query >= n0;
     # the first BLOCK_N // BLOCK_M of them straddle the diagonal and are masked.
@@ -119,14 +133,14 @@ def _gluon_dkdv_kernel(
         n_masked: gl.constexpr = 0
     n_steps = (seqlen - m_lo) // BLOCK_M
     for p in gl.static_range(STAGES - 1):
-        _issue_qdo(q_desc, do_desc, q_bufs, do_bufs, ready, p, row0 + m_lo + p * BLOCK_M, p < n_steps)
+        _issue_pair(q_desc, do_desc, q_bufs, do_bufs, ready, p, row0 + m_lo + p * BLOCK_M, p < n_steps)
 
     keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout))
     dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout))
-    mbarrier.wait(kv_ready, 0)
+    mbarrier.wait(kv_ready.index(0), 0)
     for j in range(n_masked):
         dv, dk = _dkdv_step(j, dv, dk, k_smem, v_smem, q_desc, do_desc, q_bufs, do_bufs, ready, lse2_ptr, delta_ptr,
                             row0, m_lo, n_steps, keys, cols, zero_s, qk_scale, True, a_layout)  # fmt: skip
@@ -142,33 +156,31 @@ def _gluon_dkdv_kernel(
     gl.store(dv_ptr + offs, dv.to(dtype))
 
 
-def launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m=64, block_n=128, stages=2, num_warps=8):
-    """dK, dV of dense BHSD q, k, v, do (contiguous, 16-bit) into dk, dv; lse2 = LSE * log2(e) and
-    delta = rowsum(dO * O), fp32 (B * H * S,)."""
+def _descriptors(block_m, block_n, q, k, v, do=None):
+    """TMA descriptors of BHSD q, k, v (and do), each seen as (B * H * S, D): the query-side tensors
+    in blocks of block_m rows, K and V of block_n."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    batch, heads, seqlen, dim = q.shape
+    dim = q.shape[-1]
     dtype = gl.bfloat16 if str(q.dtype) == "torch.bfloat16" else gl.float16
 
-    def desc(t, rows):
+    def descriptor(t, rows):
         layout = gl.NVMMASharedLayout.get_default_for([rows, dim], dtype)
         return TensorDescriptor.from_tensor(t.reshape(-1, dim), [rows, dim], layout)
 
+    descs = (descriptor(q, block_m), descriptor(k, block_n), descriptor(v, block_n))
+    return descs if do is None else (*descs, descriptor(do, block_m))
+
+
+def launch_gluon_dkdv(q, k, v, do, lse2, delta, dk, dv, causal, block_m=64, block_n=128, stages=2, num_warps=8):
+    """dK, dV of dense BHSD q, k, v, do (contiguous, 16-bit) into dk, dv; lse2 = LSE * log2(e) and
+    delta = rowsum(dO * O), fp32 (B * H * S,)."""
+    batch, heads, seqlen, dim = q.shape
     grid = (seqlen // block_n, batch * heads)
     _gluon_dkdv_kernel[grid](
-        desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), lse2, delta, dk, dv, seqlen,
-        dim**-0.5 * 1.4426950408889634, dim**-0.5, causal, stages, num_warps=num_warps,
+        *_descriptors(block_m, block_n, q, k, v, do), lse2, delta, dk, dv, seqlen, dim**-0.5 * LOG2E, dim**-0.5,
+        causal, stages, num_warps=num_warps,
     )  # fmt: skip
-
-
-@gluon.jit
-def _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, step, row, valid):
-    """TMA loads of the K and V rows [row, row + BLOCK_N) into stage step % STAGES, if valid."""
-    STAGES: gl.constexpr = k_bufs.type.shape[0]
-    s = step % STAGES
-    mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=valid)
-    tma.async_copy_global_to_shared(k_desc, [row, 0], ready.index(s), k_bufs.index(s), pred=valid)
-    tma.async_copy_global_to_shared(v_desc, [row, 0], ready.index(s), v_bufs.index(s), pred=valid)
 
 
 @gluon.jit
@@ -187,7 +199,7 @@ def _dq_step(j, dq, q_smem, do_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0
     dp_tok = warpgroup_mma(do_smem, v_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     s_val, dq = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, dq))
     ahead = j + STAGES - 1
-    _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, ahead, row0 + ahead * BLOCK_N, ahead < n_steps)
+    _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, ahead, row0 + ahead * BLOCK_N, ahead < n_steps)
     x = s_val * qk_scale - lse2[:, None]
     if MASKED:
         x = x + bias
@@ -219,18 +231,15 @@ def _gluon_dq_kernel(
     row0 = bh * seqlen
     m0 = pid_m * BLOCK_M
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], do_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row0 + m0, 0], q_ready, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [row0 + m0, 0], q_ready, do_smem)
+    q_res = _ring(q_desc, 1)
+    do_res = _ring(do_desc, 1)
+    k_bufs = _ring(k_desc, STAGES)
+    v_bufs = _ring(v_desc, STAGES)
+    q_ready = _barriers(1)
+    ready = _barriers(STAGES)
+    _issue_pair(q_desc, do_desc, q_res, do_res, q_ready, 0, row0 + m0, True)
+    q_smem = q_res.index(0)
+    do_smem = do_res.index(0)
 
     # Key blocks [0, n_steps): under a causal mask up to the block's last query; the last
     # BLOCK_M // BLOCK_N of them straddle the diagonal and are masked.
@@ -241,7 +250,7 @@ def _gluon_dq_kernel(
         n_steps = seqlen // BLOCK_N
         n_full = n_steps
     for p in gl.static_range(STAGES - 1):
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, p, row0 + p * BLOCK_N, p < n_steps)
+        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, p, row0 + p * BLOCK_N, p < n_steps)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -249,7 +258,7 @@ def _gluon_dq_kernel(
     delta = gl.load(delta_ptr + row0 + rows)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     dq = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, q_layout))
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(q_ready.index(0), 0)
     for j in range(n_full):
         dq = _dq_step(j, dq, q_smem, do_smem, k_desc, v_desc, k_bufs, v_bufs, ready, row0, n_steps, lse2, delta, rows,
                       cols, zero_s, qk_scale, False, a_layout)  # fmt: skip
@@ -265,19 +274,11 @@ def _gluon_dq_kernel(
 
 def launch_gluon_dq(q, k, v, do, lse2, delta, dq, causal, block_m=128, block_n=64, stages=2, num_warps=8):
     """dQ of dense BHSD q, k, v, do (contiguous, 16-bit) into dq; lse2, delta as launch_gluon_dkdv's."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     batch, heads, seqlen, dim = q.shape
-    dtype = gl.bfloat16 if str(q.dtype) == "torch.bfloat16" else gl.float16
-
-    def desc(t, rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, dim], dtype)
-        return TensorDescriptor.from_tensor(t.reshape(-1, dim), [rows, dim], layout)
-
     grid = (seqlen // block_m, batch * heads)
     _gluon_dq_kernel[grid](
-        desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), lse2, delta, dq, seqlen,
-        dim**-0.5 * 1.4426950408889634, dim**-0.5, causal, stages, num_warps=num_warps,
+        *_descriptors(block_m, block_n, q, k, v, do), lse2, delta, dq, seqlen, dim**-0.5 * LOG2E, dim**-0.5, causal,
+        stages, num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -306,7 +307,7 @@ def _fwd_step(j, acc, m_i, l_i, s_cur, q_smem, k_desc, v_desc, k_bufs, v_bufs, r
     # stage takes block j - 1 + STAGES, and the output is rescaled.
     acc, s_next = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_tok))
     ahead = j - 1 + STAGES
-    _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, ahead, row0 + ahead * BLOCK_N, (j >= 1) & (ahead < n_steps))
+    _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, ahead, row0 + ahead * BLOCK_N, (j >= 1) & (ahead < n_steps))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     p_op = gl.convert_layout(p.to(dtype), p_layout, assert_trivial=True)
     s_j = j % STAGES
@@ -337,13 +338,10 @@ def _gluon_fwd_kernel(
     m0 = pid_m * BLOCK_M
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    k_bufs = _ring(k_desc, STAGES)
+    v_bufs = _ring(v_desc, STAGES)
+    q_ready = _barriers(1).index(0)
+    ready = _barriers(STAGES)
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0 + m0, 0], q_ready, q_smem)
 
@@ -354,7 +352,7 @@ def _gluon_fwd_kernel(
         n_steps = seqlen // BLOCK_N
         n_full = n_steps
     for p in gl.static_range(STAGES):
-        _issue_kv(k_desc, v_desc, k_bufs, v_bufs, ready, p, row0 + p * BLOCK_N, p < n_steps)
+        _issue_pair(k_desc, v_desc, k_bufs, v_bufs, ready, p, row0 + p * BLOCK_N, p < n_steps)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -382,17 +380,9 @@ def _gluon_fwd_kernel(
 
 def launch_gluon_fwd(q, k, v, o, lse, causal, block_m=128, block_n=64, stages=3, num_warps=8):
     """O into o (q's shape) and the natural-log LSE into lse (B * H * S fp32) of dense BHSD q, k, v."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     batch, heads, seqlen, dim = q.shape
-    dtype = gl.bfloat16 if str(q.dtype) == "torch.bfloat16" else gl.float16
-
-    def desc(t, rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, dim], dtype)
-        return TensorDescriptor.from_tensor(t.reshape(-1, dim), [rows, dim], layout)
-
     grid = (seqlen // block_m, batch * heads)
     _gluon_fwd_kernel[grid](
-        desc(q, block_m), desc(k, block_n), desc(v, block_n), o, lse, seqlen, dim**-0.5 * 1.4426950408889634, causal,
-        stages, num_warps=num_warps,
+        *_descriptors(block_m, block_n, q, k, v), o, lse, seqlen, dim**-0.5 * LOG2E, causal, stages,
+        num_warps=num_warps,
     )  # fmt: skip
