@@ -5,7 +5,7 @@
 
 The lab files replace kernels/attention_fwd.py and kernels/attention_bwd.py (loaded as modules of
 the package). Per shape (MHA and GQA, causal and full), the forward and the backward of each
-variant run with the shipped configs pinned, each with launch plans of its own (LabConfig); outputs are
+variant run with the shipped configs pinned, each with launch plans of its own (own_plans); outputs are
 compared (the lab versions here change only the order of programs, so they must match exactly),
 then all calls are timed together by fused-gemm's tuner timer (CUDA-graph replays, interleaved
 rounds, medians). A lab tool for the GPU runs recorded in NOTES.md: it prints a table and changes
@@ -14,12 +14,12 @@ nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import statistics
 import sys
 
 import torch
+from attn_config_sweep import own_plans
 
 from fused_attention.ops import configs, launch
 from fused_attention.ops.configs import KernelConfig
@@ -34,11 +34,6 @@ SHAPES = [  # (B, H, H_kv, S, D, causal)
     (4, 16, 16, 4096, 128, False),
 ]
 C = KernelConfig
-
-
-class LabConfig(KernelConfig):
-    """A KernelConfig that never equals the package's: the lab variant's launch plans are cached
-    apart from the base's (a plan holds the kernel it was built with)."""
 
 
 PINNED = {  # per D: fwd, dK/dV, dQ (the shipped first candidates, or the autotuner's usual pick)
@@ -63,7 +58,8 @@ def main(fwd_path: str, bwd_path: str) -> None:
         k, v = (torch.randn(batch, seqlen, kv_heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         spec = launch.AttentionSpec(batch, heads, kv_heads, dim, seqlen, seqlen, dim**-0.5, -1,
                                     0 if causal else -1, False, False, False)  # fmt: skip
-        o, lse = launch.attention_fwd(q, k, v, None, None, None, spec, PINNED[dim][0])
+        fwd_config, dkdv_config, dq_config = PINNED[dim]
+        o, lse = launch.attention_fwd(q, k, v, None, None, None, spec, fwd_config)
         flops = 4 * batch * heads * seqlen * seqlen * dim * (0.5 if causal else 1.0)
         calls, labels, outputs = [], [], {}
         for name in ("base", "lab"):
@@ -77,13 +73,8 @@ def main(fwd_path: str, bwd_path: str) -> None:
                     finally:
                         configs.KERNELS.update(saved)
 
-                return call
+                return own_plans(call)
 
-            fwd_config, dkdv_config, dq_config = (
-                config if name == "base" else LabConfig(*dataclasses.astuple(config)) for config in PINNED[dim]
-            )
-
-            # partial binds this variant's configs now (a lambda would see the last variant's).
             fwd = forced(functools.partial(launch.attention_fwd, q, k, v, None, None, None, spec, fwd_config))
             bwd = forced(functools.partial(launch.attention_bwd, do, q, k, v, o, lse, None, None, None, None, spec,
                                            dkdv_config, dq_config))  # fmt: skip

@@ -58,9 +58,10 @@ for stage in ${@:-tests host norms model}; do
     attn_ws) timeout "${T_ATTN_WS:-300}" python3 lab/gpu/attn_ws_lab.py ${ATTN_WS:-} 2>&1 | tee "$OUT/attn_ws.md" | grep -v "^|  |" ;;
     # The Gluon lab kernels (forward, dK/dV, dQ) against the package's (Hopper, Triton 3.6).
     attn_gluon) timeout "${T_ATTN_GLUON:-540}" python3 lab/gpu/attn_gluon_lab.py 2>&1 | tee "$OUT/attn_gluon.md" ;;
-    # The attention kernels against lab versions of their files (.carry/ab), configs pinned.
-    attn_order) timeout "${T_ATTN_ORDER:-300}" python3 lab/gpu/attn_order_ab.py ${ATTN_AB:-.carry/ab/attention_fwd_lpt.py \
-                  .carry/ab/attention_bwd_lpt.py} 2>&1 | tee "$OUT/attn_order.md" ;;
+    # The attention kernels against lab versions of their files, configs pinned: ATTN_AB="FWD_PY BWD_PY"
+    # (copies of kernels/attention_fwd.py and attention_bwd.py, carried under .carry/ab).
+    attn_order) timeout "${T_ATTN_ORDER:-300}" python3 lab/gpu/attn_order_ab.py ${ATTN_AB:?ATTN_AB names the two lab files} \
+                  2>&1 | tee "$OUT/attn_order.md" ;;
     # The HF Qwen2 (4 KV heads) step with fused-attention's GQA grids block-major and head-major, alternating.
     block_order) LAB_SET="n_kv_head=4" timeout "${T_BLOCK_ORDER:-300}" python3 lab/gpu/block_order_step.py \
                    llama-1.4B:2048:4 hf-qwen2+tritonformer 2>&1 | tee "$OUT/block_order.md" | grep "^|" ;;
