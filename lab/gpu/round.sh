@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_gluon attn_order block_order hf_qwen2_profile (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -57,6 +57,10 @@ for stage in ${@:-tests host norms model}; do
     # Triton's automatic warp specialization on minimal attention kernels, against the package and cuDNN.
     attn_ws) timeout "${T_ATTN_WS:-300}" python3 lab/gpu/attn_ws_lab.py ${ATTN_WS:-} 2>&1 | tee "$OUT/attn_ws.md" | grep -v "^|  |" ;;
     # The Gluon lab kernels (forward, dK/dV, dQ) against the package's (Hopper, Triton 3.6).
+    # fused-attention's backward with the Hopper dK/dV kernel and with the portable one, cuDNN beside.
+    attn_hopper) timeout "${T_ATTN_HOPPER:-300}" python3 lab/gpu/attn_hopper_ab.py 2>&1 | tee "$OUT/attn_hopper.md" ;;
+    attn_hopper_variants) timeout "${T_ATTN_HOPPER:-300}" python3 lab/gpu/attn_hopper_variants.py 2>&1 \
+                            | tee "$OUT/attn_hopper_variants.md" ;;
     attn_gluon) timeout "${T_ATTN_GLUON:-540}" python3 lab/gpu/attn_gluon_lab.py 2>&1 | tee "$OUT/attn_gluon.md" ;;
     # The attention kernels against lab versions of their files, configs pinned: ATTN_AB="FWD_PY BWD_PY"
     # (copies of kernels/attention_fwd.py and attention_bwd.py, carried under .carry/ab).

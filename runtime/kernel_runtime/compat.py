@@ -115,6 +115,22 @@ _DESCRIPTOR_DEFAULTS = (
 )
 
 
+def _has_gluon_hopper() -> bool:
+    """Gluon's Hopper API as this project's Gluon kernels are written against it: Triton 3.6 (later
+    versions renamed its TMA copies, earlier ones lack parts of it). Never under the interpreter,
+    which cannot run Gluon."""
+    if INTERPRETING or TRITON_VERSION != (3, 6):
+        return False
+    try:  # pragma: no cover - depends on the installed Triton
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:  # pragma: no cover
+        return False
+    return True
+
+
+HAS_GLUON_HOPPER = _has_gluon_hopper()
+
+
 def tensor_descriptor(base: torch.Tensor, shape, strides, block_shape):
     """TensorDescriptor(base, shape, strides, block_shape) without its __post_init__ (assertions
     only, a microsecond each): the caller checked alignment and strides once per plan."""

@@ -19,8 +19,9 @@ import torch
 from tritonformer_testkit import triton_version
 
 from fused_attention import alibi_slopes, flash_attention
+from fused_attention._runtime.compat import HAS_GLUON_HOPPER
 from fused_attention._runtime.launch import DIRECT_LAUNCH, Launch
-from fused_attention.ops import configs
+from fused_attention.ops import configs, launch
 from fused_attention.ops.configs import candidate_configs, dq_atomic
 from fused_attention.ops.launch import AttentionSpec, _tma_by_default, attention_bwd, attention_fwd
 
@@ -107,6 +108,73 @@ def test_grouped_query_heads(n_heads, n_kv_heads, causal, seqlen, attn):
     test_atomic_dq_when_forced covers the atomic one)."""
     q, k, v = attn.random_qkv(2, seqlen, seqlen, n_heads, n_kv_heads, 32, BF16, "cuda")
     attn.check_attention(q, k, v, causal=causal)
+
+
+def _hopper_dkdv_runs() -> str:
+    """Why kernels/attention_bwd_hopper.py cannot run here ('' where it can)."""
+    if not HAS_GLUON_HOPPER:
+        return "the Hopper dK/dV kernel is written against Triton 3.6's Gluon API"
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return "the Hopper dK/dV kernel runs on sm_90 GPUs only"
+    return ""
+
+
+@pytest.fixture
+def hopper_launches(monkeypatch):
+    """Counts the launches of the Hopper dK/dV kernel (fresh plans before and after)."""
+    if _hopper_dkdv_runs():
+        pytest.skip(_hopper_dkdv_runs())
+    from fused_attention.kernels import attention_bwd_hopper
+
+    calls = []
+    real = attention_bwd_hopper.launch_dkdv_hopper
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention_bwd_hopper, "launch_dkdv_hopper", counting)
+    launch.clear_plans()
+    yield calls
+    launch.clear_plans()
+
+
+@pytest.mark.gpu(reason="the Hopper dK/dV kernel runs compiled on sm_90")
+@pytest.mark.parametrize(
+    "batch, seqlen, n_heads, n_kv_heads, head_dim, causal, layout, dtype",
+    [
+        (3, 1, 4, 2, 128, True, "bshd", BF16), (3, 17, 4, 4, 64, True, "bhsd", FP16),
+        (2, 1000, 8, 1, 128, True, "bshd", BF16), (2, 1000, 32, 1, 64, False, "bshd", BF16),
+        (1, 4099, 4, 2, 128, False, "bhsd", FP16), (2, 2048, 16, 4, 128, True, "bhsd", BF16),
+        (4, 300, 6, 3, 64, True, "bshd", FP16),
+    ],
+    ids=["s1", "s17-fp16-sdpa", "gqa8-1000", "mqa32-full-d64", "s4099-full-sdpa", "gqa4-2048-sdpa", "s300-d64-fp16"],
+)  # fmt: skip
+def test_hopper_dkdv(batch, seqlen, n_heads, n_kv_heads, head_dim, causal, layout, dtype, attn, hopper_launches):
+    """The Hopper dK/dV kernel (where the backward takes it) against the fp64 reference: lengths
+    from 1 to 4099 (ragged last blocks), GQA 8:1 and 32:1, both layouts, fp16 and bf16."""
+    q, k, v = attn.random_qkv(batch, seqlen, seqlen, n_heads, n_kv_heads, head_dim, dtype, "cuda", layout=layout)
+    attn.check_attention(q, k, v, layout=layout, causal=causal, with_dlse=True)
+    assert hopper_launches
+
+
+@pytest.mark.gpu(reason="the Hopper dK/dV kernel runs compiled on sm_90")
+def test_hopper_dkdv_views_and_determinism(attn, hopper_launches):
+    """Strided q/k/v (views of a packed QKV projection) and the deterministic backward, whose
+    gradients repeat bit for bit; a pinned dK/dV config and ALiBi take the portable kernel."""
+    qkv = torch.randn(2, 1100, 3, 4, 128, device="cuda", dtype=BF16)
+    attn.check_attention(*qkv.unbind(2), causal=True, deterministic=True)
+    assert hopper_launches
+    q, k, v = (t.detach().requires_grad_() for t in qkv.unbind(2))
+    grads = []
+    for _ in range(2):
+        out = flash_attention(q, k, v, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    hopper_launches.clear()
+    slopes = alibi_slopes(4, device="cuda")
+    attn.check_attention(*qkv.unbind(2), causal=True, alibi_slopes=slopes)
+    assert not hopper_launches
 
 
 @pytest.mark.gpu(reason="direct launches need the compiled kernels")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime.compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING, TRITON_VERSION, device_capability
+from ._runtime.compat import HAS_GLUON_HOPPER, HAS_TENSOR_DESCRIPTORS, INTERPRETING, device_capability
 
 
 def tf32_allowed_by_torch() -> bool:
@@ -13,20 +13,8 @@ def tf32_allowed_by_torch() -> bool:
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def _has_gluon_ws() -> bool:
-    """kernels.matmul_ws is written against Triton 3.6's Gluon API (later versions renamed its TMA
-    copies, earlier ones lack warp specialization on Hopper); elsewhere the TMA kernel runs every
-    product. Never under the interpreter (Gluon has none)."""
-    if INTERPRETING or TRITON_VERSION != (3, 6):
-        return False
-    try:  # pragma: no cover - depends on the installed Triton
-        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
-    except ImportError:  # pragma: no cover
-        return False
-    return True
-
-
-HAS_GLUON_WS = _has_gluon_ws()
+# kernels.matmul_ws needs Gluon's Hopper API (Triton 3.6); elsewhere the TMA kernel runs every product.
+HAS_GLUON_WS = HAS_GLUON_HOPPER
 
 
 def supports_tma(device: torch.device) -> bool:

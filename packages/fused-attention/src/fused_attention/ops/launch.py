@@ -29,6 +29,7 @@ import torch
 from .._compat import UPCAST_DOTS
 from .._runtime.cache import PublishedCache
 from .._runtime.compat import (
+    HAS_GLUON_HOPPER,
     HAS_TENSOR_DESCRIPTORS,
     INTERPRETING,
     descriptor_like,
@@ -380,6 +381,69 @@ def _main_launch(
     return MainLaunch(launch, templates, None)
 
 
+# Whether the backward may run kernels/attention_bwd_hopper.py's dK/dV kernel where it applies
+# (tests set it False to compare with the portable kernel, then call clear_plans).
+HOPPER_DKDV = True
+
+
+class HopperDkdv(NamedTuple):
+    """kernels/attention_bwd_hopper.py's dK/dV launch: its Gluon descriptor templates (q, k, v, do)
+    and every other argument but the tensors."""
+
+    templates: Tuple[object, object, object, object]
+    arguments: Dict[str, object]
+
+    def __call__(self, q, k, v, do, dk, dv, dq_accum, lse, delta, *unused) -> None:
+        """The dK/dV MainLaunch's call (dq_accum and the arguments after delta are not read)."""
+        from ..kernels.attention_bwd_hopper import launch_dkdv_hopper
+
+        descriptors = tuple(descriptor_like(t, x) for t, x in zip(self.templates, (q, k, v, do)))
+        launch_dkdv_hopper(descriptors, lse, delta, dk, dv, **self.arguments)
+
+
+def _hopper_dkdv(
+    fplan: ForwardPlan, do_strides, do_aligned: bool, atomic: bool, config: Optional[KernelConfig], grad_strides
+) -> Optional[HopperDkdv]:  # fmt: skip
+    """The Hopper dK/dV launch where its kernel applies (see its module docstring: Triton 3.6 on
+    sm_90, 16-bit dense inputs, head dim 64 or 128, causal with equal lengths or full attention,
+    no ALiBi, softcap, dropout or window, TMA-addressable q, k, v and dO), else None. Never for
+    a pinned config or atomic dQ accumulation."""
+    spec, device = fplan.spec, fplan.device
+    causal = spec.window_right == 0
+    if (
+        not HOPPER_DKDV or not HAS_GLUON_HOPPER or config is not None or atomic
+        or fplan.dtype not in (torch.float16, torch.bfloat16) or spec.head_dim not in (64, 128)
+        or spec.varlen or spec.has_alibi or spec.softcap or spec.dropout_p or spec.window_left >= 0
+        or spec.window_right > 0 or (causal and spec.max_seqlen_q != spec.max_seqlen_k)
+        or device.type != "cuda" or device_capability(device) != (9, 0)
+    ):  # fmt: skip
+        return None
+    itemsize = fplan.dtype.itemsize
+    query_views = _tma_views(spec, ((fplan.q_shape, fplan.q_strides), (fplan.q_shape, do_strides)), itemsize,
+                             fplan.aligned and do_aligned)  # fmt: skip
+    key_views = _tma_views(spec, ((fplan.k_shape, fplan.k_strides), (fplan.k_shape, fplan.v_strides)), itemsize,
+                           fplan.aligned)  # fmt: skip
+    if query_views is None or key_views is None or query_views[0][2] != key_views[0][2]:
+        return None
+    from ..kernels import attention_bwd_hopper as hopper
+
+    heads_outer = query_views[0][2]
+    (q_view, do_view), (k_view, v_view) = query_views, key_views
+    templates = tuple(
+        hopper.descriptor_template(shape, strides, heads_outer, rows, fplan.dtype)
+        for (shape, strides, _), rows in ((q_view, hopper.BLOCK_M), (k_view, hopper.BLOCK_N), (v_view, hopper.BLOCK_N),
+                                          (do_view, hopper.BLOCK_M))
+    )  # fmt: skip
+    arguments = dict(
+        dk_strides=seq_strides(grad_strides[1], spec), dv_strides=seq_strides(grad_strides[2], spec),
+        lse_strides=_lse_strides(spec, fplan.q_shape[0]),
+        sizes=(spec.batch, spec.n_kv_heads, spec.n_heads // spec.n_kv_heads, spec.max_seqlen_q, spec.max_seqlen_k),
+        qk_scale=spec.softmax_scale * LOG2E, softmax_scale=spec.softmax_scale, causal=causal,
+        heads_outer=heads_outer, block_major=_block_major(spec),
+    )  # fmt: skip
+    return HopperDkdv(templates, arguments)
+
+
 @functools.cache
 def _placeholder_int32(device: torch.device) -> torch.Tensor:
     """Stands in for absent cu_seqlens (never read: IS_VARLEN is a constexpr)."""
@@ -577,7 +641,7 @@ class BackwardPlan(NamedTuple):
     dq_atomic: bool
     dq_accum_shape: Tuple[int, ...]
     pre: Optional[Launch]
-    dkdv: Optional[MainLaunch]
+    dkdv: Optional[object]  # a MainLaunch or a HopperDkdv
     post: Optional[object]
 
 
@@ -630,6 +694,8 @@ def _backward_plan(
             ZERO_DQ=atomic, num_warps=PREPROCESS_WARPS,
         )  # fmt: skip
     if has_keys:
+        dkdv = _hopper_dkdv(fplan, do_strides, do_aligned, atomic, dkdv_config, grad_strides)
+    if has_keys and dkdv is None:
         fixed = dict(
             **inputs, **_strides("dk", seq_strides(grad_strides[1], spec)),
             **_strides("dv", seq_strides(grad_strides[2], spec)), **dq_accum_args, **lse_and_slopes,
