@@ -140,3 +140,48 @@ def test_dq_convert_kernel_compiles(block_d, dtype, is_varlen, arch):
     )
     signature = {name: _type(name, dtype, "") for name in kernel.arg_names if name not in constexprs}
     compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=PREPROCESS_WARPS)
+
+
+def _hopper_module():
+    """kernels/attention_bwd_hopper.py, or a skip where the installed Triton has no Gluon Hopper API."""
+    try:
+        from fused_attention.kernels import attention_bwd_hopper
+    except ImportError:
+        pytest.skip(
+            f"Triton {triton.__version__} has no Gluon Hopper API (the Hopper dK/dV kernel needs Triton >= 3.6)"
+        )
+    return attention_bwd_hopper
+
+
+@pytest.mark.parametrize(
+    "head_dim, causal, heads_outer, block_major, dtype",
+    [(128, True, False, True, "bf16"), (64, True, True, True, "fp16"), (128, False, True, False, "fp16"),
+     (64, False, False, False, "bf16")],
+    ids=["d128-causal-bshd", "d64-causal-bhsd-fp16", "d128-full-bhsd-fp16", "d64-full-bshd"],
+)  # fmt: skip
+def test_hopper_dkdv_kernel_compiles(head_dim, causal, heads_outer, block_major, dtype):
+    """The Gluon dK/dV kernel for sm_90 in each specialization the launcher chooses (mask, layout,
+    program order, each head dim's ring stages), its wgmmas not serialized. It runs on Triton 3.6
+    only (ops/launch.py); newer Tritons of the matrix compile it here, their TMA load renamed."""
+    hopper = _hopper_module()
+    from tritonformer_testkit.aot import gluon_descriptor_type
+
+    kernel = hopper._attn_bwd_dkdv_hopper_kernel
+
+    def descriptor(rows):
+        return gluon_descriptor_type([1, 1, rows, head_dim] if heads_outer else [1, rows, 1, head_dim], dtype)
+
+    constexprs = dict(
+        CAUSAL=causal, HEADS_OUTER=heads_outer, BLOCK_MAJOR=block_major, STAGES=hopper.STAGES[head_dim],
+        num_warps=hopper.NUM_WARPS,
+    )  # fmt: skip
+    signature = {
+        "q_desc": descriptor(hopper.BLOCK_M), "k_desc": descriptor(hopper.BLOCK_N),
+        "v_desc": descriptor(hopper.BLOCK_N), "do_desc": descriptor(hopper.BLOCK_M), "lse_ptr": "*fp32",
+        "delta_ptr": "*fp32", "dk_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}", "qk_scale": "fp32",
+        "softmax_scale": "fp32",
+    }  # fmt: skip
+    for name in kernel.arg_names:
+        if name not in signature and name not in constexprs:
+            signature[name] = "i32"
+    compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=90, num_warps=hopper.NUM_WARPS)

@@ -57,6 +57,11 @@ def _check_arguments(fn, signature: Mapping[str, str], constexprs: Mapping[str, 
         )
 
 
+def _is_gluon(fn) -> bool:
+    """Whether fn is a Gluon kernel (triton.experimental.gluon.jit), compiled from its own AST source."""
+    return type(fn).__name__.startswith("Gluon")
+
+
 def _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -65,6 +70,8 @@ def _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages):
     aligned = {
         (i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if full_signature[name].startswith("*")
     }
+    if _is_gluon(fn):
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     source = ASTSource(fn, signature=full_signature, constexprs=dict(constexprs), attrs=aligned)
     return triton.compile(
         source,
@@ -145,6 +152,17 @@ def compile_to_asm(
         if notes:
             raise AssertionError(f"{fn.__name__}: ptxas serialized its wgmma instructions on sm_90: {notes[0]}")
     return asm
+
+
+def gluon_descriptor_type(block_shape, dtype: str) -> str:
+    """The signature type of a Gluon TMA descriptor argument ("bf16" or "fp16" blocks of
+    `block_shape`, with Gluon's default NVMMA shared layout for them), as the JIT would see it."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(
+        list(block_shape), getattr(gl, {"bf16": "bfloat16", "fp16": "float16"}[dtype])
+    )
+    return f"tensordesc<{dtype}[{','.join(map(str, block_shape))}],{layout!r}>"
 
 
 def compile_to_cubin(kernel, **options: Any) -> bytes:

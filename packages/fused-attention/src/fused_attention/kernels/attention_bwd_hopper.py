@@ -37,6 +37,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = gl.constexpr(1.4426950408889634)
+# The TMA load: Triton 3.6's name, renamed async_load later (so that the kernel also compiles, ahead
+# of time, under the newer Tritons of the test matrix).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -72,8 +75,8 @@ def _issue_pair(a_desc, b_desc, a_bufs, b_bufs, ready, step, batch, head, row, v
         coords = [batch, head, row, 0]
     else:
         coords = [batch, row, head, 0]
-    tma.async_copy_global_to_shared(a_desc, coords, ready.index(s), a_bufs.index(s), pred=valid)
-    tma.async_copy_global_to_shared(b_desc, coords, ready.index(s), b_bufs.index(s), pred=valid)
+    _tma_load(a_desc, coords, ready.index(s), a_bufs.index(s), pred=valid)
+    _tma_load(b_desc, coords, ready.index(s), b_bufs.index(s), pred=valid)
 
 
 @gluon.jit
@@ -256,10 +259,11 @@ def _attn_bwd_dkdv_hopper_kernel(
     gl.store(dv_ptr + dv_offs, dv.to(dtype), mask=inside)
 
 
-# The one config: BLOCK_M (query rows per step) x BLOCK_N (keys per program), Q/dO ring stages,
-# warps. One warpgroup per 64 keys measured fastest of those tried on an H200 (D = 64 and 128,
-# causal and full): 1.15-1.37x the portable kernel's autotuned choice.
-BLOCK_M, BLOCK_N, STAGES, NUM_WARPS = 64, 64, 2, 4
+# The config: BLOCK_M (query rows per step) x BLOCK_N (keys per program), warps, and the Q/dO ring's
+# stages per head dim. One warpgroup per 64 keys measured fastest of those tried on an H200; three
+# stages at D = 128 need more shared memory than two programs per SM leave (measured 1.3x slower).
+BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 4
+STAGES = {64: 3, 128: 2}
 _GL_DTYPES = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}
 
 
@@ -283,5 +287,6 @@ def launch_dkdv_hopper(descriptors, lse, delta, dk, dv, dk_strides, dv_strides, 
     grid = (-(-seqlen_k // BLOCK_N) * batch * n_kv_heads,)
     _attn_bwd_dkdv_hopper_kernel[grid](
         *descriptors, lse, delta, dk, dv, *dk_strides, *dv_strides, *lse_strides, n_kv_heads, kv_group, seqlen_q,
-        seqlen_k, qk_scale, softmax_scale, causal, heads_outer, block_major, STAGES, num_warps=NUM_WARPS,
+        seqlen_k, qk_scale, softmax_scale, causal, heads_outer, block_major, STAGES[descriptors[1].block_shape[-1]],
+        num_warps=NUM_WARPS,
     )  # fmt: skip
