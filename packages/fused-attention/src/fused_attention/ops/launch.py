@@ -384,6 +384,14 @@ def _main_launch(
 # Whether the backward may run kernels/attention_bwd_hopper.py's dK/dV kernel where it applies
 # (tests set it False to compare with the portable kernel, then call clear_plans).
 HOPPER_DKDV = True
+# At D = 64 the Hopper kernel (64 keys per program) measured 1.07-1.09x the portable one (128 keys
+# per program) at 2048 keys and 0.92-0.95x at 4096 (H200, causal, bf16).
+HOPPER_DKDV_MAX_KEYS_D64 = 2048
+# Its launch goes through Gluon's JIT (tens of microseconds more host time than the runtime's
+# direct launch of the portable kernel: measured +25 to +250 us per eager forward+backward at
+# B 1, S 128, 8 heads): it runs from this many query-key pairs (B x H x S_q x S_k, halved under a
+# causal mask) up, where the backward takes hundreds of microseconds on the GPU.
+HOPPER_DKDV_MIN_PAIRS = 2**25
 
 
 class HopperDkdv(NamedTuple):
@@ -405,9 +413,10 @@ def _hopper_dkdv(
     fplan: ForwardPlan, do_strides, do_aligned: bool, atomic: bool, config: Optional[KernelConfig], grad_strides
 ) -> Optional[HopperDkdv]:  # fmt: skip
     """The Hopper dK/dV launch where its kernel applies (see its module docstring: Triton 3.6 on
-    sm_90, 16-bit dense inputs, head dim 64 or 128, causal with equal lengths or full attention,
-    no ALiBi, softcap, dropout or window, TMA-addressable q, k, v and dO), else None. Never for
-    a pinned config or atomic dQ accumulation."""
+    sm_90, 16-bit dense inputs, head dim 64 (up to HOPPER_DKDV_MAX_KEYS_D64 keys) or 128, causal
+    with equal lengths or full attention, no ALiBi, softcap, dropout or window, TMA-addressable q,
+    k, v and dO), from HOPPER_DKDV_MIN_PAIRS query-key pairs, else None. Never for a pinned config
+    or atomic dQ accumulation."""
     spec, device = fplan.spec, fplan.device
     causal = spec.window_right == 0
     if (
@@ -416,6 +425,8 @@ def _hopper_dkdv(
         or spec.varlen or spec.has_alibi or spec.softcap or spec.dropout_p or spec.window_left >= 0
         or spec.window_right > 0 or (causal and spec.max_seqlen_q != spec.max_seqlen_k)
         or device.type != "cuda" or device_capability(device) != (9, 0)
+        or (spec.head_dim == 64 and spec.max_seqlen_k > HOPPER_DKDV_MAX_KEYS_D64)
+        or spec.batch * spec.n_heads * spec.max_seqlen_q * spec.max_seqlen_k < HOPPER_DKDV_MIN_PAIRS * (1 + causal)
     ):  # fmt: skip
         return None
     itemsize = fplan.dtype.itemsize
