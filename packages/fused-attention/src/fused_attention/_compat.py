@@ -6,7 +6,9 @@ multi-buffered with mbarriers, instead of per-thread pointer loads. Not used her
 specialization (`tl.range(..., warp_specialize=True)`): Triton 3.6 and 3.9 leave the attention
 loop unpartitioned on sm_90 at 8 warps and fail to compile it at 4 (checked ahead of time), so
 it cannot pay; and persistent scheduling, which without warp specialization only replaces the
-hardware block scheduler (the grids walk the longest causal rows first instead).
+hardware block scheduler (the grids walk the longest causal rows first instead). Explicit
+asynchronous MMAs are used where Triton's own pipeline leaves time: the Gluon dK/dV kernel
+(kernels/attention_bwd_hopper.py), where the shared runtime's HAS_GLUON_HOPPER holds.
 """
 
 from __future__ import annotations
