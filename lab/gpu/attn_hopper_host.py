@@ -1,13 +1,13 @@
 # ruff: noqa: B023
-"""Host cost of fused-attention's eager forward+backward with the Hopper dK/dV kernel (a Gluon JIT
-launch) and with the portable one (the runtime's direct launch), at tiny and real sizes.
+"""Host cost of fused-attention's eager forward+backward with the Hopper dK/dV kernel and with the
+portable one, at tiny and real sizes.
 
     python3 lab/gpu/attn_hopper_host.py
 
-Per shape and variant: wall microseconds per flash_attention forward + autograd.grad call over
-300 back-to-back calls (at tiny sizes the host is the bottleneck, so this is the host cost), and
-do_bench's median. A lab tool for the GPU runs recorded in NOTES.md: it prints a table and
-changes nothing.
+Per shape and variant: wall
+microseconds per flash_attention forward + autograd.grad call over back-to-back calls (at tiny
+sizes the host is the bottleneck, so this is the host cost), and do_bench's median. A lab tool
+for the GPU runs recorded in NOTES.md: it prints a table and changes nothing.
 """
 
 from __future__ import annotations

@@ -59,7 +59,6 @@ def main() -> None:
             heads_outer = views[0][2]
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             for block_major, stages in itertools.product((False, True), (2, 3)):
-                hopper.STAGES = {64: stages, 128: stages}
                 rows = (hopper.BLOCK_M, hopper.BLOCK_N, hopper.BLOCK_N, hopper.BLOCK_M)
                 descs = [
                     launch.descriptor_like(hopper.descriptor_template(view[0], view[1], heads_outer, r, q.dtype), t)
@@ -67,12 +66,17 @@ def main() -> None:
                 ]  # fmt: skip
                 grad_strides = launch.seq_strides(dk.stride(), spec)
 
-                def run(descs=descs, block_major=block_major, grad_strides=grad_strides):
-                    hopper.launch_dkdv_hopper(
-                        descs, lse, delta, dk, dv, grad_strides, grad_strides, lse.stride()[:2],
-                        (batch, kv_heads, heads // kv_heads, seqlen, seqlen), dim**-0.5 * 1.4426950408889634,
-                        dim**-0.5, causal, heads_outer, block_major,
-                    )  # fmt: skip
+                kernel_launch = launch.Launch(
+                    hopper._attn_bwd_dkdv_hopper_kernel, (-(-seqlen // hopper.BLOCK_N) * batch * kv_heads,),
+                    num_warps=hopper.NUM_WARPS, **launch._strides("dk", grad_strides),
+                    **launch._strides("dv", grad_strides), stride_lse_b=lse.stride(0), stride_lse_h=lse.stride(1),
+                    n_kv_heads=kv_heads, kv_group=heads // kv_heads, seqlen_q=seqlen, seqlen_k=seqlen,
+                    qk_scale=dim**-0.5 * 1.4426950408889634, softmax_scale=dim**-0.5, CAUSAL=causal,
+                    HEADS_OUTER=heads_outer, BLOCK_MAJOR=block_major, STAGES=stages,
+                )  # fmt: skip
+
+                def run(descs=descs, kernel_launch=kernel_launch):
+                    kernel_launch(*descs, lse, delta, dk, dv)
 
                 try:
                     run()
@@ -85,7 +89,6 @@ def main() -> None:
                 order = "block-major" if block_major else "head-major"
                 print(f"| {label} | hopper | {layout} | {order} | {stages} | {ms:.4f} | {flops / ms / 1e9:.1f} | "
                       f"{err:.2e} |", flush=True)  # fmt: skip
-            hopper.STAGES = {64: 3, 128: 2}
             torch.cuda.empty_cache()
 
 

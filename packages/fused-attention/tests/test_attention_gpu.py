@@ -121,21 +121,17 @@ def _hopper_dkdv_runs() -> str:
 
 @pytest.fixture
 def hopper_launches(monkeypatch):
-    """Counts the launches of the Hopper dK/dV kernel (fresh plans before and after), which runs
-    at every size here (the launcher's size floor lowered to 0)."""
+    """Counts the launches of the Hopper dK/dV kernel (fresh plans before and after)."""
     if _hopper_dkdv_runs():
         pytest.skip(_hopper_dkdv_runs())
-    monkeypatch.setattr(launch, "HOPPER_DKDV_MIN_PAIRS", 0)
-    from fused_attention.kernels import attention_bwd_hopper
-
     calls = []
-    real = attention_bwd_hopper.launch_dkdv_hopper
+    real = launch.HopperDkdv.__call__
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
+    def counting(self, *args):
+        calls.append(self)
+        return real(self, *args)
 
-    monkeypatch.setattr(attention_bwd_hopper, "launch_dkdv_hopper", counting)
+    monkeypatch.setattr(launch.HopperDkdv, "__call__", counting)
     launch.clear_plans()
     yield calls
     launch.clear_plans()

@@ -171,10 +171,7 @@ def test_hopper_dkdv_kernel_compiles(head_dim, causal, heads_outer, block_major,
     def descriptor(rows):
         return gluon_descriptor_type([1, 1, rows, head_dim] if heads_outer else [1, rows, 1, head_dim], dtype)
 
-    constexprs = dict(
-        CAUSAL=causal, HEADS_OUTER=heads_outer, BLOCK_MAJOR=block_major, STAGES=hopper.STAGES[head_dim],
-        num_warps=hopper.NUM_WARPS,
-    )  # fmt: skip
+    constexprs = dict(CAUSAL=causal, HEADS_OUTER=heads_outer, BLOCK_MAJOR=block_major, STAGES=hopper.STAGES[head_dim])
     signature = {
         "q_desc": descriptor(hopper.BLOCK_M), "k_desc": descriptor(hopper.BLOCK_N),
         "v_desc": descriptor(hopper.BLOCK_N), "do_desc": descriptor(hopper.BLOCK_M), "lse_ptr": "*fp32",

@@ -166,8 +166,8 @@ def _attn_bwd_dkdv_hopper_kernel(
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, stride_lse_b, stride_lse_h,
     n_kv_heads, kv_group, seqlen_q, seqlen_k, qk_scale, softmax_scale,
     CAUSAL: gl.constexpr, HEADS_OUTER: gl.constexpr, BLOCK_MAJOR: gl.constexpr, STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
 ):  # fmt: skip
+    num_warps: gl.constexpr = gl.num_warps()  # the compile option (not a parameter: Launch passes options)
     ROW_DIM: gl.constexpr = 2 if HEADS_OUTER else 1
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[ROW_DIM]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[ROW_DIM]
@@ -276,17 +276,3 @@ def descriptor_template(shape, strides, heads_outer: bool, rows: int, dtype) -> 
     desc.__dict__.update(base=None, shape=list(shape), strides=list(strides), block_shape=block, layout=layout,
                          padding="zero")  # fmt: skip
     return desc
-
-
-def launch_dkdv_hopper(descriptors, lse, delta, dk, dv, dk_strides, dv_strides, lse_strides, sizes, qk_scale,
-                       softmax_scale, causal: bool, heads_outer: bool, block_major: bool) -> None:  # fmt: skip
-    """dK, dV into dk, dv. descriptors: Gluon descriptors of q, k, v, do (blocks of BLOCK_M query
-    rows, BLOCK_N keys); *_strides: (batch, position, head) of dk, dv and (batch, head) of the LSE
-    (and delta); sizes: (batch, n_kv_heads, kv_group, seqlen_q, seqlen_k)."""
-    batch, n_kv_heads, kv_group, seqlen_q, seqlen_k = sizes
-    grid = (-(-seqlen_k // BLOCK_N) * batch * n_kv_heads,)
-    _attn_bwd_dkdv_hopper_kernel[grid](
-        *descriptors, lse, delta, dk, dv, *dk_strides, *dv_strides, *lse_strides, n_kv_heads, kv_group, seqlen_q,
-        seqlen_k, qk_scale, softmax_scale, causal, heads_outer, block_major, STAGES[descriptors[1].block_shape[-1]],
-        num_warps=NUM_WARPS,
-    )  # fmt: skip

@@ -387,26 +387,22 @@ HOPPER_DKDV = True
 # At D = 64 the Hopper kernel (64 keys per program) measured 1.07-1.09x the portable one (128 keys
 # per program) at 2048 keys and 0.92-0.95x at 4096 (H200, causal, bf16).
 HOPPER_DKDV_MAX_KEYS_D64 = 2048
-# Its launch goes through Gluon's JIT (tens of microseconds more host time than the runtime's
-# direct launch of the portable kernel: measured +25 to +250 us per eager forward+backward at
-# B 1, S 128, 8 heads): it runs from this many query-key pairs (B x H x S_q x S_k, halved under a
-# causal mask) up, where the backward takes hundreds of microseconds on the GPU.
-HOPPER_DKDV_MIN_PAIRS = 2**25
 
 
 class HopperDkdv(NamedTuple):
-    """kernels/attention_bwd_hopper.py's dK/dV launch: its Gluon descriptor templates (q, k, v, do)
-    and every other argument but the tensors."""
+    """kernels/attention_bwd_hopper.py's dK/dV launch: a Launch of the kernel (every argument but
+    the descriptors and tensors fixed) and the Gluon descriptor templates of q, k, v and dO."""
 
+    launch: Launch
     templates: Tuple[object, object, object, object]
-    arguments: Dict[str, object]
 
     def __call__(self, q, k, v, do, dk, dv, dq_accum, lse, delta, *unused) -> None:
         """The dK/dV MainLaunch's call (dq_accum and the arguments after delta are not read)."""
-        from ..kernels.attention_bwd_hopper import launch_dkdv_hopper
-
-        descriptors = tuple(descriptor_like(t, x) for t, x in zip(self.templates, (q, k, v, do)))
-        launch_dkdv_hopper(descriptors, lse, delta, dk, dv, **self.arguments)
+        q_t, k_t, v_t, do_t = self.templates
+        self.launch(
+            descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do), lse,
+            delta, dk, dv,
+        )  # fmt: skip
 
 
 def _hopper_dkdv(
@@ -415,8 +411,7 @@ def _hopper_dkdv(
     """The Hopper dK/dV launch where its kernel applies (see its module docstring: Triton 3.6 on
     sm_90, 16-bit dense inputs, head dim 64 (up to HOPPER_DKDV_MAX_KEYS_D64 keys) or 128, causal
     with equal lengths or full attention, no ALiBi, softcap, dropout or window, TMA-addressable q,
-    k, v and dO), from HOPPER_DKDV_MIN_PAIRS query-key pairs, else None. Never for a pinned config
-    or atomic dQ accumulation."""
+    k, v and dO), else None. Never for a pinned config or atomic dQ accumulation."""
     spec, device = fplan.spec, fplan.device
     causal = spec.window_right == 0
     if (
@@ -426,7 +421,6 @@ def _hopper_dkdv(
         or spec.window_right > 0 or (causal and spec.max_seqlen_q != spec.max_seqlen_k)
         or device.type != "cuda" or device_capability(device) != (9, 0)
         or (spec.head_dim == 64 and spec.max_seqlen_k > HOPPER_DKDV_MAX_KEYS_D64)
-        or spec.batch * spec.n_heads * spec.max_seqlen_q * spec.max_seqlen_k < HOPPER_DKDV_MIN_PAIRS * (1 + causal)
     ):  # fmt: skip
         return None
     itemsize = fplan.dtype.itemsize
@@ -445,14 +439,17 @@ def _hopper_dkdv(
         for (shape, strides, _), rows in ((q_view, hopper.BLOCK_M), (k_view, hopper.BLOCK_N), (v_view, hopper.BLOCK_N),
                                           (do_view, hopper.BLOCK_M))
     )  # fmt: skip
-    arguments = dict(
-        dk_strides=seq_strides(grad_strides[1], spec), dv_strides=seq_strides(grad_strides[2], spec),
-        lse_strides=_lse_strides(spec, fplan.q_shape[0]),
-        sizes=(spec.batch, spec.n_kv_heads, spec.n_heads // spec.n_kv_heads, spec.max_seqlen_q, spec.max_seqlen_k),
-        qk_scale=spec.softmax_scale * LOG2E, softmax_scale=spec.softmax_scale, causal=causal,
-        heads_outer=heads_outer, block_major=_block_major(spec),
+    stride_lse_b, stride_lse_h = _lse_strides(spec, fplan.q_shape[0])
+    grid = (-(-spec.max_seqlen_k // hopper.BLOCK_N) * spec.batch * spec.n_kv_heads,)
+    launch = Launch(
+        hopper._attn_bwd_dkdv_hopper_kernel, grid, num_warps=hopper.NUM_WARPS,
+        **_strides("dk", seq_strides(grad_strides[1], spec)), **_strides("dv", seq_strides(grad_strides[2], spec)),
+        stride_lse_b=stride_lse_b, stride_lse_h=stride_lse_h, n_kv_heads=spec.n_kv_heads,
+        kv_group=spec.n_heads // spec.n_kv_heads, seqlen_q=spec.max_seqlen_q, seqlen_k=spec.max_seqlen_k,
+        qk_scale=spec.softmax_scale * LOG2E, softmax_scale=spec.softmax_scale, CAUSAL=causal,
+        HEADS_OUTER=heads_outer, BLOCK_MAJOR=_block_major(spec), STAGES=hopper.STAGES[spec.head_dim],
     )  # fmt: skip
-    return HopperDkdv(templates, arguments)
+    return HopperDkdv(launch, templates)
 
 
 @functools.cache
