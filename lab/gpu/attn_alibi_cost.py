@@ -26,27 +26,6 @@ from fused_gemm.ops import tuning
 SHAPES = [(4, 16, 4096, 128, True), (4, 32, 4096, 64, True), (4, 16, 4096, 128, False)]
 
 
-def _picked(launch_or_none) -> str:
-    """'BMxBN wW sS' of a kernel launch in a plan ('-' when not launched)."""
-    if launch_or_none is None:
-        return "-"
-    main = getattr(launch_or_none, "launch", launch_or_none)
-    block_m, block_n = main.trailing[-3:-1]
-    return f"{block_m}x{block_n} w{main.options['num_warps']} s{main.options.get('num_stages', '-')}"
-
-
-def _plans_picked() -> str:
-    """The configs the autotuner picked in every launch plan so far, one per kernel."""
-    picks = []
-    for key, plan in launch._PLANS.items():
-        alibi = "ALiBi" if key[1].has_alibi else "plain"
-        if key[0] == "fwd":
-            picks.append(f"fwd {alibi} {_picked(plan)}")
-        else:
-            picks.append(f"dkdv {alibi} {_picked(plan.dkdv)}, dq {alibi} {_picked(plan.post)}")
-    return "; ".join(picks)
-
-
 def main() -> None:
     print("| shape | direction | plain ms | ALiBi ms | ALiBi TFLOP/s | ALiBi / plain time |")
     print("|---|---|---:|---:|---:|---:|")
@@ -69,7 +48,6 @@ def main() -> None:
             plain_ms, alibi_ms = (statistics.median(t) for t in tuning.replay_rounds(calls, tuning.ROUNDS))
             print(f"| {label} | {direction} | {plain_ms:.4f} | {alibi_ms:.4f} | {scale * flops / alibi_ms / 1e9:.1f} | "
                   f"{alibi_ms / plain_ms:.3f} |", flush=True)  # fmt: skip
-        print(f"  picked: {_plans_picked()}", flush=True)
         launch.clear_plans()
         del problems, forwards, backwards
         torch.cuda.empty_cache()
