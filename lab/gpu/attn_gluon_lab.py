@@ -24,7 +24,7 @@ SHAPES = [(4, 16, 2048, 128, True), (8, 16, 2048, 64, True), (4, 16, 4096, 128, 
 CONFIGS = {  # (BLOCK_M, BLOCK_N, STAGES, num_warps)
     "fwd": [(128, 64, 3, 8), (128, 128, 3, 8)],
     "dkdv": [(64, 128, 2, 8), (64, 64, 2, 4)],
-    "dq": [(128, 64, 2, 8), (128, 64, 3, 8)],
+    "dq": [(128, 64, 2, 8), (128, 64, 3, 8), (64, 64, 2, 4), (64, 64, 3, 4)],
 }
 KERNEL_NAMES = {"fwd": "_attn_fwd_kernel", "dkdv": "_attn_bwd_dkdv_kernel", "dq": "_attn_bwd_dq_kernel"}
 PRODUCTS = {"fwd": 2, "dkdv": 4, "dq": 3}  # matmuls of the kernel per (query block, key block) pair
