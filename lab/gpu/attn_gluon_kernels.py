@@ -27,6 +27,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from fused_attention.kernels.attention_bwd_hopper import _barriers, _ring
+
 LOG2E = 1.4426950408889634
 
 
@@ -39,21 +41,6 @@ def _issue_pair(a_desc, b_desc, a_bufs, b_bufs, ready, step, row, valid):
     mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=valid)
     tma.async_copy_global_to_shared(a_desc, [row, 0], ready.index(s), a_bufs.index(s), pred=valid)
     tma.async_copy_global_to_shared(b_desc, [row, 0], ready.index(s), b_bufs.index(s), pred=valid)
-
-
-@gluon.jit
-def _barriers(count: gl.constexpr):
-    """`count` initialized mbarriers (one arrival each)."""
-    bars = gl.allocate_shared_memory(gl.int64, [count, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(count):
-        mbarrier.init(bars.index(i), count=1)
-    return bars
-
-
-@gluon.jit
-def _ring(desc, STAGES: gl.constexpr):
-    """STAGES shared-memory buffers of desc's block (one for a program's resident tile)."""
-    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
 
 
 @gluon.jit

@@ -60,9 +60,10 @@ def main() -> None:
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             for block_major, stages in itertools.product((False, True), (2, 3)):
                 rows = (hopper.BLOCK_M, hopper.BLOCK_N, hopper.BLOCK_N, hopper.BLOCK_M)
+                blocks = [launch._descriptor_block(heads_outer, r, dim) for r in rows]
                 descs = [
-                    launch.descriptor_like(hopper.descriptor_template(view[0], view[1], heads_outer, r, q.dtype), t)
-                    for view, r, t in zip(views, rows, (q, k, v, do))
+                    launch.descriptor_like(hopper.descriptor_template(view[0], view[1], block, q.dtype), t)
+                    for view, block, t in zip(views, blocks, (q, k, v, do))
                 ]  # fmt: skip
                 grad_strides = launch.seq_strides(dk.stride(), spec)
 

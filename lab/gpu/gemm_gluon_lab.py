@@ -2,7 +2,7 @@
 
     python3 lab/gpu/gemm_gluon_lab.py
 
-Needs Triton 3.6 on a Hopper GPU (`_compat.HAS_GLUON_WS`). First kernels.matmul_ws's results
+Needs Triton 3.6 on a Hopper GPU (`_runtime.compat.HAS_GLUON_HOPPER`). First kernels.matmul_ws's results
 against an fp32 reference on ragged and real shapes (beside torch's own 16-bit result, for
 scale); then, for the issue's three products, plain and bias + GELU, the two kernels forced
 (`launch_matmul(path="ws" / "tma")`) and torch's F.linear (+ F.gelu), timed together by
@@ -19,7 +19,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from fused_gemm._compat import HAS_GLUON_WS
+from fused_gemm._runtime.compat import HAS_GLUON_HOPPER
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops import tuning
 from fused_gemm.ops.launch import launch_matmul
@@ -57,7 +57,7 @@ def _providers(x, w, bias, gelu, out):
 
 
 def main() -> None:
-    if not HAS_GLUON_WS:
+    if not HAS_GLUON_HOPPER:
         raise SystemExit("kernels.matmul_ws needs Triton 3.6's Gluon API")
     print("| M, K, N | epilogue | ws rel err | torch rel err |")
     print("|---|---|---:|---:|")

@@ -12,7 +12,8 @@ import triton
 from tritonformer_testkit import assert_close_to_reference
 
 from fused_gemm import Linear, bmm, matmul, mlp
-from fused_gemm._compat import HAS_GLUON_WS, supports_tma
+from fused_gemm._compat import supports_tma
+from fused_gemm._runtime.compat import HAS_GLUON_HOPPER
 from fused_gemm._runtime.launch import DIRECT_LAUNCH
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.kernels.configs import portable_configs, tma_configs
@@ -261,7 +262,7 @@ def test_direct_launches_match_the_jit_and_respect_specializations():
 
 
 def _require_warp_specialized_kernel():
-    if not HAS_GLUON_WS:
+    if not HAS_GLUON_HOPPER:
         pytest.skip(f"kernels.matmul_ws is written against Triton 3.6's Gluon API (installed: {triton.__version__})")
     if not supports_tma(torch.device("cuda")):
         pytest.skip("kernels.matmul_ws runs on Hopper (sm_90) GPUs")

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime.compat import HAS_GLUON_HOPPER, HAS_TENSOR_DESCRIPTORS, INTERPRETING, device_capability
+from ._runtime.compat import HAS_TENSOR_DESCRIPTORS, INTERPRETING, device_capability
 
 
 def tf32_allowed_by_torch() -> bool:
     """torch's global opt-in to TF32 matmuls (torch.backends.cuda.matmul.allow_tf32)."""
     return bool(torch.backends.cuda.matmul.allow_tf32)
-
-
-# kernels.matmul_ws needs Gluon's Hopper API (Triton 3.6); elsewhere the TMA kernel runs every product.
-HAS_GLUON_WS = HAS_GLUON_HOPPER
 
 
 def supports_tma(device: torch.device) -> bool:

@@ -267,10 +267,9 @@ STAGES = {64: 3, 128: 2}
 _GL_DTYPES = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}
 
 
-def descriptor_template(shape, strides, heads_outer: bool, rows: int, dtype) -> TensorDescriptor:
+def descriptor_template(shape, strides, block, dtype) -> TensorDescriptor:
     """A Gluon TMA descriptor of a 4-D view (ops/launch.py's `_descriptor_view`) in blocks of
-    `rows` positions of one batch and head, without a base (descriptor_like puts a tensor in)."""
-    block = [1, 1, rows, shape[3]] if heads_outer else [1, rows, 1, shape[3]]
+    `block` (`_descriptor_block`), without a base (descriptor_like puts a tensor in)."""
     layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[str(dtype)])
     desc = object.__new__(TensorDescriptor)
     desc.__dict__.update(base=None, shape=list(shape), strides=list(strides), block_shape=block, layout=layout,

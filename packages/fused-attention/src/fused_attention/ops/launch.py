@@ -435,7 +435,7 @@ def _hopper_dkdv(
     heads_outer = query_views[0][2]
     (q_view, do_view), (k_view, v_view) = query_views, key_views
     templates = tuple(
-        hopper.descriptor_template(shape, strides, heads_outer, rows, fplan.dtype)
+        hopper.descriptor_template(shape, strides, _descriptor_block(heads_outer, rows, spec.block_d), fplan.dtype)
         for (shape, strides, _), rows in ((q_view, hopper.BLOCK_M), (k_view, hopper.BLOCK_N), (v_view, hopper.BLOCK_N),
                                           (do_view, hopper.BLOCK_M))
     )  # fmt: skip

@@ -24,7 +24,7 @@ Rows, columns and the K tail past the tensors' ends: TMA reads zeros and clips s
 config (128x256x64, 3 stages: 144 KB of operands and the 64 KB output tile; ops.launch's WS_BLOCK_M
 and WS_BLOCK_N repeat the tile, since ops.launch cannot import this module off Triton 3.6).
 Launched by ops.launch for large forward products with an activation and no z
-(`_compat.HAS_GLUON_WS`; `_ws_worthwhile`).
+(`_runtime.compat.HAS_GLUON_HOPPER`; `_ws_worthwhile`).
 """
 
 import triton

@@ -40,9 +40,10 @@ from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .._compat import HAS_GLUON_WS, supports_tma
+from .._compat import supports_tma
 from .._runtime.cache import PublishedCache
 from .._runtime.compat import (
+    HAS_GLUON_HOPPER,
     INTERPRETING,
     descriptor_like,
     multiprocessor_count,
@@ -395,7 +396,7 @@ def _ws_worthwhile(batch, m, n, k, has_z: bool, activation: int, num_sms: int) -
     every SM gets several 128x256 tiles. Measured on an H100 (Triton 3.6): bias +
     GELU 1.08-1.33x torch's F.gelu(F.linear) against 1.02-1.18x for the TMA kernel. Plain and
     bias-only products stay with the TMA kernel (level with cuBLAS; the bias costs it 0-6 %)."""
-    if not HAS_GLUON_WS or has_z or not activation:
+    if not HAS_GLUON_HOPPER or has_z or not activation:
         return False
     tiles = _cdiv(m, WS_BLOCK_M) * _cdiv(n, WS_BLOCK_N)
     return batch == 1 and k >= WS_MIN_K and tiles >= WS_MIN_WAVES * num_sms
@@ -411,7 +412,7 @@ def _ws_runs(a_shape, a_stride, b_stride, c_stride, dtype, c_dtype, has_z, bias_
     """kernels.matmul_ws can compute c: Triton 3.6 on a Hopper GPU, one batch of 16-bit operands,
     a and c row-major, b the transpose of a row-major (N, K) weight (nn.Linear's), no z to store,
     a contiguous bias."""
-    if not HAS_GLUON_WS or device.type != "cuda" or not supports_tma(device):
+    if not HAS_GLUON_HOPPER or device.type != "cuda" or not supports_tma(device):
         return False
     if dtype not in TMA_DTYPES or c_dtype != dtype or not aligned:
         return False
