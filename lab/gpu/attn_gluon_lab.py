@@ -1,6 +1,7 @@
 """The Gluon forward, dK/dV and dQ kernels (attn_gluon_kernels.py) against the package's, on Hopper.
 
-    python3 lab/gpu/attn_gluon_lab.py
+    python3 lab/gpu/attn_gluon_lab.py            # every kernel
+    ATTN_GLUON_KINDS=dq python3 lab/gpu/attn_gluon_lab.py   # only the dQ kernels
 
 Per shape: the package's forward, dK/dV and dQ kernels timed by the profiler in its autotuned
 forward+backward, then the Gluon kernels, each kernel's configs in a process of their own (a
@@ -11,6 +12,7 @@ and changes nothing.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -116,6 +118,8 @@ def main() -> None:
             owner = "package" if name == "fwd+bwd" else "anchor"
             print(f"| {label} | {name} | {owner} | {ms:.4f} | {work * fwd_flops / ms / 1e9:.1f} | |", flush=True)
         for kind, configs in CONFIGS.items():
+            if kind not in os.environ.get("ATTN_GLUON_KINDS", "fwd,dkdv,dq").split(","):
+                continue
             ms, err = package[kind]
             flops = PRODUCTS[kind] * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
             tflops = flops / ms / 1e9
