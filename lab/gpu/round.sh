@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain pdl_ab (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -78,10 +78,6 @@ for stage in ${@:-tests host norms model}; do
              -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
     # Programmatic dependent launch on a synthetic batch-1 decode chain (plain / PDL / PDL + weight prefetch).
     pdl_chain) timeout "${T_PDL:-120}" python3 lab/gpu/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" ;;
-    # The batch-1 decode step of llama-1.4B (graph replay) with programmatic dependent launch off and on, alternating.
-    pdl_ab) for round in 1 2; do for pdl in 0 1; do echo "TRITONFORMER_PDL=$pdl"; TRITONFORMER_PDL=$pdl \
-              DECODE_LAB_MODELS=${PDL_MODELS:-ours} timeout "${T_PDL_AB:-120}" python3 lab/gpu/decode_lab.py step 2>&1 \
-              | grep "###"; done; done | tee "$OUT/pdl_ab.md" ;;
     decode) timeout "${T_DECODE:-60}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
     # Softcap, dropout, GeGLU compiled: their GPU tests, then their cost with anchors.
     features) timeout "${T_FEATURES:-240}" python3 -m pytest -q -n 8 -p no:randomly -rfE --tb=short \

@@ -12,7 +12,6 @@ links it in as its private `_runtime` subpackage, and the build copies it into e
     tuning       triton.autotune kernels tuned once per plan, then launched through a Launch
     registration custom ops (torch.compile) and autograd Functions (eager) from one set of launchers
     dropout      Philox dropout masks: key words on the device, the keep test inside kernels
-    pdl          programmatic dependent launch: the kernel's entry, whether this process uses it
 
 Everything here is relative-imported: the folder is imported under each package's name.
 """

@@ -105,8 +105,6 @@ class Launch:
         self.options.update({name: value for name, value in optional.items() if value is not None})
         if num_ctas != 1:
             self.options["num_ctas"] = num_ctas
-        if fixed.get("PDL"):  # a kernel taking part in programmatic dependent launch (see pdl)
-            self.options["launch_pdl"] = True
         params = _parameters(kernel)
         unknown = set(fixed) - {name for name, _, _ in params}
         if unknown:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 from tritonformer_testkit import assert_close_to_reference, poisoned_allocations
-from tritonformer_testkit.aot import compile_to_cubin, pdl_constexprs, shared_memory_bytes
+from tritonformer_testkit.aot import compile_to_cubin, shared_memory_bytes
 from tritonformer_testkit.runtime import triton_version
 
 from fused_attention import alibi_slopes
@@ -414,7 +414,7 @@ def test_split_kernel_compiles(head_dim, dtype, arch, group, seqlen_q, n_splits,
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
         N_SPLITS=n_splits, HAS_NEW=has_new, HAS_LEFT=has_left, HAS_RIGHT=has_right, ALIBI=alibi,
-        ROTARY_DIM=rotary_dim, UPCAST=False, **pdl_constexprs(arch),
+        ROTARY_DIM=rotary_dim, UPCAST=False,
     )  # fmt: skip
     kernel = _decode_split_kernel
     signature = {name: _type(name, dtype) for name in kernel.arg_names if name not in constexprs}
@@ -429,7 +429,7 @@ def test_rotary_adds_no_pipeline_stages_of_shared_memory(arch):
     if triton_version() < (3, 0):
         pytest.skip("the compile metadata that gives the shared memory is Triton 3's")
     constexprs = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=1, BLOCK_M=16, BLOCK_N=64, N_SPLITS=7, HAS_NEW=True,
-                      HAS_LEFT=False, HAS_RIGHT=True, ALIBI=False, UPCAST=False, **pdl_constexprs(arch))  # fmt: skip
+                      HAS_LEFT=False, HAS_RIGHT=True, ALIBI=False, UPCAST=False)  # fmt: skip
     signature = {name: _type(name, "bf16") for name in _decode_split_kernel.arg_names if name not in constexprs}
     signature.pop("ROTARY_DIM")
     plain, rotary = (
@@ -445,8 +445,7 @@ def test_rotary_adds_no_pipeline_stages_of_shared_memory(arch):
                                                              (256, "bf16", 80, 64), (80, "fp16", 90, 2)])  # fmt: skip
 def test_combine_kernel_compiles(head_dim, dtype, arch, n_splits):
     block_s, block_d = triton.next_power_of_2(n_splits), triton.next_power_of_2(head_dim)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, N_SPLITS=n_splits, BLOCK_S=block_s, UPCAST=False,
-                      **pdl_constexprs(arch))  # fmt: skip
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, N_SPLITS=n_splits, BLOCK_S=block_s, UPCAST=False)
     kernel = _decode_combine_kernel
     signature = {name: _type(name, dtype) for name in kernel.arg_names if name not in constexprs}
     compile_to_cubin(kernel, signature=signature, constexprs=constexprs, arch=arch,

@@ -9,7 +9,7 @@ runs it on Hopper alone (Triton >= 3.4).
 """
 
 import pytest
-from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin, pdl_constexprs
+from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, HOPPER_SHARED_MEMORY_PER_BLOCK
 from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, splits_epilogue, tma_configs
@@ -127,7 +127,6 @@ def test_portable_kernel_compiles(config, variant, dtype, even_k, tf32, arch):
             "ALLOW_TF32": tf32,
             "UPCAST": False,
             "EVEN_K": even_k,
-            **pdl_constexprs(arch),
             **{k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
         },  # fmt: skip
         arch=arch,

@@ -10,7 +10,7 @@ other ints i32, floats fp32.
 import itertools
 
 import pytest
-from tritonformer_testkit.aot import ARCHS, base_jit_function, compile_to_cubin, pdl_constexprs
+from tritonformer_testkit.aot import ARCHS, base_jit_function, compile_to_cubin
 
 from fused_norm_xent._compat import PREFETCH_CHUNKS
 from fused_norm_xent.kernels import cross_entropy as ce_kernels
@@ -72,7 +72,7 @@ def test_norm_kernels_compile(width, dtype, res_dtype, flags, arch):
     cfg = norm_config(width, False)
     kernel = norm_kernels._norm_fwd_chunked_kernel if cfg.chunked else norm_kernels._norm_fwd_kernel
     _spec(
-        kernel, arch, cfg.num_warps, dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **pdl_constexprs(arch)),
+        kernel, arch, cfg.num_warps, dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
         x_ptr=dtype, residual_ptr=residual, weight_ptr=res_dtype if has_w else None, bias_ptr=dtype if has_b else None,
         y_ptr=dtype, residual_out_ptr=res_dtype if store else None, stats_ptr="fp32",
         stride_x_row=width * (3 if strided else 1), stride_x_col=3 if strided else 1, stride_res_row=width,

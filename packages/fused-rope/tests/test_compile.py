@@ -10,7 +10,7 @@ or its transpose) is a runtime argument: one kernel serves both.
 """
 
 import pytest
-from tritonformer_testkit.aot import ARCHS, compile_to_cubin, pdl_constexprs
+from tritonformer_testkit.aot import ARCHS, compile_to_cubin
 
 from fused_rope import _compat
 from fused_rope.kernels.rope import _rope_kernel
@@ -113,7 +113,7 @@ def test_rope_qk_kernel_compiles(case, arch):
         **{name: "i32" for name in QK_INTS},
         **columns,
     }
-    constexprs = {**choice.constexprs, **constant_columns, **pdl_constexprs(arch)}
+    constexprs = {**choice.constexprs, **constant_columns}
     compile_to_cubin(_rope_qk_kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=choice.num_warps)
 
 

@@ -11,7 +11,7 @@ strided operands).
 
 import pytest
 from tritonformer_testkit import interpreting
-from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin, pdl_constexprs
+from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_swiglu._compat import TRITON_VERSION
 from fused_swiglu.kernels.activation import ACTIVATION_CODES
@@ -181,8 +181,6 @@ def test_autotuned_kernels_compile(name, config, dtype, out_dtype, contiguous, c
     signature = {p: POINTER[dtype] for p in pointers}
     signature.update({i: "i32" for i in ints if i not in fixed})
     constexprs = dict(constexprs, UPCAST=False, **config, **fixed)
-    if name == "fwd":  # the forward takes part in programmatic dependent launch
-        constexprs.update(pdl_constexprs(arch))
     if name == "weight_grad":
         signature.update(ws_ptr="*fp32", dwg_ptr=POINTER[out_dtype], dwu_ptr=POINTER[out_dtype])
         constexprs["NUM_SMS"] = NUM_SMS[arch]

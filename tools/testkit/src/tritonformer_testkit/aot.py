@@ -8,7 +8,6 @@ launcher stub after the cubin, which needs libcuda: there the compile stops afte
 from __future__ import annotations
 
 import collections
-import inspect
 import os
 import subprocess
 import tempfile
@@ -44,28 +43,6 @@ def autotune_configs(kernel) -> List[Dict[str, Any]]:
             ]
         kernel = getattr(kernel, "fn", None)
     return []
-
-
-def _with_defaults(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any]) -> Dict[str, Any]:
-    """constexprs, plus the default of each constexpr parameter given neither a type nor a value
-    (as a launch that does not name it)."""
-    constexpr_names = {fn.arg_names[i] for i in fn.constexprs}
-    defaults = {
-        name: param.default
-        for name, param in inspect.signature(fn.fn).parameters.items()
-        if param.default is not inspect.Parameter.empty and name in constexpr_names
-    }
-    return {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
-
-
-def pdl_constexprs(arch: int) -> Dict[str, bool]:
-    """The PDL constexpr of a kernel that takes part in programmatic dependent launch, as the
-    launchers fix it on an sm_`arch` GPU with this Triton (kernel_runtime.pdl)."""
-    try:
-        from triton.language.extra.cuda import gdc_wait  # noqa: F401
-    except ImportError:
-        return {"PDL": False}
-    return {"PDL": arch >= 90}
 
 
 def _check_arguments(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any]) -> None:
@@ -157,14 +134,11 @@ def compile_to_asm(
     ("ptx", "cubin", ...).
 
     signature: a Triton type for each runtime argument, e.g. {"x_ptr": "*bf16", "n_cols": "i32"}.
-    constexprs: a value for each tl.constexpr argument, e.g. {"BLOCK_N": 1024} (one with a default
-        takes it unless given).
+    constexprs: a value for each tl.constexpr argument, e.g. {"BLOCK_N": 1024}.
     Pointers are marked 16-byte aligned, as the JIT marks torch allocations.
     On sm_90 with Triton 3.x the compile fails if ptxas serialized the kernel's wgmma instructions
     (`serialized_wgmma_notes`), unless `serialized_wgmma_ok` (a known case, documented where passed).
     """
-    fn = base_jit_function(kernel)
-    constexprs = _with_defaults(fn, signature, constexprs)
     fn = _checked_function(kernel, signature, constexprs)
     if triton_version() >= (3, 0):
         asm = _compile_triton3(fn, signature, constexprs, arch, num_warps, num_stages).asm

@@ -33,7 +33,6 @@ program reads or writes outside the cache (the row's output is then that of the 
 import triton
 import triton.language as tl
 
-from .._runtime.pdl import pdl_entry
 from .common import LN2, LOG2E, _dot, _dot_acc, _to_dtype
 
 
@@ -230,9 +229,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, N_SPLITS: tl.constexpr, HAS_NEW: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, ALIBI: tl.constexpr, ROTARY_DIM: tl.constexpr, UPCAST: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_entry(PDL)
     split = tl.program_id(0)
     batch_kv = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -352,10 +349,9 @@ def _decode_combine_kernel(
     stride_ob, stride_os, stride_oh,
     n_heads, seqlen_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    UPCAST: tl.constexpr, PDL: tl.constexpr = False,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One output row (batch, query, head): the splits' partial outputs weighed by exp(lse_s - max)."""
-    pdl_entry(PDL)
     row = tl.program_id(0).to(tl.int64)  # (batch * n_heads + head) * seqlen_q + query
     query = row % seqlen_q
     head = (row // seqlen_q) % n_heads

@@ -23,7 +23,6 @@ import torch
 from .._compat import UPCAST_DOTS
 from .._runtime.compat import autocast_dtype, is_compiling, multiprocessor_count
 from .._runtime.launch import Launch
-from .._runtime.pdl import pdl_supported
 from .._runtime.registration import custom_op
 from .._runtime.validation import FLOAT_DTYPES, check_int, check_ndim, check_same_dtype, check_shape
 from .._validation import (
@@ -145,7 +144,7 @@ def _plan(spec: DecodeSpec, strides: tuple, device: torch.device) -> DecodePlan:
         softmax_scale=spec.softmax_scale, window_left=spec.window_left, window_right=spec.window_right,
         HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, GROUP=spec.group, BLOCK_M=block_m, BLOCK_N=block_n,
         N_SPLITS=n_splits, HAS_NEW=spec.has_new, HAS_LEFT=spec.window_left >= 0, HAS_RIGHT=spec.window_right >= 0,
-        ALIBI=spec.has_alibi, ROTARY_DIM=spec.rotary_dim, UPCAST=UPCAST_DOTS, PDL=pdl_supported(),
+        ALIBI=spec.has_alibi, ROTARY_DIM=spec.rotary_dim, UPCAST=UPCAST_DOTS,
     )  # fmt: skip
     partial_rows = spec.batch * spec.n_heads * spec.seqlen_q
     combine = None
@@ -155,7 +154,6 @@ def _plan(spec: DecodeSpec, strides: tuple, device: torch.device) -> DecodePlan:
             _decode_combine_kernel, (partial_rows,), num_warps=max(1, min(4, block_s * spec.block_d // 256)),
             stride_ob=o_s[0], stride_os=o_s[1], stride_oh=o_s[2], n_heads=spec.n_heads, seqlen_q=spec.seqlen_q,
             HEAD_DIM=spec.head_dim, BLOCK_D=spec.block_d, N_SPLITS=n_splits, BLOCK_S=block_s, UPCAST=UPCAST_DOTS,
-            PDL=pdl_supported(),
         )  # fmt: skip
     return DecodePlan(split, combine, n_splits, partial_rows)
 

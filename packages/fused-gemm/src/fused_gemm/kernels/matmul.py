@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from .._runtime.compat import AUTOTUNE_TIMING
-from .._runtime.pdl import pdl_entry
 from .common import _activation, _add_bias, _cast, _grouped_tile
 from .configs import EVEN_K_HEURISTIC, PORTABLE_KEY, portable_configs, prune_portable_configs
 
@@ -143,9 +142,7 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    pdl_entry(PDL)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)

@@ -50,7 +50,6 @@ from .._runtime.compat import (
     tensor_descriptor,
 )
 from .._runtime.launch import Launch, launch_options
-from .._runtime.pdl import pdl_supported
 from .._runtime.tuning import skinny_problem
 from ..kernels.configs import (
     grad_rows,
@@ -336,12 +335,7 @@ def _portable_choice(plan: PortablePlan, configs: list, config) -> _Tuned:
     grid = (plan.batch * _cdiv(plan.m, meta["BLOCK_M"]) * _cdiv(plan.n, meta["BLOCK_N"]),)
     # The JIT function under the autotuner and the EVEN_K heuristic.
     launch = _config_launch(
-        _matmul_kernel.fn.fn,
-        grid,
-        config,
-        **dict(plan.fixed),
-        EVEN_K=plan.k % meta["BLOCK_K"] == 0,
-        PDL=pdl_supported(),
+        _matmul_kernel.fn.fn, grid, config, **dict(plan.fixed), EVEN_K=plan.k % meta["BLOCK_K"] == 0
     )
     return _Tuned(plan, configs, launch)
 

@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 
 from .._runtime.dropout import load_rng_words, philox_keep
-from .._runtime.pdl import pdl_entry
 
 # Arguments the JIT must not specialize on their value (== 1, divisible by 16): the dropout's
 # threshold, and row counts, which only mask whole rows (no load's vector width depends on them),
@@ -182,9 +181,8 @@ def _norm_fwd_kernel(
     n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pdl_entry(PDL)
     pid_m = tl.program_id(0)
     seed_lo, seed_hi, rng_offset = _forward_rng_words(rng_ptr, HAS_DROPOUT)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -225,9 +223,8 @@ def _norm_fwd_chunked_kernel(
     n_rows, n_cols, eps, weight_offset, dropout_scale, dropout_threshold,
     IS_RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     STORE_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pdl_entry(PDL)
     pid_m = tl.program_id(0)
     seed_lo, seed_hi, rng_offset = _forward_rng_words(rng_ptr, HAS_DROPOUT)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)

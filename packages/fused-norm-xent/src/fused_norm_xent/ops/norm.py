@@ -20,7 +20,6 @@ from torch import Tensor
 from .._runtime.compat import is_compiling, multiprocessor_count
 from .._runtime.dropout import check_seed, dropout_rng, dropout_threshold_and_scale
 from .._runtime.launch import Launch
-from .._runtime.pdl import pdl_supported
 from .._runtime.registration import differentiable_op
 from .._runtime.validation import FLOAT_DTYPES, dtype_names
 from .._validation import (
@@ -221,8 +220,7 @@ def _forward_plan(
             n_rows=n_rows, n_cols=n_cols, eps=float(eps), weight_offset=weight_offset, dropout_scale=scale,
             dropout_threshold=threshold, IS_RMS_NORM=is_rms_norm, HAS_RESIDUAL=residual is not None,
             HAS_DROPOUT=dropout, STORE_RESIDUAL=fused, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PDL=pdl_supported(), num_warps=cfg.num_warps,
-            enable_fp_fusion=FMA_CONTRACTION,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, enable_fp_fusion=FMA_CONTRACTION,
         )  # fmt: skip
     return ForwardPlan(
         launch=launch,

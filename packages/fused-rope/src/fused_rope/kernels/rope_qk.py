@@ -14,7 +14,6 @@ applies the backward transform.
 import triton
 import triton.language as tl
 
-from .._runtime.pdl import pdl_entry
 from .common import _load_pairs, _load_pass, _pair_sines, _rotate, _store_pairs, _store_pass
 
 
@@ -103,12 +102,10 @@ def _rope_qk_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     QK_TOGETHER: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     # The pass-through columns are copied when there is a tile for them (new tensors with
     # d2 < head_dim); in place, or with d2 == head_dim, BLOCK_PASS is 1 and they are not touched.
     COPY_PASS: tl.constexpr = BLOCK_PASS > 1
-    pdl_entry(PDL)
     pid_g = tl.program_id(0)
     pid_r = tl.program_id(1)
     batch = (pid_g // seq_len).to(tl.int64)

@@ -18,7 +18,6 @@ import torch
 
 from .._runtime.compat import custom_bwd, custom_fwd, is_compiling
 from .._runtime.launch import Launch
-from .._runtime.pdl import pdl_supported
 from .._runtime.registration import custom_op, eager_function_apply
 from .._runtime.validation import FLOAT_DTYPES, INDEX_DTYPES, check_bool, check_device, check_ndim, check_tensor
 from .._validation import check_overwritable, check_rotary_dim, on_kernel_device
@@ -127,7 +126,6 @@ def _plan(
         stride_table_b=stride_table_b, stride_table_s=stride_table_s,
         stride_pos_b=0 if position_batch is None or position_batch == 1 else seq_len,
         seq_len=seq_len, n_q_heads=n_q_heads, n_k_heads=n_k_heads, transpose=transpose, **choice.constexprs,
-        PDL=pdl_supported(),
     )  # fmt: skip
     return QKPlan(launch, q_out_like_q, k_out_like_k, copy_q or copy_k or copy_tables)
 

@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 from .._compat import AUTOTUNE_TIMING
-from .._runtime.pdl import pdl_entry
 from .activation import _swiglu
 from .configs import forward_configs, forward_tma_configs, prune_forward
 from .matmul import _dot, _grouped_tile, _shared_a_matmul, _store, _wrapped_offsets, _zeros
@@ -96,9 +95,7 @@ def _swiglu_fwd_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    pdl_entry(PDL)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc_g, acc_u = _shared_a_matmul(
         x_ptr, wg_ptr, wu_ptr,

@@ -26,7 +26,6 @@ import triton
 
 from .._compat import HOPPER_TMA, INTERPRETING, is_hopper, multiprocessor_count
 from .._runtime.launch import Launch
-from .._runtime.pdl import pdl_supported
 from .._runtime.registration import custom_op
 from .._runtime.tuning import TunedKernel, TunedPlan, skinny_problem
 from ..kernels.activation import SILU
@@ -167,10 +166,9 @@ def _forward_launch(M, N, K, x_strides, wg_strides, wu_strides, dtype, has_bias,
         )
     strides = (*x_strides, *wg_strides, *wu_strides, N)
     names = ("stride_xm", "stride_xk", "stride_wgk", "stride_wgn", "stride_wuk", "stride_wun", "stride_hm")
-    pdl = (("PDL", pdl_supported()),)
     return TunedPlan(
         FORWARD,
-        fixed=(*zip(names, strides), ("M", M), ("N", N), ("K", K), ("ALLOW_TF32", tf32), *flags, *pdl),
+        fixed=(*zip(names, strides), ("M", M), ("N", N), ("K", K), ("ALLOW_TF32", tf32), *flags),
         tensors=("x_ptr", "wg_ptr", "wu_ptr", "bg_ptr", "bu_ptr", "h_ptr", "g_ptr", "u_ptr"),
         grid=_forward_grid,
     )
