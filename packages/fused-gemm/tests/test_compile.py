@@ -13,6 +13,7 @@ from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
 from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, HOPPER_SHARED_MEMORY_PER_BLOCK
 from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, splits_epilogue, tma_configs
+from fused_gemm.kernels.gemv import _gemv_kernel
 from fused_gemm.kernels.grad import _activation_grad_kernel
 from fused_gemm.kernels.matmul import _matmul_kernel
 from fused_gemm.kernels.matmul_tma import _matmul_tma_kernel
@@ -256,6 +257,29 @@ def test_tma_kernel_compiles(config, variant, dtype):
     )
 
 
+# The GEMV kernel: (dtype, output dtype, flags, BLOCK_N, BLOCK_K, EVEN_K, a's K stride 1) as
+# ops.launch._gemv_plan picks them: both row counts, K in whole blocks or not, every epilogue.
+GEMV_CASES = [
+    ("bf16", "bf16", _flags(True, GELU, True), 4, 512, True, True),
+    ("fp16", "fp16", _flags(False, RELU), 8, 512, False, True),
+    ("bf16", "fp32", _flags(True), 8, 64, False, False),
+    ("fp16", "fp16", _flags(False, GELU_TANH), 4, 128, True, True),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: "-".join(str(v) for v in c[:2] + c[3:6]))
+def test_gemv_kernel_compiles(case, arch):
+    dtype, out_dtype, flags, block_n, block_k, even_k, unit_a = case
+    ints = ["stride_a_batch", "stride_w_batch", "stride_wn", "stride_c_batch", "N", "K"]
+    ints += [] if unit_a else ["stride_ak"]
+    pointers = {"a_ptr": dtype, "w_ptr": dtype, "c_ptr": out_dtype, "z_ptr": out_dtype, "bias_ptr": dtype}
+    signature = {**{name: f"*{t}" for name, t in pointers.items()}, **{name: "i32" for name in ints}}
+    constexprs = dict(flags, stride_cn=1, stride_bias=1, UPCAST=False, BLOCK_N=block_n, BLOCK_K=block_k,
+                      EVEN_K=even_k, **({"stride_ak": 1} if unit_a else {}))  # fmt: skip
+    compile_to_cubin(_gemv_kernel, signature=signature, constexprs=constexprs, arch=arch, num_warps=4, num_stages=1)
+
+
 # The elementwise backward pass: (ACTIVATION, WRITE_DZ, COLUMN_SUM, dtype, the dy stride that is 1).
 GRAD_CASES = [
     (GELU, True, True, "bf16", "stride_dy_n"),
@@ -332,6 +356,13 @@ def test_the_sets_cover_every_value():
         smem = _tma_smem(config, config["num_stages"], 2, halves, 4 if fp32_out else 2)
         programs = config["PROGRAMS_PER_SM"]
         assert programs * (smem + 1024) <= HOPPER_SHARED_MEMORY_PER_BLOCK + 1024, (index, variant)
+
+    gemv_flags = [case[2] for case in GEMV_CASES]
+    assert {f["ACTIVATION"] for f in gemv_flags} == {0, RELU, GELU, GELU_TANH}
+    for name in ("HAS_BIAS", "STORE_Z"):
+        assert {f[name] for f in gemv_flags} == {True, False}, name
+    assert {case[3] for case in GEMV_CASES} == {4, 8} and {case[5] for case in GEMV_CASES} == {True, False}
+    assert {case[0] for case in GEMV_CASES} == {"bf16", "fp16"}
 
     assert {case[0] for case in GRAD_CASES} == {0, RELU, GELU, GELU_TANH}
     assert {case[1] for case in GRAD_CASES} == {case[2] for case in GRAD_CASES} == {True, False}

@@ -241,15 +241,66 @@ def test_one_plan_and_one_tuned_choice_per_problem(device):
         assert launch._TUNED.get(launch._tuned_key(plan, _matmul_tma_kernel.configs)) is tuned
 
 
+GEMV_CASES = [
+    # name: batch, k, n, dtype, bias, activation, z, out dtype, a's K stride, W's row padding
+    ("one-block-uneven-k", 1, 48, 24, torch.bfloat16, True, "gelu", True, None, 1, 0),
+    ("two-blocks-ragged-k", 1, 1000, 37, torch.float16, False, "relu", False, None, 1, 0),
+    ("even-k-tall", 1, 512, 4097, torch.bfloat16, True, "gelu_tanh", False, None, 1, 0),
+    ("batched-strided", 3, 96, 50, torch.bfloat16, True, None, True, None, 2, 8),
+    ("fp32-out", 1, 640, 33, torch.bfloat16, True, None, False, torch.float32, 1, 0),
+    ("single-column", 2, 20, 1, torch.float16, False, "gelu", False, None, 1, 0),
+]
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=[c[0] for c in GEMV_CASES])
+def test_gemv_kernel(case, device):
+    """One row times W^T (W's rows contiguous in K): K in one block or several, with a ragged
+    last block; N past one program's rows; batches; a strided row and padded weight rows; every
+    epilogue option; an fp32 output. Against the float64 contract, bound by torch's low precision."""
+    _, batch, k, n, dtype, with_bias, activation, with_z, out_dtype, a_step, pad = case
+    out_dtype = out_dtype or dtype
+    a = torch.randn(batch, 1, k * a_step, device=device).to(dtype)[:, :, ::a_step]
+    w = (k**-0.5 * torch.randn(batch, n, k + pad, device=device)).to(dtype)[:, :, :k]
+    b = w.transpose(1, 2)
+    bias = torch.randn(n, device=device, dtype=dtype) if with_bias else None
+    with poisoned_allocations():
+        c = torch.empty(batch, 1, n, device=device, dtype=out_dtype)
+        z = torch.empty_like(c) if with_z else None
+    assert launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES[activation], z=z) == "gemv"
+
+    def operands(dtype):
+        return [t.to(dtype) if t is not None else None for t in (a, b, bias)]
+
+    ref = _contract(*operands(torch.float64), activation)
+    low = _contract(*operands(out_dtype), activation)
+    assert_close_to_reference(c, ref[0], low[0], name="c")
+    if with_z:
+        assert_close_to_reference(z, ref[1], low[1], name="z")
+
+
+def test_gemv_is_forced_only_where_it_runs(device):
+    a = torch.randn(1, 2, 32, device=device, dtype=torch.bfloat16)
+    b = torch.randn(1, 32, 16, device=device, dtype=torch.bfloat16)  # N contiguous: K stride 16
+    c = torch.empty(1, 2, 16, device=device, dtype=torch.bfloat16)
+    for a_, b_, c_ in ((a, b.transpose(1, 2).contiguous().transpose(1, 2), c), (a[:, :1], b, c[:, :1])):
+        with pytest.raises(ValueError, match="GEMV kernel needs one row"):
+            launch_matmul(a_, b_, c_, path="gemv")
+
+
 def test_kernel_choice(device):
-    """The launcher's own choice: the portable kernel under the interpreter (the emulated TMA kernel
-    is several times slower there; tests force it with path="tma") and for small products (less
-    host time per launch, ops.launch.SMALL_MACS); compiled, the TMA kernel on Hopper with Triton
-    >= 3.4 for larger aligned 16-bit operands, the portable one for misaligned or fp32 operands."""
+    """The launcher's own choice: the GEMV kernel for one 16-bit row times an nn.Linear weight; the
+    portable kernel under the interpreter (the emulated TMA kernel is several times slower there;
+    tests force it with path="tma") and for small products (less host time per launch,
+    ops.launch.SMALL_MACS); compiled, the TMA kernel on Hopper with Triton >= 3.4 for larger
+    aligned 16-bit operands, the portable one for misaligned or fp32 operands."""
     a = torch.randn(1, 64, 48, device=device, dtype=torch.bfloat16)
     b = torch.randn(1, 32, 48, device=device, dtype=torch.bfloat16).transpose(1, 2)
     c = torch.empty(1, 64, 32, device=device, dtype=torch.bfloat16)
     assert launch_matmul(a, b, c) == "portable"
+    # One row: the GEMV kernel where W's rows are contiguous in K, the portable kernel otherwise.
+    assert launch_matmul(a[:, :1], b, c[:, :1]) == "gemv"
+    assert launch_matmul(a[:, :1], b.contiguous(), c[:, :1]) == "portable"
+    assert launch_matmul(a[:, :1].float(), b.float(), c[:, :1].float()) == "portable"
     if INTERPRETING:
         return  # larger products are slow to interpret, and take the portable kernel all the same
     m = k = n = 512
