@@ -68,6 +68,20 @@ CASES = [
 ]
 
 
+def _check_contract(a, b, bias, activation, c, z):
+    """c (and z) against the float64 contract, bound by the same computation in c's dtype (bf16
+    operands upcast for an fp32 output)."""
+
+    def operands(dtype):
+        return [t.to(dtype) if t is not None else None for t in (a, b, bias)]
+
+    ref = _contract(*operands(torch.float64), activation)
+    low = _contract(*operands(c.dtype), activation)
+    assert_close_to_reference(c, ref[0], low[0], name="c")
+    if z is not None:
+        assert_close_to_reference(z, ref[1], low[1], name="z")
+
+
 def _run_case(case, path, device, out_dtype):
     """One CASES entry on one kernel, c (and z) in out_dtype, against the float64 contract; the
     bound is the contract in out_dtype's precision (bf16 operands upcast for an fp32 output)."""
@@ -83,15 +97,7 @@ def _run_case(case, path, device, out_dtype):
         z = torch.empty_like(c) if with_z else None
     ran = launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES[activation], z=z, path=path)
     assert ran == path
-
-    def operands(dtype):
-        return [t.to(dtype) if t is not None else None for t in (a, b, bias)]
-
-    ref = _contract(*operands(torch.float64), activation)
-    low = _contract(*operands(out_dtype), activation)
-    assert_close_to_reference(c, ref[0], low[0], name="c")
-    if with_z:
-        assert_close_to_reference(z, ref[1], low[1], name="z")
+    _check_contract(a, b, bias, activation, c, z)
 
 
 @pytest.mark.parametrize("path", ["portable", "tma"])
@@ -267,15 +273,7 @@ def test_gemv_kernel(case, device):
         c = torch.empty(batch, 1, n, device=device, dtype=out_dtype)
         z = torch.empty_like(c) if with_z else None
     assert launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES[activation], z=z) == "gemv"
-
-    def operands(dtype):
-        return [t.to(dtype) if t is not None else None for t in (a, b, bias)]
-
-    ref = _contract(*operands(torch.float64), activation)
-    low = _contract(*operands(out_dtype), activation)
-    assert_close_to_reference(c, ref[0], low[0], name="c")
-    if with_z:
-        assert_close_to_reference(z, ref[1], low[1], name="z")
+    _check_contract(a, b, bias, activation, c, z)
 
 
 def test_gemv_is_forced_only_where_it_runs(device):
