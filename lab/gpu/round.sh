@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -78,6 +78,10 @@ for stage in ${@:-tests host norms model}; do
              -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
     # Programmatic dependent launch on a synthetic batch-1 decode chain (plain / PDL / PDL + weight prefetch).
     pdl_chain) timeout "${T_PDL:-120}" python3 lab/gpu/pdl_chain.py 2>&1 | tee "$OUT/pdl_chain.md" ;;
+    # Batch-1 decode products over input-major weights (fused-swiglu's gate/up and down): split-K column GEMVs vs anchors.
+    colgemv) timeout "${T_COLGEMV:-300}" python3 lab/gpu/colgemv_lab.py 2>&1 | tee "$OUT/colgemv.md" | grep "best\|cuBLAS\|fused_swiglu" ;;
+    # The same for row-major weights (fused-gemm's GEMV against its portable tiles and cuBLAS).
+    gemv_sweep) timeout "${T_GEMV:-120}" python3 lab/gpu/gemv_sweep.py 2>&1 | tee "$OUT/gemv_sweep.md" | grep "best\|cuBLAS\|package" ;;
     decode) timeout "${T_DECODE:-60}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
     # Softcap, dropout, GeGLU compiled: their GPU tests, then their cost with anchors.
     features) timeout "${T_FEATURES:-240}" python3 -m pytest -q -n 8 -p no:randomly -rfE --tb=short \
