@@ -255,6 +255,7 @@ GEMV_CASES = [
     ("batched-strided", 3, 96, 50, torch.bfloat16, True, None, True, None, 2, 8),
     ("fp32-out", 1, 640, 33, torch.bfloat16, True, None, False, torch.float32, 1, 0),
     ("single-column", 2, 20, 1, torch.float16, False, "gelu", False, None, 1, 0),
+    ("empty-k", 1, 0, 5, torch.bfloat16, True, "gelu", True, None, 1, 0),
 ]
 
 
@@ -266,7 +267,7 @@ def test_gemv_kernel(case, device):
     _, batch, k, n, dtype, with_bias, activation, with_z, out_dtype, a_step, pad = case
     out_dtype = out_dtype or dtype
     a = torch.randn(batch, 1, k * a_step, device=device).to(dtype)[:, :, ::a_step]
-    w = (k**-0.5 * torch.randn(batch, n, k + pad, device=device)).to(dtype)[:, :, :k]
+    w = (max(k, 1) ** -0.5 * torch.randn(batch, n, k + pad, device=device)).to(dtype)[:, :, :k]
     b = w.transpose(1, 2)
     bias = torch.randn(n, device=device, dtype=dtype) if with_bias else None
     with poisoned_allocations():
@@ -274,6 +275,19 @@ def test_gemv_kernel(case, device):
         z = torch.empty_like(c) if with_z else None
     assert launch_matmul(a, b, c, bias=bias, activation=ACTIVATION_CODES[activation], z=z) == "gemv"
     _check_contract(a, b, bias, activation, c, z)
+
+
+def test_gemv_takes_no_more_batches_than_its_grid_holds(device, monkeypatch):
+    monkeypatch.setattr(launch, "GEMV_MAX_BATCH", 2)
+    launch._matmul_plan.cache_clear()
+    a = torch.randn(3, 1, 8, device=device, dtype=torch.bfloat16)
+    b = torch.randn(3, 4, 8, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    c = torch.empty(3, 1, 4, device=device, dtype=torch.bfloat16)
+    try:
+        assert launch_matmul(a, b, c) == "portable"
+        assert launch_matmul(a[:2], b[:2], c[:2]) == "gemv"
+    finally:
+        launch._matmul_plan.cache_clear()
 
 
 def test_gemv_is_forced_only_where_it_runs(device):

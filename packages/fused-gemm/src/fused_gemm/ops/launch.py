@@ -385,10 +385,14 @@ def _launch_nothing(plan, a, b, c, z, bias) -> None:
     pass
 
 
-def _gemv_suits(m: int, b_stride, dtype: torch.dtype) -> bool:
+# The most batches kernels.gemv's grid takes (its second dim: CUDA's limit).
+GEMV_MAX_BATCH = 65535
+
+
+def _gemv_suits(batch: int, m: int, b_stride, dtype: torch.dtype) -> bool:
     """kernels.gemv computes c: one row of 16-bit operands, b the transpose of a weight whose rows
-    are contiguous in K (nn.Linear's weight, b = W^T)."""
-    return m == 1 and dtype.itemsize == 2 and b_stride[1] == 1
+    are contiguous in K (nn.Linear's weight, b = W^T), at most GEMV_MAX_BATCH batches."""
+    return m == 1 and dtype.itemsize == 2 and b_stride[1] == 1 and batch <= GEMV_MAX_BATCH
 
 
 def _gemv_plan(a_stride, b_stride, c_stride, batch, n, k, bias_stride, activation, has_z) -> Launch:
@@ -475,7 +479,7 @@ def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype,
             return _MatmulPlan("ws", _launch_ws, (activation, num_sms))
         if path == "ws":
             raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
-    gemv = _gemv_suits(m, b_stride, dtype) and (not has_z or z_stride == c_stride)
+    gemv = _gemv_suits(batch, m, b_stride, dtype) and (not has_z or z_stride == c_stride)
     if path == "gemv" or (path is None and gemv):
         if not gemv:
             raise ValueError("the GEMV kernel needs one row of 16-bit a, b with K stride 1 and z laid out like c")
