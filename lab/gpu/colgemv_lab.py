@@ -26,6 +26,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from gemv_sweep import graph_us
 
 D_MODEL, D_FF = 2048, 5632  # llama-1.4B
 
@@ -125,19 +126,6 @@ def check() -> None:
             assert err < 1e-4, (k, n, split_k, gated, err)
         assert int(run.count.sum()) == 0
         print(f"ok K {k} N {n} split {split_k} gated {gated}: max error {err:.1e}")
-
-
-def graph_us(calls) -> float:
-    from triton.testing import do_bench
-
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    return do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / len(calls)
 
 
 def sweep(name: str, k: int, n: int, gated: bool) -> None:

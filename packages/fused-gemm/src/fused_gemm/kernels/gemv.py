@@ -9,9 +9,9 @@ programs that each stream a long stretch of K. Here a program takes BLOCK_N whol
 reads them BLOCK_K contiguous elements at a time and keeps the products in fp32 registers,
 summed once at the end; more, shorter programs keep more loads in flight.
 
-Measured (H200, Triton 3.6, bf16, weights read from HBM, llama-1.4B's decode products): 1.22x
-the tiled kernel on the qkv product (2048 -> 6144), 1.32x on the output projection (2048 ->
-2048), 1.09x cuBLAS on the qkv product.
+Measured (H200, Triton 3.6, bf16, weights read from HBM, llama-1.4B's decode products): qkv
+(2048 -> 6144) 8.91 us against 11.02 for the tiled kernel and 9.89 for cuBLAS; output
+projection (2048 -> 2048) 5.15 us against 6.59 and 6.34.
 """
 
 import triton

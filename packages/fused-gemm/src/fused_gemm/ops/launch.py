@@ -41,6 +41,7 @@ import functools
 from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
+import triton
 
 from .._compat import supports_tma
 from .._runtime.cache import PublishedCache
@@ -401,7 +402,7 @@ def _gemv_plan(a_stride, b_stride, c_stride, batch, n, k, bias_stride, activatio
     were within 3 % of the best of 32 tiles on llama-1.4B's products (H200), while timing
     candidates on a weight the L2 cache holds favours other tiles."""
     block_n = 4 if n <= 4096 else 8
-    block_k = min(512, max(16, 1 << (k - 1).bit_length()))
+    block_k = min(512, max(16, triton.next_power_of_2(k)))
     return Launch(
         _gemv_kernel, (_cdiv(n, block_n), batch), num_warps=4, num_stages=1,
         stride_a_batch=a_stride[0], stride_ak=a_stride[2], stride_w_batch=b_stride[0], stride_wn=b_stride[2],
