@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -82,7 +82,19 @@ for stage in ${@:-tests host norms model}; do
     colgemv) timeout "${T_COLGEMV:-300}" python3 lab/gpu/colgemv_lab.py 2>&1 | tee "$OUT/colgemv.md" | grep "best\|cuBLAS\|fused_swiglu" ;;
     # The same for row-major weights (fused-gemm's GEMV against its portable tiles and cuBLAS).
     gemv_sweep) timeout "${T_GEMV:-120}" python3 lab/gpu/gemv_sweep.py 2>&1 | tee "$OUT/gemv_sweep.md" | grep "best\|cuBLAS\|package" ;;
-    decode) timeout "${T_DECODE:-60}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
+    decode) timeout "${T_DECODE:-120}" python3 lab/gpu/decode_bench.py 2>&1 | tee "$OUT/decode.md" ;;
+    # The decode kernel against the fused-attention in .carry/olddecode (a `git archive` of the
+    # package and runtime before the change), alternating, each a process of its own.
+    decode_ab) for i in 1 2; do for v in old new; do
+                 extra=""; [ "$v" = old ] && extra="$PWD/.carry/olddecode/packages/fused-attention/src:"
+                 echo "-- $v $i" | tee -a "$OUT/decode_ab.md"
+                 PYTHONPATH="$extra$PYTHONPATH" timeout 90 python3 lab/gpu/decode_bench.py 2>&1 | tee -a "$OUT/decode_ab.md" | tail -4
+                 PYTHONPATH="$extra$PYTHONPATH" DECODE_LAB_MODELS=ours timeout 150 python3 lab/gpu/decode_lab.py step 2>&1 \
+                   | grep "^|\|###" | tee -a "$OUT/decode_ab.md" | grep "###\|decode"
+               done; done ;;
+    prefetch) timeout "${T_PREFETCH:-300}" python3 lab/gpu/prefetch_lab.py 2>&1 | tee "$OUT/prefetch.md" | tail -12 ;;
+    decode_sweep) timeout "${T_DECODE_SWEEP:-400}" python3 lab/gpu/decode_bench.py sweep 2>&1 | tee "$OUT/decode_sweep.md" \
+                    | tail -3 ;;
     # Softcap, dropout, GeGLU compiled: their GPU tests, then their cost with anchors.
     features) timeout "${T_FEATURES:-240}" python3 -m pytest -q -n 8 -p no:randomly -rfE --tb=short \
                 packages/fused-attention/tests packages/fused-norm-xent/tests packages/fused-swiglu/tests \
