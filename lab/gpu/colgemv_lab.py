@@ -21,6 +21,7 @@ down projection as x @ Wd). A lab tool: it prints a table and changes nothing.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 
 import torch
@@ -29,6 +30,13 @@ import triton.language as tl
 from gemv_sweep import graph_us
 
 D_MODEL, D_FF = 2048, 5632  # llama-1.4B
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps). COLGEMV_WIDE=1: programs that read 0.5-2 KB of each
+# weight row (HBM pages are read whole; 64-256-byte pieces of rows 11 KB apart may waste them),
+# the accumulator tiles capped at 8192 fp32 values.
+TILES = list(itertools.product((32, 64, 128), (16, 32, 64), (1, 2, 4, 8), (4, 8)))
+if os.environ.get("COLGEMV_WIDE") == "1":
+    TILES = [(n, k, s, w) for n, k, s, w in itertools.product((256, 512, 1024), (4, 8, 16), (4, 8, 16, 32), (4, 8))
+             if n * k <= 8192]  # fmt: skip
 
 
 @triton.jit
@@ -160,7 +168,7 @@ def sweep(name: str, k: int, n: int, gated: bool) -> None:
                lambda: swiglu(x, *weights[0]))  # fmt: skip
     else:
         report("cuBLAS x@Wd", lambda wg, wu: lambda: torch.matmul(x, wg, out=y))
-    for block_n, block_k, split_k, warps in itertools.product((32, 64, 128), (16, 32, 64), (1, 2, 4, 8), (4, 8)):
+    for block_n, block_k, split_k, warps in TILES:
         run = ColGemv(k, n, "cuda", block_n, block_k, split_k, warps, gated)
         report(f"colgemv {block_n}x{block_k} split {split_k} w{warps}",
                lambda wg, wu, run=run: lambda: run(x, wg, wu, y), lambda run=run: run(x, *weights[0], y))  # fmt: skip

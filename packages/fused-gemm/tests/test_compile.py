@@ -11,7 +11,7 @@ runs it on Hopper alone (Triton >= 3.4).
 import pytest
 from tritonformer_testkit.aot import ARCHS, autotune_configs, compile_to_cubin
 
-from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, HOPPER_SHARED_MEMORY_PER_BLOCK
+from fused_gemm._runtime.compat import HAS_TENSOR_DESCRIPTORS, HOPPER_SHARED_MEMORY_PER_BLOCK, TRITON_VERSION
 from fused_gemm.kernels.configs import _portable_smem, _tma_smem, portable_configs, splits_epilogue, tma_configs
 from fused_gemm.kernels.gemv import _gemv_kernel
 from fused_gemm.kernels.grad import _activation_grad_kernel
@@ -380,3 +380,33 @@ def test_grad_tile_is_the_launchers():
 
 def _flags_values():
     return {"HAS_BIAS": {True, False}, "ACTIVATION": {0, RELU, GELU, GELU_TANH}, "STORE_Z": {True, False}}
+
+
+def _warp_specialized_module():
+    """kernels/matmul_ws.py, or a skip off Triton 3.6: the kernel is written against 3.6's Gluon API
+    (later versions renamed its TMA copies) and the launcher takes it on 3.6 only."""
+    if TRITON_VERSION != (3, 6):
+        pytest.skip(f"kernels.matmul_ws is written against Triton 3.6's Gluon API (installed: {TRITON_VERSION})")
+    from fused_gemm.kernels import matmul_ws
+
+    return matmul_ws
+
+
+@pytest.mark.parametrize("activation, bias, dtype", [(GELU, True, "bf16"), (RELU, False, "fp16"),
+                                                     (GELU_TANH, True, "fp16")])  # fmt: skip
+def test_warp_specialized_kernel_compiles(activation, bias, dtype):
+    """The Gluon kernel for sm_90 as ops.launch's _ws_plan launches it (num_warps a compile option,
+    read inside the kernel), its wgmmas not serialized."""
+    ws = _warp_specialized_module()
+    from tritonformer_testkit.aot import gluon_descriptor_type
+
+    signature = {
+        "a_desc": gluon_descriptor_type([ws.BLOCK_M, ws.BLOCK_K], dtype),
+        "w_desc": gluon_descriptor_type([ws.BLOCK_N, ws.BLOCK_K], dtype),
+        "c_desc": gluon_descriptor_type([ws.BLOCK_M, ws.CHUNK_N], dtype),
+        "bias_ptr": f"*{dtype}", "M": "i32", "N": "i32", "K": "i32",
+    }  # fmt: skip
+    constexprs = dict(NSTAGES=ws.STAGES, GROUP=ws.GROUP_M, ACTIVATION=activation, HAS_BIAS=bias,
+                      EPI_WARPS=ws.EPILOGUE_WARPS, EPI_REGISTERS=ws.EPILOGUE_REGISTERS)  # fmt: skip
+    compile_to_cubin(ws._matmul_ws_kernel, signature=signature, constexprs=constexprs, arch=90,
+                     num_warps=ws.MMA_WARPS)  # fmt: skip

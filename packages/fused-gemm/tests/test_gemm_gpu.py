@@ -290,13 +290,13 @@ def test_launcher_takes_the_warp_specialized_kernel_for_large_forward_epilogues(
     training forward, which stores z for the backward, and a bias-only product keep the TMA kernel."""
     _require_warp_specialized_kernel()
     calls = []
-    real = launch.launch_matmul_ws
+    real = launch.run_matmul_ws
 
     def counting(*args):
         calls.append(args)
         real(*args)
 
-    monkeypatch.setattr(launch, "launch_matmul_ws", counting)
+    monkeypatch.setattr(launch, "run_matmul_ws", counting)
     x, w, b = _operands(8192, 1024, 4096, torch.bfloat16, requires_grad=False)
     with torch.no_grad():
         y = matmul(x, w, b, "gelu")

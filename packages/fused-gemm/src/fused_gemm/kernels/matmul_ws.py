@@ -27,7 +27,6 @@ Launched by ops.launch for large forward products with an activation and no z
 (`_runtime.compat.HAS_GLUON_HOPPER`; `_ws_worthwhile`).
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -168,7 +167,8 @@ def _epilogue_partition(c_desc, bias_ptr, z_bufs, z_ready, z_empty, M, N, BM: gl
 @gluon.jit
 def _matmul_ws_kernel(a_desc, w_desc, c_desc, bias_ptr, M, N, K, NSTAGES: gl.constexpr, GROUP: gl.constexpr,
                       ACTIVATION: gl.constexpr, HAS_BIAS: gl.constexpr, EPI_WARPS: gl.constexpr,
-                      EPI_REGISTERS: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+                      EPI_REGISTERS: gl.constexpr):  # fmt: skip
+    num_warps: gl.constexpr = gl.num_warps()  # the compile option (not a parameter: Launch passes options)
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     CHUNK: gl.constexpr = c_desc.block_type.shape[1]
@@ -198,24 +198,14 @@ def _matmul_ws_kernel(a_desc, w_desc, c_desc, bias_ptr, M, N, K, NSTAGES: gl.con
     )
 
 
-def _layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block, dtype)
-
-
 _GL_DTYPES = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}
 
 
-def launch_matmul_ws(a, w, c, bias, activation: int, num_sms: int) -> None:
-    """c = act(a @ w^T + bias) for 2-D a (M, K), w (N, K), c (M, N): 16-bit, row-major, rows
-    16-byte aligned (the caller checks: ops.launch)."""
-    m, k = a.shape
-    n = w.shape[0]
-    dtype = _GL_DTYPES[str(a.dtype)]
-    a_desc = TensorDescriptor.from_tensor(a, [BLOCK_M, BLOCK_K], _layout([BLOCK_M, BLOCK_K], dtype))
-    w_desc = TensorDescriptor.from_tensor(w, [BLOCK_N, BLOCK_K], _layout([BLOCK_N, BLOCK_K], dtype))
-    c_desc = TensorDescriptor.from_tensor(c, [BLOCK_M, CHUNK_N], _layout([BLOCK_M, CHUNK_N], dtype))
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
-    _matmul_ws_kernel[(min(num_sms, tiles),)](
-        a_desc, w_desc, c_desc, bias if bias is not None else c, m, n, k, STAGES, GROUP_M, activation,
-        bias is not None, EPILOGUE_WARPS, EPILOGUE_REGISTERS, num_warps=MMA_WARPS,
-    )  # fmt: skip
+def descriptor_template(shape, row_stride: int, block, dtype) -> TensorDescriptor:
+    """A TMA descriptor of a row-major 2-D view (shape, rows row_stride apart) in blocks of `block`,
+    without a base: the launcher puts each call's tensor in (`_runtime.compat.descriptor_like`)."""
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[str(dtype)])
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=None, shape=list(shape), strides=[row_stride, 1], block_shape=list(block), layout=layout,
+                         padding="zero")  # fmt: skip
+    return desc

@@ -31,8 +31,8 @@ and block shapes. Threads that meet an unpublished plan each tune, and all use t
 published. A plan re-tunes when the kernel's config list is replaced (tests pin configs that
 way). Per call: look up the plan and its choice, put the operands into the descriptors, launch.
 
-kernels.matmul_ws keeps its own launch (launch_matmul_ws): Launch cannot pass its `num_warps`
-constexpr parameter, which Gluon also reads as the compile option.
+kernels.matmul_ws's plan is its Launch (every argument but the operands fixed) and the Gluon
+descriptor templates of a, w and c; a call puts its tensors into them (descriptor_like).
 """
 
 from __future__ import annotations
@@ -105,11 +105,38 @@ def _is_contiguous(shape, stride) -> bool:
     return True
 
 
-def launch_matmul_ws(a, w, c, bias, activation: int, num_sms: int) -> None:
-    """kernels.matmul_ws.launch_matmul_ws, imported on first use (Triton 3.6's Gluon only)."""
-    from ..kernels.matmul_ws import launch_matmul_ws as launch
+class _WsPlan(NamedTuple):
+    """kernels.matmul_ws's launch for one problem: a Launch of the kernel with every argument but the
+    descriptors and the bias fixed, and the descriptor templates of a, w (b's transpose) and c."""
 
-    launch(a, w, c, bias, activation, num_sms)
+    launch: Launch
+    templates: Tuple[object, object, object]
+
+
+def _ws_plan(m: int, n: int, k: int, a_stride, b_stride, c_stride, dtype, activation: int, has_bias: bool,
+             num_sms: int) -> _WsPlan:  # fmt: skip
+    """kernels.matmul_ws (imported here: Triton 3.6's Gluon only), one persistent program per SM or tile."""
+    from ..kernels import matmul_ws as ws
+
+    templates = (
+        ws.descriptor_template((m, k), a_stride[1], (ws.BLOCK_M, ws.BLOCK_K), dtype),
+        ws.descriptor_template((n, k), b_stride[2], (ws.BLOCK_N, ws.BLOCK_K), dtype),
+        ws.descriptor_template((m, n), c_stride[1], (ws.BLOCK_M, ws.CHUNK_N), dtype),
+    )
+    tiles = _cdiv(m, ws.BLOCK_M) * _cdiv(n, ws.BLOCK_N)
+    launch = Launch(
+        ws._matmul_ws_kernel, (min(num_sms, tiles),), num_warps=ws.MMA_WARPS, M=m, N=n, K=k, NSTAGES=ws.STAGES,
+        GROUP=ws.GROUP_M, ACTIVATION=activation, HAS_BIAS=has_bias, EPI_WARPS=ws.EPILOGUE_WARPS,
+        EPI_REGISTERS=ws.EPILOGUE_REGISTERS,
+    )  # fmt: skip
+    return _WsPlan(launch, templates)
+
+
+def run_matmul_ws(plan: _WsPlan, a, b, c, bias) -> None:
+    """c[0] = act(a[0] @ b[0] + bias) by kernels.matmul_ws: the (1, ...) operands' data in the
+    plan's descriptors (b[0] is the transpose of a row-major (N, K) weight: the same data)."""
+    a_t, w_t, c_t = plan.templates
+    plan.launch(descriptor_like(a_t, a), descriptor_like(w_t, b), descriptor_like(c_t, c), c if bias is None else bias)
 
 
 class _Tuned(NamedTuple):
@@ -377,9 +404,8 @@ def _launch_split(plan: _SplitPlan, a, b, c, z, bias) -> None:
         c.copy_(partials.sum(0))
 
 
-def _launch_ws(plan: Tuple[int, int], a, b, c, z, bias) -> None:
-    activation, num_sms = plan
-    launch_matmul_ws(a[0], b[0].t(), c[0], bias, activation, num_sms)
+def _launch_ws(plan: _WsPlan, a, b, c, z, bias) -> None:
+    run_matmul_ws(plan, a, b, c, bias)
 
 
 def _launch_nothing(plan, a, b, c, z, bias) -> None:
@@ -443,14 +469,14 @@ def _row_major_16(row_stride: int, col_stride: int, element_size: int) -> bool:
 
 
 def _ws_runs(a_shape, a_stride, b_stride, c_stride, dtype, c_dtype, has_z, bias_stride, aligned, device) -> bool:
-    """kernels.matmul_ws can compute c: Triton 3.6 on a Hopper GPU, one batch of 16-bit operands,
-    a and c row-major, b the transpose of a row-major (N, K) weight (nn.Linear's), no z to store,
-    a contiguous bias."""
+    """kernels.matmul_ws can compute c: Triton 3.6 on a Hopper GPU, one batch of 16-bit operands
+    with K > 0, a and c row-major, b the transpose of a row-major (N, K) weight (nn.Linear's), no z
+    to store, a contiguous bias."""
     if not HAS_GLUON_HOPPER or device.type != "cuda" or not supports_tma(device):
         return False
     if dtype not in TMA_DTYPES or c_dtype != dtype or not aligned:
         return False
-    if a_shape[0] != 1 or has_z or bias_stride not in (None, 1):
+    if a_shape[0] != 1 or a_shape[2] == 0 or has_z or bias_stride not in (None, 1):
         return False
     size = dtype.itemsize
     return (
@@ -477,7 +503,8 @@ def _matmul_plan(a_shape, a_stride, b_shape, b_stride, c_stride, dtype, c_dtype,
     ):
         aligned = ab_aligned and cz_aligned
         if _ws_runs(a_shape, a_stride, b_stride, c_stride, dtype, c_dtype, has_z, bias_stride, aligned, device):
-            return _MatmulPlan("ws", _launch_ws, (activation, num_sms))
+            plan = _ws_plan(m, n, k, a_stride, b_stride, c_stride, dtype, activation, bias_stride is not None, num_sms)
+            return _MatmulPlan("ws", _launch_ws, plan)
         if path == "ws":
             raise ValueError("the warp-specialized kernel cannot run these operands (dtype, device, Triton or layout)")
     gemv = _gemv_suits(batch, m, b_stride, dtype) and (not has_z or z_stride == c_stride)
