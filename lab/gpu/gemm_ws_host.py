@@ -10,31 +10,14 @@ result is checked against torch's first. A lab tool: prints a table, changes not
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
+from gemm_host_time import _host_us as host_us
 
 from fused_gemm.kernels.common import ACTIVATION_CODES
 from fused_gemm.ops.launch import launch_matmul
 
 M, K, N = 2048, 1024, 1024
-CALLS, WINDOWS = 200, 7
-
-
-def host_us(fn) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    windows = []
-    for _ in range(WINDOWS):
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        windows.append((time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(windows)
 
 
 def main() -> None:
