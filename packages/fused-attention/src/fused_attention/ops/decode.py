@@ -111,7 +111,7 @@ def choose_splits(programs: int, capacity: int, block_n: int, sm_count: int) -> 
 
 def _strides3(t: Optional[torch.Tensor]) -> Tuple[int, int, int]:
     """(batch, position, head) strides of a (B, S, H, D) tensor; zeros for an absent one."""
-    return (0, 0, 0) if t is None else (t.stride(0), t.stride(1), t.stride(2))
+    return (0, 0, 0) if t is None else t.stride()[:3]
 
 
 def _slope_strides(alibi_slopes: Optional[torch.Tensor]) -> Tuple[int, int]:
