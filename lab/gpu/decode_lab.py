@@ -4,7 +4,9 @@ python3 lab/gpu/decode_lab.py [attention] [attention_small] [modules] [step]   (
 
 - attention: flash_attention_with_kvcache at batch 1 (32 query heads over 8 KV heads, D 128,
   bf16, caches 4096-32768) against SDPA, each timed as 20 calls replayed from one CUDA graph (kernel time, no host),
-  over split counts and (BLOCK_N, num_warps, num_stages) of the split kernel.
+  over split counts and (BLOCK_N, num_warps, num_stages) of the split kernel. The 20 calls read one
+  cache, so caches smaller than L2 (4096-8192) are timed from L2: decode_bench.py cycles caches
+  through HBM instead.
 - modules: each linear layer / MLP of one llama-1.4B block and the head, ours against the twin's
   (cuBLAS), at M = 1 and 16 rows, replayed from a graph; GB/s counts the weight bytes.
 - step: one decode step of llama-1.4B (prompt 512) replayed from a graph, and the kernels of
