@@ -62,7 +62,7 @@ def main() -> None:
                 rows = (hopper.BLOCK_M, hopper.BLOCK_N, hopper.BLOCK_N, hopper.BLOCK_M)
                 blocks = [launch._descriptor_block(heads_outer, r, dim) for r in rows]
                 descs = [
-                    launch.descriptor_like(hopper.descriptor_template(view[0], view[1], block, q.dtype), t)
+                    launch.descriptor_like(launch.gluon_descriptor_template(view[0], view[1], block, q.dtype), t)
                     for view, block, t in zip(views, blocks, (q, k, v, do))
                 ]  # fmt: skip
                 grad_strides = launch.seq_strides(dk.stride(), spec)

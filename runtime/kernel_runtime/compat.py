@@ -139,6 +139,21 @@ def tensor_descriptor(base: torch.Tensor, shape, strides, block_shape):
     return desc
 
 
+def gluon_descriptor_template(shape, strides, block_shape, dtype: torch.dtype):
+    """A Gluon TMA descriptor (HAS_GLUON_HOPPER only) of a view of `shape` and `strides` in blocks
+    of `block_shape`, fp16/bf16 with Gluon's default NVMMA shared layout, and no base: a plan makes
+    it once and descriptor_like puts each call's tensor in (the plan checked alignment and strides)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(list(block_shape), element)
+    desc = object.__new__(GluonTensorDescriptor)
+    desc.__dict__.update(base=None, shape=list(shape), strides=list(strides), block_shape=list(block_shape),
+                         layout=layout, padding="zero")  # fmt: skip
+    return desc
+
+
 def descriptor_like(template, tensor: torch.Tensor):
     """A descriptor with `template`'s shape, strides and block over `tensor`'s data (same checks)."""
     desc = object.__new__(type(template))

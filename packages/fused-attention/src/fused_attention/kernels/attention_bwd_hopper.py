@@ -34,7 +34,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # The TMA load: Triton 3.6's name, renamed async_load later (so that the kernel also compiles, ahead
@@ -264,14 +263,3 @@ def _attn_bwd_dkdv_hopper_kernel(
 # stages at D = 128 need more shared memory than two programs per SM leave (measured 1.3x slower).
 BLOCK_M, BLOCK_N, NUM_WARPS = 64, 64, 4
 STAGES = {64: 3, 128: 2}
-_GL_DTYPES = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}
-
-
-def descriptor_template(shape, strides, block, dtype) -> TensorDescriptor:
-    """A Gluon TMA descriptor of a 4-D view (ops/launch.py's `_descriptor_view`) in blocks of
-    `block` (`_descriptor_block`), without a base (descriptor_like puts a tensor in)."""
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[str(dtype)])
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=None, shape=list(shape), strides=list(strides), block_shape=block, layout=layout,
-                         padding="zero")  # fmt: skip
-    return desc

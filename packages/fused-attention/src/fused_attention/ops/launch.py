@@ -34,6 +34,7 @@ from .._runtime.compat import (
     INTERPRETING,
     descriptor_like,
     device_capability,
+    gluon_descriptor_template,
     multiprocessor_count,
     tensor_descriptor,
 )
@@ -435,7 +436,7 @@ def _hopper_dkdv(
     heads_outer = query_views[0][2]
     (q_view, do_view), (k_view, v_view) = query_views, key_views
     templates = tuple(
-        hopper.descriptor_template(shape, strides, _descriptor_block(heads_outer, rows, spec.block_d), fplan.dtype)
+        gluon_descriptor_template(shape, strides, _descriptor_block(heads_outer, rows, spec.block_d), fplan.dtype)
         for (shape, strides, _), rows in ((q_view, hopper.BLOCK_M), (k_view, hopper.BLOCK_N), (v_view, hopper.BLOCK_N),
                                           (do_view, hopper.BLOCK_M))
     )  # fmt: skip

@@ -36,7 +36,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import _activation, _grouped_tile
 
@@ -196,16 +195,3 @@ def _matmul_ws_kernel(a_desc, w_desc, c_desc, bias_ptr, M, N, K, NSTAGES: gl.con
         [EPI_WARPS],
         [EPI_REGISTERS],
     )
-
-
-_GL_DTYPES = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}
-
-
-def descriptor_template(shape, row_stride: int, block, dtype) -> TensorDescriptor:
-    """A TMA descriptor of a row-major 2-D view (shape, rows row_stride apart) in blocks of `block`,
-    without a base: the launcher puts each call's tensor in (`_runtime.compat.descriptor_like`)."""
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[str(dtype)])
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=None, shape=list(shape), strides=[row_stride, 1], block_shape=list(block), layout=layout,
-                         padding="zero")  # fmt: skip
-    return desc

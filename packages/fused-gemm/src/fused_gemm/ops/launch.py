@@ -49,6 +49,7 @@ from .._runtime.compat import (
     HAS_GLUON_HOPPER,
     INTERPRETING,
     descriptor_like,
+    gluon_descriptor_template,
     multiprocessor_count,
     tensor_descriptor,
 )
@@ -119,9 +120,9 @@ def _ws_plan(m: int, n: int, k: int, a_stride, b_stride, c_stride, dtype, activa
     from ..kernels import matmul_ws as ws
 
     templates = (
-        ws.descriptor_template((m, k), a_stride[1], (ws.BLOCK_M, ws.BLOCK_K), dtype),
-        ws.descriptor_template((n, k), b_stride[2], (ws.BLOCK_N, ws.BLOCK_K), dtype),
-        ws.descriptor_template((m, n), c_stride[1], (ws.BLOCK_M, ws.CHUNK_N), dtype),
+        gluon_descriptor_template((m, k), (a_stride[1], 1), (ws.BLOCK_M, ws.BLOCK_K), dtype),
+        gluon_descriptor_template((n, k), (b_stride[2], 1), (ws.BLOCK_N, ws.BLOCK_K), dtype),
+        gluon_descriptor_template((m, n), (c_stride[1], 1), (ws.BLOCK_M, ws.CHUNK_N), dtype),
     )
     tiles = _cdiv(m, ws.BLOCK_M) * _cdiv(n, ws.BLOCK_N)
     launch = Launch(
