@@ -104,6 +104,26 @@ def _models(preset: str = "llama-1.4B"):
     return config, ours, twin
 
 
+PROMPT = 512
+
+
+def prompt_tokens(config) -> torch.Tensor:
+    """A random batch-1 prompt of PROMPT tokens."""
+    return torch.randint(0, config.vocab_size, (1, PROMPT), device="cuda")
+
+
+def prefilled(model, tokens: torch.Tensor):
+    """(cache, next_tokens, active) for decode steps of `model` after prefilling `tokens` (1, PROMPT)
+    into a cache of PROMPT + 300 positions; no row active, so replayed steps leave the lengths put."""
+    from tritonformer import generation
+
+    device = torch.device("cuda")
+    cache = generation.KVCache(model.config.n_layer, 1, PROMPT + 300, device)
+    cache.tables = model.decode_tables(PROMPT + 300, device)
+    generation._prefill(model, tokens, torch.full((1,), PROMPT, device=device), PROMPT, cache)
+    return cache, tokens[:, -1].clone(), torch.zeros(1, dtype=torch.bool, device=device)
+
+
 @torch.no_grad()
 def modules() -> None:
     config, ours, twin = _models()
@@ -136,15 +156,9 @@ def step() -> None:
         label, model = models[name]
         if name == "compiled":
             model.forward_cached = compiled_decode(twin)
-        batch, prompt = 1, 512
-        tokens = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda")
-        totals = torch.full((batch,), prompt, device="cuda")
-        cache = generation.KVCache(config.n_layer, batch, prompt + 300, torch.device("cuda"))
-        cache.tables = model.decode_tables(prompt + 300, torch.device("cuda"))
-        generation._prefill(model, tokens, totals, prompt, cache)
-        next_tokens = tokens[:, -1].clone()
-        active = torch.zeros(batch, dtype=torch.bool, device="cuda")  # lengths stay put
-        graph = generation.DecodeGraph(model, cache, batch, tokens.dtype, torch.device("cuda"))
+        tokens = prompt_tokens(config)
+        cache, next_tokens, active = prefilled(model, tokens)
+        graph = generation.DecodeGraph(model, cache, 1, tokens.dtype, torch.device("cuda"))
         replay = functools.partial(graph, next_tokens, active)
         replay_us = triton.testing.do_bench(replay, warmup=10, rep=100, return_mode="median") * 1e3
         steps = 10

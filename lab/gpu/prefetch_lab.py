@@ -114,23 +114,17 @@ PLANS = {
 
 @torch.no_grad()
 def main() -> None:
-    from decode_lab import _models
+    from decode_lab import _models, prefilled, prompt_tokens
 
     from tritonformer import generation
 
     config, ours, _ = _models()
-    batch, prompt = 1, 512
-    tokens = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda")
-    totals = torch.full((batch,), prompt, device="cuda")
-    cache = generation.KVCache(config.n_layer, batch, prompt + 300, torch.device("cuda"))
-    cache.tables = ours.decode_tables(prompt + 300, torch.device("cuda"))
-    generation._prefill(ours, tokens, totals, prompt, cache)
-    next_tokens = tokens[:, -1].clone()
-    active = torch.zeros(batch, dtype=torch.bool, device="cuda")  # lengths stay put
+    tokens = prompt_tokens(config)
+    cache, next_tokens, active = prefilled(ours, tokens)
     graphs, reference = {}, None
     for name, plan in PLANS.items():
         prefetcher = Prefetcher(ours, plan)
-        graph = generation.DecodeGraph(ours, cache, batch, tokens.dtype, torch.device("cuda"))
+        graph = generation.DecodeGraph(ours, cache, 1, tokens.dtype, torch.device("cuda"))
         prefetcher.remove()
         logits = graph(next_tokens, active).clone()
         if reference is None:

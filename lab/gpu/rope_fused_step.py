@@ -23,7 +23,7 @@ import functools
 
 import torch
 import triton.testing
-from decode_lab import _models
+from decode_lab import _models, prefilled, prompt_tokens
 from torch.profiler import ProfilerActivity, profile
 
 import fused_attention
@@ -59,23 +59,16 @@ def main() -> None:
     from tritonformer.model import Attention
 
     config, ours, _ = _models()
-    batch, prompt = 1, 512
-    device = torch.device("cuda")
-    tokens = torch.randint(0, config.vocab_size, (batch, prompt), device=device)
-    totals = torch.full((batch,), prompt, device=device)
+    tokens = prompt_tokens(config)
     shipped = Attention.forward
     graphs, tables_of = {}, {}
     for name in ("rope kernel", "fused, fp32 tables", "fused, bf16 tables"):
-        cache = generation.KVCache(config.n_layer, batch, prompt + 300, device)
-        cache.tables = ours.decode_tables(prompt + 300, device)
-        generation._prefill(ours, tokens, totals, prompt, cache)
+        cache, next_tokens, active = prefilled(ours, tokens)
         if name != "rope kernel":
             dtype = torch.float32 if "fp32" in name else torch.bfloat16
             tables_of[name] = tuple(t.to(dtype).contiguous() for t in cache.tables)
             Attention.forward = fused_rotary_forward(tables_of[name])
-        next_tokens = tokens[:, -1].clone()
-        active = torch.zeros(batch, dtype=torch.bool, device=device)  # the lengths stay put
-        graph = generation.DecodeGraph(ours, cache, batch, tokens.dtype, device)
+        graph = generation.DecodeGraph(ours, cache, 1, tokens.dtype, torch.device("cuda"))
         graphs[name] = (functools.partial(graph, next_tokens, active), cache)
         Attention.forward = shipped
     reference = graphs["rope kernel"][0]().clone()
