@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab rope_step bench_decode (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab rope_step bench_decode lce (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -76,6 +76,11 @@ for stage in ${@:-tests host norms model}; do
             --bench-table "$OUT/host.md" 2>&1 | tail -3 ;;
     bench_decode) timeout "${T_BENCH_DECODE:-150}" python3 -m pytest -q -p no:xdist \
                     packages/fused-attention/benchmarks/bench_decode.py --bench-table "$OUT/bench_decode.md" 2>&1 | tail -3 ;;
+    # Linear + cross-entropy in its three weight_grad modes: the GPU tests, then time and memory with Liger.
+    lce) timeout "${T_LCE_TESTS:-150}" python3 -m pytest -q -n 4 -p no:randomly -rfE --tb=short \
+           packages/fused-norm-xent/tests/test_linear_cross_entropy.py 2>&1 | tee "$OUT/lce_tests.log" | tail -4
+         timeout "${T_LCE:-300}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_linear_cross_entropy.py \
+           --bench-table "$OUT/lce.md" 2>&1 | tail -3 ;;
     norms) timeout "${T_NORMS:-100}" python3 -m pytest -q -p no:xdist packages/fused-norm-xent/benchmarks/bench_norms.py \
              -k "test_norm and not compile" --bench-table "$OUT/norms.md" 2>&1 | tail -3 ;;
     # Programmatic dependent launch on a synthetic batch-1 decode chain (plain / PDL / PDL + weight prefetch).

@@ -1,16 +1,20 @@
 """Fused linear + cross-entropy, bf16, forward+backward (mean loss, gradients of hidden and weight):
-ours against torch (F.linear + F.cross_entropy) eager and under torch.compile, and Liger-Kernel's
-fused linear cross-entropy (when importable), with the peak memory each allocates.
+ours in each weight_grad mode against torch (F.linear + F.cross_entropy) eager and under
+torch.compile, and Liger-Kernel's fused linear cross-entropy (when importable), with the peak
+memory each allocates.
 
-Flops: three matmuls of 2 * N * H * V (logits, grad hidden, grad weight) = 6 * N * H * V. The peak
-memory includes the gradients themselves: grad hidden (N * H * 2 bytes, 64 MiB) and grad weight
-(V * H * 2 bytes, 196.5 MiB) at the headline shape, 260.5 MiB that no implementation can avoid;
-what is beyond them is the column to compare (Liger: a 1024-token chunk, 98 MiB).
-- tritonformer: defaults (fp32 accumulation of grad weight across chunks, as accurate as one
-  unchunked matmul; chunk = 2048 tokens, a (2048, V) bf16 logits buffer of 196.5 MiB, no larger
-  than the weight, which the final fp32 -> bf16 conversion needs anyway);
-- tritonformer bf16-acc: grad weight accumulated in bf16 as Liger-Kernel does, 1024-token chunks:
-  Liger's memory (gradients + a 98 MiB chunk), one rounding per chunk.
+Flops: the three matmuls any implementation needs, 2 * N * H * V each (logits, grad hidden, grad
+weight) = 6 * N * H * V, the same count for every row (so "exact", which recomputes the logits for
+its vocabulary pass, reports less than the rate its GPU runs at). The peak memory includes the
+gradients themselves: grad hidden (N * H * 2 bytes, 64 MiB) and grad weight (V * H * 2 bytes,
+196.5 MiB) at the headline shape, 260.5 MiB that no implementation can avoid; what is beyond them
+is the column to compare (Liger and our default chunk: 1024 tokens, a 98.25 MiB buffer there).
+- tritonformer: defaults (weight_grad="exact": grad weight summed over all tokens in fp32 and
+  rounded once, no buffer of the weight's size, a fourth matmul pass);
+- tritonformer fp32: weight_grad="fp32", the same accuracy in three passes with an fp32 (V, H)
+  accumulator;
+- tritonformer chunked: weight_grad="chunked", grad weight rounded in bf16 once per chunk, as
+  Liger-Kernel does.
 """
 
 import pytest
@@ -24,9 +28,9 @@ from fused_norm_xent import linear_cross_entropy
 pytestmark = pytest.mark.gpu(reason="benchmarks time compiled kernels on a CUDA GPU")
 
 HEADLINE = (16384, 2048, 50304)
-SHAPES = [HEADLINE, (8192, 4096, 128256)]
-OURS_BF16_ACC = f"{OURS} bf16-acc"
-PROVIDERS = [OURS, OURS_BF16_ACC, "torch", "torch.compile", "liger"]
+SHAPES = [HEADLINE, (8192, 4096, 128256), (8192, 4096, 32000)]
+MODES = {f"{OURS} fp32": "fp32", f"{OURS} chunked": "chunked"}
+PROVIDERS = [OURS, *MODES, "torch", "torch.compile", "liger"]
 
 
 def _torch_loss(hidden, weight, target):
@@ -36,8 +40,8 @@ def _torch_loss(hidden, weight, target):
 def _loss_fn(provider: str, shape):
     if provider == OURS:
         return linear_cross_entropy
-    if provider == OURS_BF16_ACC:
-        return lambda h, w, t: linear_cross_entropy(h, w, t, chunk_size=1024, fp32_accumulation=False)
+    if provider in MODES:
+        return lambda h, w, t: linear_cross_entropy(h, w, t, weight_grad=MODES[provider])
     if provider == "torch":
         return _torch_loss
     if provider == "liger":

@@ -88,8 +88,9 @@ def test_opcheck(device):
     torch.library.opcheck(
         ops.cross_entropy_fwd, (logits, target, -100, 0.1, 0.0, 30.0, "mean", False, True, False, logits.dtype, False)
     )
-    torch.library.opcheck(
-        ops.linear_cross_entropy_fwd,
-        (x, torch.randn(10, 16, device=device), None, target[:3], -100, 0.0, 0.0, 5.0, "sum", False, True, 2, True,
-         x.dtype, x.dtype, False),
-    )  # fmt: skip
+    for h, weight_grad in ((x, "fp32"), (x.detach().bfloat16().requires_grad_(), "exact")):  # exact: vocabulary pass
+        torch.library.opcheck(
+            ops.linear_cross_entropy_fwd,
+            (h, torch.randn(10, 16, device=device, dtype=h.dtype), None, target[:3], -100, 0.0, 0.0, 5.0, "sum", False,
+             True, 2, weight_grad, h.dtype, h.dtype, False),
+        )  # fmt: skip

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ._validation import check_choice, check_float, normalized_shape_tuple
 from .ops.cross_entropy import cross_entropy
-from .ops.linear_cross_entropy import linear_cross_entropy
+from .ops.linear_cross_entropy import WEIGHT_GRAD_MODES, linear_cross_entropy
 from .ops.norm import add_dropout_norm, layer_norm, rms_norm
 from .ops.softmax import log_softmax, softmax
 
@@ -211,7 +211,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         softcap: float = 0.0,
         return_z_loss: bool = False,
         chunk_size: Optional[int] = None,
-        fp32_accumulation: bool = True,
+        weight_grad: str = "exact",
         check_targets: bool = False,
     ):
         super().__init__()
@@ -222,7 +222,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.softcap = softcap
         self.return_z_loss = return_z_loss
         self.chunk_size = chunk_size
-        self.fp32_accumulation = fp32_accumulation
+        self.weight_grad = check_choice("weight_grad", weight_grad, WEIGHT_GRAD_MODES)
         self.check_targets = check_targets
 
     def forward(
@@ -231,12 +231,12 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return linear_cross_entropy(
             hidden, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
             lse_square_scale=self.lse_square_scale, softcap=self.softcap, return_z_loss=self.return_z_loss,
-            chunk_size=self.chunk_size, fp32_accumulation=self.fp32_accumulation, check_targets=self.check_targets,
+            chunk_size=self.chunk_size, weight_grad=self.weight_grad, check_targets=self.check_targets,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
             f"lse_square_scale={self.lse_square_scale}, softcap={self.softcap}, chunk_size={self.chunk_size}, "
-            f"fp32_accumulation={self.fp32_accumulation}"
+            f"weight_grad={self.weight_grad!r}"
         )

@@ -250,4 +250,7 @@ class Transformer(CausalLM):
             targets,
             ignore_index=self.config.ignore_index,
             chunk_size=self.config.loss_chunk_size,
+            # Three matmul passes instead of the exact mode's four, for an fp32 buffer of the head's
+            # size: small beside the training step's activations.
+            weight_grad="fp32",
         )

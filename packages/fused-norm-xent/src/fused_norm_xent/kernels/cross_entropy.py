@@ -26,7 +26,9 @@ Three kernels:
     before its first row, a few microseconds of L2 reads that need no kernel or host read before
     this one; times a per-row scale with HAS_ROW_SCALE), possibly into the logits buffer
     itself: each element is read before the same thread overwrites it. Without COMPUTE_LOSS, lse
-    is read from lse_ptr (a backward from saved statistics).
+    is read from lse_ptr (a backward from saved statistics), and the n_cols columns may be a
+    slice of the rows' n_classes classes, those from col_start on (the vocabulary-chunked pass of
+    the fused linear cross-entropy); with it they are the whole row (col_start 0).
 - _loss_finalize_kernel: one program sums the fp64 partials and divides a mean by the count.
 - _scale_kernel: multiplies a gradient computed for an upstream 1 by the actual upstream gradient.
 NaN/inf follow torch: a NaN or +inf logit makes the row NaN, an all -inf row gives NaN, a -inf
@@ -104,12 +106,17 @@ def _load_chunk(row_ptrs, stride_col, mask_m, cols, n_cols, other: tl.constexpr,
 
 
 # Specialized on n_cols and the logits/grad strides only (the loads' vector width depends on them);
-# row counts, per-row scalars' strides and ignore_index would only multiply the compiled variants.
-@triton.jit(do_not_specialize=["stride_target", "stride_row_scale", "n_rows", "n_targets", "ignore_index"])
+# row counts, class offsets, per-row scalars' strides and ignore_index would only multiply the
+# compiled variants.
+@triton.jit(
+    do_not_specialize=["col_start", "stride_target", "stride_row_scale", "n_rows", "n_classes", "n_targets",
+                       "ignore_index"]
+)  # fmt: skip
 def _cross_entropy_kernel(
     logits_ptr, target_ptr, grad_ptr, loss_ptr, z_loss_ptr, partial_ptr, lse_ptr, row_scale_ptr, all_target_ptr,
-    stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target, stride_row_scale,
-    n_rows, n_cols, n_targets, ignore_index, label_smoothing, lse_square_scale, softcap, grad_scale,
+    col_start, stride_logits_row, stride_logits_col, stride_grad_row, stride_grad_col, stride_target,
+    stride_row_scale, n_rows, n_cols, n_classes, n_targets, ignore_index, label_smoothing, lse_square_scale, softcap,
+    grad_scale,
     COMPUTE_LOSS: tl.constexpr, REDUCE: tl.constexpr, STORE_Z_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     MEAN_SCALE: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -168,7 +175,7 @@ def _cross_entropy_kernel(
                 target_logit, _ = _softcap(target_logit, softcap)
             loss = lse - target_logit
             if HAS_SMOOTHING:
-                loss = lse - (1.0 - label_smoothing) * target_logit - label_smoothing * row_sum / n_cols
+                loss = lse - (1.0 - label_smoothing) * target_logit - label_smoothing * row_sum / n_classes
             z_loss = tl.zeros([BLOCK_M], dtype=tl.float32)
             if HAS_Z_LOSS:
                 z_loss = lse_square_scale * lse * lse
@@ -195,14 +202,15 @@ def _cross_entropy_kernel(
             # (a per-sequence mean over a sequence of padding only), and torch gives that row 0.
             # A row whose target is out of range gets NaN, as its loss.
             scale = tl.where(valid, scale, 0.0)
-            scale = tl.where(valid & ((target < 0) | (target >= n_cols)), float("nan"), scale)
+            scale = tl.where(valid & ((target < 0) | (target >= n_classes)), float("nan"), scale)
             softmax_scale = scale
             if HAS_Z_LOSS:
                 softmax_scale = scale * (1.0 + 2.0 * lse_square_scale * lse)
             target_grad = scale
             if HAS_SMOOTHING:
                 target_grad = scale * (1.0 - label_smoothing)
-            uniform_grad = scale * label_smoothing / n_cols
+            uniform_grad = scale * label_smoothing / n_classes
+            target_col = target - col_start  # this launch's column of the target class, if it has it
             grad_row_ptrs = grad_ptr + offs_m * stride_grad_row
             # Last chunk first (see the module docstring); `start` walks down to the first chunk,
             # the prefetch past it is fully masked.
@@ -221,7 +229,7 @@ def _cross_entropy_kernel(
                 if HAS_SOFTCAP:
                     logit, cap_grad = _softcap(x, softcap)
                 grad = tl.exp(logit - lse[:, None]) * softmax_scale[:, None]
-                grad -= tl.where(cols[None, :] == target[:, None], target_grad[:, None], 0.0)
+                grad -= tl.where(cols[None, :] == target_col[:, None], target_grad[:, None], 0.0)
                 if HAS_SMOOTHING:
                     grad -= uniform_grad[:, None]
                 if HAS_SOFTCAP:

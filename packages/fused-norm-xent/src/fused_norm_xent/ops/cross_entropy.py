@@ -104,9 +104,12 @@ def cross_entropy_launch(
     programs: int, n_rows: int, n_cols: int, logits_strides, grad_strides, *, stride_target: int,
     stride_row_scale: int = 0, n_targets: int = 0, ignore_index: int, label_smoothing: float,
     lse_square_scale: float, softcap: float, compute_loss: bool, reduce: bool, store_z_loss: bool, compute_grad: bool,
-    mean_scale: bool, row_scale: bool, prefetch: bool,
+    mean_scale: bool, row_scale: bool, prefetch: bool, n_classes: Optional[int] = None,
 ) -> Launch:  # fmt: skip
     """The cross-entropy kernel over (n_rows, n_cols) logits on `programs` programs.
+
+    n_classes given (a gradient from saved lse, without compute_loss): the n_cols columns are
+    a slice of n_classes classes, and the call passes the first one's index after all_targets.
 
     Called with (logits, target, grad, loss, z_loss, partial, lse, row_scale, all_targets), None
     for those not used: loss (and z_loss) per row, or partial ((programs, 3) fp64: per program
@@ -116,8 +119,15 @@ def cross_entropy_launch(
     softcap * tanh(logits / softcap) inside the kernel (0: off, the kernel compiled without it).
     """
     cfg = cross_entropy_config(n_cols)
+    if n_classes is None:
+        fixed = {"col_start": 0, "n_classes": n_cols}
+    elif compute_loss:
+        raise ValueError("a launch over a slice of the classes cannot compute the loss")
+    else:
+        fixed = {"n_classes": n_classes}
     return Launch(
-        _cross_entropy_kernel, (programs,), stride_logits_row=logits_strides[0], stride_logits_col=logits_strides[1],
+        _cross_entropy_kernel, (programs,), **fixed, stride_logits_row=logits_strides[0],
+        stride_logits_col=logits_strides[1],
         stride_grad_row=grad_strides[0], stride_grad_col=grad_strides[1], stride_target=stride_target,
         stride_row_scale=stride_row_scale, n_rows=n_rows, n_cols=n_cols, n_targets=n_targets,
         ignore_index=ignore_index, label_smoothing=label_smoothing, lse_square_scale=lse_square_scale,
