@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab rope_step bench_decode lce (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab rope_step bench_decode lce attn_pingpong (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -61,6 +61,8 @@ for stage in ${@:-tests host norms model}; do
     attn_hopper) timeout "${T_ATTN_HOPPER:-300}" python3 lab/gpu/attn_hopper_ab.py 2>&1 | tee "$OUT/attn_hopper.md" ;;
     attn_hopper_variants) timeout "${T_ATTN_HOPPER:-300}" python3 lab/gpu/attn_hopper_variants.py 2>&1 \
                             | tee "$OUT/attn_hopper_variants.md" ;;
+    # The warp-specialized (two consumer warpgroups, a TMA loader) Gluon forward against the package's and cuDNN's.
+    attn_pingpong) timeout "${T_ATTN_PINGPONG:-420}" python3 lab/gpu/attn_pingpong_lab.py 2>&1 | tee "$OUT/attn_pingpong.md" ;;
     attn_gluon) timeout "${T_ATTN_GLUON:-540}" python3 lab/gpu/attn_gluon_lab.py 2>&1 | tee "$OUT/attn_gluon.md" ;;
     # The attention kernels against lab versions of their files, configs pinned: ATTN_AB="FWD_PY BWD_PY"
     # (copies of kernels/attention_fwd.py and attention_bwd.py, carried under .carry/ab).
