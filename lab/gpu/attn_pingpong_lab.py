@@ -21,12 +21,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 SHAPES = [(4, 16, 4096, 128, True), (4, 16, 4096, 128, False), (4, 32, 4096, 64, True), (16, 16, 1024, 128, True)]
-CONFIGS = [  # (BLOCK_N, STAGES, PINGPONG, consumer registers)
-    (128, 2, True, 232),
-    (128, 2, False, 232),
-    (64, 3, True, 232),
-    (64, 3, False, 232),
-    (128, 2, True, 216),
+CONFIGS = [  # (BLOCK_N, STAGES, PINGPONG, OVERLAP)
+    (128, 2, True, False),
+    (128, 2, False, False),
+    (128, 2, True, True),
+    (128, 2, False, True),
+    (64, 3, True, True),
+    (64, 3, True, False),
 ]
 CHILD_TIMEOUT_S = 150
 
@@ -47,11 +48,11 @@ def child(shape_index: int) -> None:
     b, h, s, d, causal = SHAPES[shape_index]
     (q, k, v), out_ref, lse_ref = problem(b, h, s, d, causal)
     flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-    for index, (block_n, stages, pingpong, registers) in enumerate(CONFIGS):
+    for index, (block_n, stages, pingpong, overlap) in enumerate(CONFIGS):
         out, lse = torch.full_like(q, float("nan")), torch.full_like(lse_ref, float("nan"))
 
-        def run(out=out, lse=lse, block_n=block_n, stages=stages, pingpong=pingpong, registers=registers):
-            launch_pingpong_fwd(q, k, v, out, lse, causal, block_n, stages, pingpong, registers)
+        def run(out=out, lse=lse, block_n=block_n, stages=stages, pingpong=pingpong, overlap=overlap):
+            launch_pingpong_fwd(q, k, v, out, lse, causal, block_n, stages, pingpong, overlap)
 
         try:
             run()
@@ -90,7 +91,7 @@ def main() -> None:
         for name, (ms, err) in anchors(b, h, s, d, causal).items():
             print(f"| {label} | {name} | anchor | {ms:.4f} | {flops / ms / 1e9:.1f} | {err:.2e} |", flush=True)
         torch.cuda.empty_cache()
-        names = ["N{} s{} {} r{}".format(n, st, "pingpong" if pp else "free", r) for n, st, pp, r in CONFIGS]
+        names = [f"N{n} s{st}{' pingpong' if pp else ''}{' overlap' if ov else ''}" for n, st, pp, ov in CONFIGS]
         try:  # one process per shape: a hang costs its timeout, not the run
             done = subprocess.run([sys.executable, __file__, "child", str(shape_index)], timeout=CHILD_TIMEOUT_S,
                                   capture_output=True, text=True)  # fmt: skip
