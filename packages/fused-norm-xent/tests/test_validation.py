@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from fused_norm_xent import (
     AddDropoutNorm,
     CrossEntropyLoss,
+    LinearCrossEntropyLoss,
     add_dropout_norm,
     cross_entropy,
     layer_norm,
@@ -211,5 +212,9 @@ def test_linear_cross_entropy_rejects_bad_dtypes_and_options():
         linear_cross_entropy(hidden, weight, target, chunk_size=0)
     with pytest.raises(ValueError, match=r"^reduction='max'"):
         linear_cross_entropy(hidden, weight, target, reduction="max")
+    with pytest.raises(ValueError, match=r"^weight_grad='bf16' is not one of 'exact', 'fp32', 'chunked'$"):
+        linear_cross_entropy(hidden, weight, target, weight_grad="bf16")
+    with pytest.raises(ValueError, match=r"^weight_grad=True is not one of"):
+        LinearCrossEntropyLoss(weight_grad=True)
     with pytest.raises(ValueError, match=r"^hidden is on meta"):
         linear_cross_entropy(hidden.to("meta"), weight.to("meta"), target.to("meta"))
