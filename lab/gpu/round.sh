@@ -2,7 +2,7 @@
 # One lent-GPU call: a smoke pass of the test suite compiled, the host group, the norm rows, the
 # model steps (eager, CUDA-graph, the twin under torch.compile). Logs and tables under $OUT.
 # Stages: any of tests gpu host norms model model410 decode generate decode_step hf hf_liger hf_qwen2 hf_padded hf_gemma2
-# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab rope_step bench_decode lce attn_pingpong (default: tests host
+# hf_profile hf_ops hf_tests numerics features attn_ws attn_hopper attn_hopper_variants attn_gluon attn_order block_order hf_qwen2_profile pdl_chain colgemv gemv_sweep decode_sweep prefetch decode_ab rope_step bench_decode lce attn_pingpong decode_norm (default: tests host
 # norms model).
 # GPU_TESTS picks the gpu stage's test paths (a fresh machine compiles the whole set in more than one call)., each capped by its own timeout.
 set -uo pipefail
@@ -103,6 +103,8 @@ for stage in ${@:-tests host norms model}; do
                done; done ;;
     # RoPE inside the decode kernel in the 1.4B decode step: shipped / fused fp32 tables / bf16 tables.
     rope_step) timeout "${T_ROPE_STEP:-240}" python3 lab/gpu/rope_fused_step.py 2>&1 | tee "$OUT/rope_step.md" | tail -9 ;;
+    # Upper bound of folding the decode step's add + norm kernels into the products after them.
+    decode_norm) timeout "${T_DECODE_NORM:-200}" python3 lab/gpu/decode_norm_bound.py 2>&1 | tee "$OUT/decode_norm.md" | tail -6 ;;
     prefetch) timeout "${T_PREFETCH:-300}" python3 lab/gpu/prefetch_lab.py 2>&1 | tee "$OUT/prefetch.md" | tail -12 ;;
     decode_sweep) timeout "${T_DECODE_SWEEP:-400}" python3 lab/gpu/decode_bench.py sweep 2>&1 | tee "$OUT/decode_sweep.md" \
                     | tail -3 ;;

@@ -1,0 +1,92 @@
+"""What would folding the residual add + RMSNorm into the next product save in the decode step?
+(LLaMA 1.4B, batch 1, replayed from its CUDA graph)
+
+    python3 lab/gpu/decode_norm_bound.py      (on a GPU; markdown on stdout)
+
+The step launches 49 add + norm kernels (two per layer, one before the head), about 2 us each in
+a 1432 us step; #29's 1.2x against the compiled twin needs about 100 us less. Folding them into
+the products that read their output (the qkv GEMV, fused-swiglu's gate/up, the head) would cost
+each of those a prologue: every program sums the squares of the row it reads. Before writing
+that, this bounds the gain: the step captured with the norms skipped (their kernels not launched,
+x = h, the residual left as it is; the logits are then wrong, and the times an upper bound):
+
+- shipped: the model as it is;
+- no attention-side norms: the norms before the qkv products and the head skipped (what a norm
+  prologue in fused-gemm's GEMV could remove);
+- no norms: every add + norm skipped (fused-swiglu's gate/up as well).
+
+Each variant in its own decode graph, alternating, two rounds; the profiler's kernel total
+beside. A lab tool: the patch lives in this process only.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import torch
+import triton.testing
+from decode_lab import _models, prefilled, prompt_tokens
+from torch.profiler import ProfilerActivity, profile
+
+
+def skipping(shipped, skip):
+    """add_dropout_norm that launches nothing for the norms `skip(norm)` selects."""
+
+    def add_dropout_norm(h, residual, norm, p, config):
+        if skip(norm):
+            return h, h if residual is None else residual
+        return shipped(h, residual, norm, p, config)
+
+    return add_dropout_norm
+
+
+def kernel_us(replay, steps: int = 5):
+    """(kernel microseconds, launches) per replay, under the profiler."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            replay()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in events) / steps, len(events) / steps
+
+
+@torch.no_grad()
+def main() -> None:
+    from tritonformer import generation, model
+
+    config, ours, _ = _models()
+    tokens = prompt_tokens(config)
+    shipped = model.add_dropout_norm
+    mlp_norms = {id(block.norm_mlp) for block in ours.blocks}
+    variants = {
+        "shipped": None,
+        "no attention-side norms": lambda norm: id(norm) not in mlp_norms,
+        "no norms": lambda norm: True,
+    }
+    graphs = {}
+    for name, skip in variants.items():
+        cache, next_tokens, active = prefilled(ours, tokens)
+        if skip is not None:
+            model.add_dropout_norm = skipping(shipped, skip)
+        try:
+            graph = generation.DecodeGraph(ours, cache, 1, tokens.dtype, torch.device("cuda"))
+        finally:
+            model.add_dropout_norm = shipped
+        graphs[name] = functools.partial(graph, next_tokens, active)
+    times = collections.defaultdict(list)
+    for _ in range(2):
+        for name, replay in graphs.items():
+            times[name].append(triton.testing.do_bench(replay, warmup=10, rep=100, return_mode="median") * 1e3)
+    base = min(times["shipped"])
+    print("| variant | replay us (round 1) | (round 2) | saved us | kernel us per step | launches |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, replay in graphs.items():
+        kernels, launches = kernel_us(replay)
+        first, second = times[name]
+        saved = base - min(first, second)
+        print(f"| {name} | {first:.0f} | {second:.0f} | {saved:.0f} | {kernels:.0f} | {launches:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
