@@ -13,10 +13,12 @@ x = h, the residual left as it is; the logits are then wrong, and the times an u
 - shipped: the model as it is;
 - no attention-side norms: the norms before the qkv products and the head skipped (what a norm
   prologue in fused-gemm's GEMV could remove);
-- no norms: every add + norm skipped (fused-swiglu's gate/up as well).
+- no norms: every add + norm skipped (fused-swiglu's gate/up as well);
+- fused qkv norm: each block's attention-side add + norm done inside the qkv GEMV by
+  decode_norm_gemv.py's kernel (real numerics: its logits are compared with the shipped step's).
 
 Each variant in its own decode graph, alternating, two rounds; the profiler's kernel total
-beside. A lab tool: the patch lives in this process only.
+beside. A lab tool: the patches live in this process only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ import functools
 import torch
 import triton.testing
 from decode_lab import _models, prefilled, prompt_tokens
+from decode_norm_gemv import add_norm_gemv
 from torch.profiler import ProfilerActivity, profile
+
+import fused_attention
+import fused_rope
 
 
 def skipping(shipped, skip):
@@ -39,6 +45,31 @@ def skipping(shipped, skip):
         return shipped(h, residual, norm, p, config)
 
     return add_dropout_norm
+
+
+def fused_qkv_norm(shipped):
+    """Block.forward whose decode steps (batch 1, RMSNorm, RoPE) fold the attention-side add + norm
+    into the qkv product; everything else as shipped."""
+    from tritonformer import model
+
+    def forward(self, h, residual, position, cache=None):
+        c = self.config
+        if cache is None or not cache.decoding or h.shape[0] != 1 or c.norm != "rmsnorm" or c.position != "rope":
+            return shipped(self, h, residual, position, cache)
+        attn = self.attn
+        B, S, _ = h.shape
+        H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
+        qkv, residual = add_norm_gemv(h, residual, self.norm_attn.weight, c.norm_eps, attn.qkv.weight, attn.qkv.bias)
+        q, k, v = qkv.view(B, S, H + 2 * Hkv, D).split([H, Hkv, Hkv], dim=2)
+        q, k = fused_rope.apply_rotary_qk(q.transpose(1, 2), k.transpose(1, 2), *position)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        k_cache, v_cache = cache.buffers(k)
+        y = fused_attention.flash_attention_with_kvcache(q, k_cache, v_cache, cache.lengths, k_new=k, v_new=v,
+                                                         causal=True)  # fmt: skip
+        x, residual = model.add_dropout_norm(attn.proj(y.reshape(B, S, H * D)), residual, self.norm_mlp, 0.0, c)
+        return self.mlp(x), residual
+
+    return forward
 
 
 def kernel_us(replay, steps: int = 5):
@@ -57,23 +88,32 @@ def main() -> None:
 
     config, ours, _ = _models()
     tokens = prompt_tokens(config)
-    shipped = model.add_dropout_norm
+    shipped, shipped_block = model.add_dropout_norm, model.Block.forward
     mlp_norms = {id(block.norm_mlp) for block in ours.blocks}
     variants = {
         "shipped": None,
         "no attention-side norms": lambda norm: id(norm) not in mlp_norms,
         "no norms": lambda norm: True,
+        "fused qkv norm": "fused",
     }
     graphs = {}
     for name, skip in variants.items():
         cache, next_tokens, active = prefilled(ours, tokens)
-        if skip is not None:
+        if skip == "fused":
+            model.Block.forward = fused_qkv_norm(shipped_block)
+        elif skip is not None:
             model.add_dropout_norm = skipping(shipped, skip)
         try:
             graph = generation.DecodeGraph(ours, cache, 1, tokens.dtype, torch.device("cuda"))
         finally:
-            model.add_dropout_norm = shipped
+            model.add_dropout_norm, model.Block.forward = shipped, shipped_block
         graphs[name] = functools.partial(graph, next_tokens, active)
+    reference = graphs["shipped"]().float().clone()
+    fused_logits = graphs["fused qkv norm"]().float()
+    print(
+        f"fused qkv norm: max abs logit difference from the shipped step {(fused_logits - reference).abs().max():.3g}, "
+        f"same greedy token: {bool(fused_logits.argmax(-1).eq(reference.argmax(-1)).all())}"
+    )
     times = collections.defaultdict(list)
     for _ in range(2):
         for name, replay in graphs.items():
