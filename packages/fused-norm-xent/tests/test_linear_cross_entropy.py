@@ -202,16 +202,22 @@ def test_softcap(helpers, reduction, dtype, softcap, options, device):
 
 
 def test_default_chunk_size():
-    """N / ceil(V / H) tokens rounded up to a power of two: the logits buffer under twice hidden's size."""
-    assert default_chunk_size(16384, 2048, 50304) == 1024  # 16384 / 25 = 655.4
-    assert default_chunk_size(8192, 4096, 128256) == 256  # 8192 / 32
-    assert default_chunk_size(8192, 4096, 32000) == 1024  # 8192 / 8
-    assert default_chunk_size(16384, 1024, 50304) == 512  # 16384 / 50 = 327.7
-    assert default_chunk_size(16384, 100, 50304) == 64  # 16384 / 504 = 32.5, at least 64
-    assert default_chunk_size(65536, 4096, 1000) == 8192  # at most 8192
-    assert default_chunk_size(100, 2048, 4096) == 64  # 100 / 2 = 50, at least 64
-    assert default_chunk_size(40, 2048, 50304) == 64  # the power of two covering all 40 tokens
-    assert default_chunk_size(1, 2048, 50304) == 1
+    """With the vocabulary pass: N / ceil(V / H) tokens rounded up to a power of two (the logits
+    buffer under twice hidden's size); without it: the largest power of two <= H."""
+    assert default_chunk_size(16384, 2048, 50304, True) == 1024  # 16384 / 25 = 655.4
+    assert default_chunk_size(8192, 4096, 128256, True) == 256  # 8192 / 32
+    assert default_chunk_size(8192, 4096, 32000, True) == 1024  # 8192 / 8
+    assert default_chunk_size(16384, 1024, 50304, True) == 512  # 16384 / 50 = 327.7
+    assert default_chunk_size(16384, 100, 50304, True) == 64  # 16384 / 504 = 32.5, at least 64
+    assert default_chunk_size(65536, 4096, 1000, True) == 8192  # at most 8192
+    assert default_chunk_size(100, 2048, 4096, True) == 64  # 100 / 2 = 50, at least 64
+    assert default_chunk_size(40, 2048, 50304, True) == 64  # the power of two covering all 40 tokens
+    assert default_chunk_size(1, 2048, 50304, True) == 1
+    assert default_chunk_size(16384, 2048, 50304, False) == 2048
+    assert default_chunk_size(16384, 3000, 50304, False) == 2048
+    assert default_chunk_size(16384, 100, 50304, False) == 256
+    assert default_chunk_size(16384, 20000, 50304, False) == 8192
+    assert default_chunk_size(100, 2048, 50304, False) == 128
 
 
 def test_module(device):
@@ -277,8 +283,9 @@ def test_headline_memory_is_the_gradients_plus_one_chunk():
     # torch's allocator: not this function's memory, but counted if this test runs first in its
     # process (it did under pytest-xdist: 687.6 MiB against 653.5 + 8).
     torch.autograd.grad(linear_cross_entropy(hidden[:64], weight, target[:64]), (hidden, weight))
-    chunk = default_chunk_size(n_tokens, hidden_size, vocab)  # 1024: a (1024, V) buffer, 98.25 MiB
     for weight_grad in ("exact", "fp32", "chunked"):
+        # 1024 tokens with the vocabulary pass ("exact"), a 98.25 MiB buffer; 2048 (196.5 MiB) without.
+        chunk = default_chunk_size(n_tokens, hidden_size, vocab, weight_grad == "exact")
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()

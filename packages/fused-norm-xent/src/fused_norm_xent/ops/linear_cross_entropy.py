@@ -66,8 +66,9 @@ from .cross_entropy import (
 )
 
 WEIGHT_GRAD_MODES = ("exact", "fp32", "chunked")
-# Token chunk bounds of the default chunk size.
-MIN_CHUNK = 64
+# Token chunk bounds of the default chunk size: with the vocabulary pass, and without it (where
+# each chunk adds its share into the weight gradient, a read and a write of it, so larger chunks).
+MIN_CHUNK, MIN_ACCUMULATING_CHUNK = 64, 256
 MAX_CHUNK = 8192
 # Rows of the logits buffer are padded to a multiple of this many elements (aligned vector loads in
 # the kernel, aligned leading dimensions for cuBLAS whatever V is: GPT-2's 50257 is odd), and the
@@ -75,12 +76,17 @@ MAX_CHUNK = 8192
 ALIGN = 64
 
 
-def default_chunk_size(n_tokens: int, hidden_size: int, vocab: int) -> int:
-    """Tokens per chunk: N / ceil(V / H) rounded up to a power of two, in [64, 8192], so that the
-    (chunk, V) logits buffer is under twice the size of the hidden states (the chunks' matmuls
-    have no fewer output tiles than needed to fill the GPU at the sizes this is for)."""
-    per_chunk = -(-max(n_tokens, 1) // -(-vocab // max(hidden_size, 1)))
-    chunk = min(max(1 << (per_chunk - 1).bit_length(), MIN_CHUNK), MAX_CHUNK)
+def default_chunk_size(n_tokens: int, hidden_size: int, vocab: int, vocab_pass: bool) -> int:
+    """Tokens per chunk. With the vocabulary pass: N / ceil(V / H) rounded up to a power of two, in
+    [64, 8192], so that the (chunk, V) logits buffer is under twice the size of the hidden states.
+    Without it (grad_weight accumulated chunk by chunk): the largest power of two <= H, in
+    [256, 8192], so that the buffer is no larger than the weight while the accumulation's traffic
+    (a read and a write of grad_weight per chunk) stays small beside the chunk's matmuls."""
+    if vocab_pass:
+        per_chunk = -(-max(n_tokens, 1) // -(-vocab // max(hidden_size, 1)))
+        chunk = min(max(1 << (per_chunk - 1).bit_length(), MIN_CHUNK), MAX_CHUNK)
+    else:
+        chunk = min(max(1 << (max(hidden_size, 1).bit_length() - 1), MIN_ACCUMULATING_CHUNK), MAX_CHUNK)
     return max(1, min(chunk, 1 << max(n_tokens - 1, 0).bit_length()))
 
 
@@ -539,8 +545,9 @@ def linear_cross_entropy(
     ignore_index, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss, check_targets:
     as cross_entropy (the cap applies to each chunk's logits inside the kernel).
     chunk_size: tokens per chunk of the token pass, which sets the size of the one logits buffer,
-    (chunk, V) (default: N / ceil(V / H) rounded up to a power of two, in [64, 8192], so that the
-    buffer is under twice the size of hidden).
+    (chunk, V) (default: with the vocabulary pass, N / ceil(V / H) rounded up to a power of two,
+    in [64, 8192], so that the buffer is under twice the size of hidden; without it, the largest
+    power of two <= H, in [256, 8192]).
     weight_grad: how a bf16/fp16 weight's gradient is summed over the tokens. "exact": each
     element in fp32 over all tokens, rounded once, no extra memory, one more matmul pass over
     the vocabulary (four instead of three). "fp32": as accurate, three passes, an fp32 (V, H)
@@ -578,7 +585,8 @@ def linear_cross_entropy(
     check_choice("weight_grad", weight_grad, WEIGHT_GRAD_MODES)
     check_device(hidden=hidden, weight=weight, bias=bias, target=target)
     hidden_2d = hidden.reshape(-1, hidden.shape[-1]) if hidden.dim() != 2 else hidden
-    chunk = chunk_size or default_chunk_size(hidden_2d.shape[0], hidden.shape[-1], weight.shape[0])
+    vocab_pass = _vocab_pass_used(weight, compute_dtype, weight_grad)
+    chunk = chunk_size or default_chunk_size(hidden_2d.shape[0], hidden.shape[-1], weight.shape[0], vocab_pass)
     compute_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
