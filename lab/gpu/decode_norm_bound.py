@@ -15,7 +15,9 @@ x = h, the residual left as it is; the logits are then wrong, and the times an u
   prologue in fused-gemm's GEMV could remove);
 - no norms: every add + norm skipped (fused-swiglu's gate/up as well);
 - fused qkv norm: each block's attention-side add + norm done inside the qkv GEMV by
-  decode_norm_gemv.py's kernel (real numerics: its logits are compared with the shipped step's).
+  decode_norm_gemv.py's kernel (real numerics: its logits are compared with the shipped step's);
+- fused qkv and gate/up norms: the MLP-side one as well, inside that file's copy of fused-swiglu's
+  gate/up kernel at the tile the package tuned for one row.
 
 Each variant in its own decode graph, alternating, two rounds; the profiler's kernel total
 beside. A lab tool: the patches live in this process only.
@@ -29,7 +31,7 @@ import functools
 import torch
 import triton.testing
 from decode_lab import _models, prefilled, prompt_tokens
-from decode_norm_gemv import add_norm_gemv
+from decode_norm_gemv import add_norm_gemv, add_norm_swiglu
 from torch.profiler import ProfilerActivity, profile
 
 import fused_attention
@@ -47,16 +49,28 @@ def skipping(shipped, skip):
     return add_dropout_norm
 
 
-def fused_qkv_norm(shipped):
-    """Block.forward whose decode steps (batch 1, RMSNorm, RoPE) fold the attention-side add + norm
-    into the qkv product; everything else as shipped."""
+def swiglu_tile():
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of the tile fused-swiglu's autotuner chose for one row."""
+    from fused_swiglu.kernels.forward import _swiglu_fwd_kernel
+
+    for key, config in _swiglu_fwd_kernel.cache.items():
+        if key[0] == 1:
+            kw = config.kwargs
+            return kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages
+    raise RuntimeError(f"fused-swiglu has tuned no one-row forward: {list(_swiglu_fwd_kernel.cache)}")
+
+
+def fused_norms(shipped, mlp_tile=None):
+    """Block.forward whose decode steps (batch 1, RMSNorm, RoPE, no biases) fold the attention-side
+    add + norm into the qkv product, and with mlp_tile the MLP-side one into the gate/up product;
+    everything else as shipped."""
     from tritonformer import model
 
     def forward(self, h, residual, position, cache=None):
         c = self.config
         if cache is None or not cache.decoding or h.shape[0] != 1 or c.norm != "rmsnorm" or c.position != "rope":
             return shipped(self, h, residual, position, cache)
-        attn = self.attn
+        attn, mlp = self.attn, self.mlp
         B, S, _ = h.shape
         H, Hkv, D = c.n_head, c.n_kv_head, c.head_dim
         qkv, residual = add_norm_gemv(h, residual, self.norm_attn.weight, c.norm_eps, attn.qkv.weight, attn.qkv.bias)
@@ -66,8 +80,12 @@ def fused_qkv_norm(shipped):
         k_cache, v_cache = cache.buffers(k)
         y = fused_attention.flash_attention_with_kvcache(q, k_cache, v_cache, cache.lengths, k_new=k, v_new=v,
                                                          causal=True)  # fmt: skip
-        x, residual = model.add_dropout_norm(attn.proj(y.reshape(B, S, H * D)), residual, self.norm_mlp, 0.0, c)
-        return self.mlp(x), residual
+        h = attn.proj(y.reshape(B, S, H * D))
+        if mlp_tile is None:
+            x, residual = model.add_dropout_norm(h, residual, self.norm_mlp, 0.0, c)
+            return mlp(x), residual
+        act, residual = add_norm_swiglu(h, residual, self.norm_mlp.weight, c.norm_eps, mlp.w_gate, mlp.w_up, *mlp_tile)
+        return torch.matmul(act, mlp.w_down), residual
 
     return forward
 
@@ -94,13 +112,14 @@ def main() -> None:
         "shipped": None,
         "no attention-side norms": lambda norm: id(norm) not in mlp_norms,
         "no norms": lambda norm: True,
-        "fused qkv norm": "fused",
+        "fused qkv norm": "qkv",
+        "fused qkv and gate/up norms": "both",
     }
     graphs = {}
     for name, skip in variants.items():
         cache, next_tokens, active = prefilled(ours, tokens)
-        if skip == "fused":
-            model.Block.forward = fused_qkv_norm(shipped_block)
+        if skip in ("qkv", "both"):
+            model.Block.forward = fused_norms(shipped_block, swiglu_tile() if skip == "both" else None)
         elif skip is not None:
             model.add_dropout_norm = skipping(shipped, skip)
         try:
@@ -109,11 +128,11 @@ def main() -> None:
             model.add_dropout_norm, model.Block.forward = shipped, shipped_block
         graphs[name] = functools.partial(graph, next_tokens, active)
     reference = graphs["shipped"]().float().clone()
-    fused_logits = graphs["fused qkv norm"]().float()
-    print(
-        f"fused qkv norm: max abs logit difference from the shipped step {(fused_logits - reference).abs().max():.3g}, "
-        f"same greedy token: {bool(fused_logits.argmax(-1).eq(reference.argmax(-1)).all())}"
-    )
+    for name in ("fused qkv norm", "fused qkv and gate/up norms"):
+        logits = graphs[name]().float()
+        diff = (logits - reference).abs().max().item()
+        same = bool(logits.argmax(-1).eq(reference.argmax(-1)).all())
+        print(f"{name}: max abs logit difference from the shipped step {diff:.3g}, same greedy token: {same}")
     times = collections.defaultdict(list)
     for _ in range(2):
         for name, replay in graphs.items():
