@@ -57,7 +57,8 @@ def swiglu_tile():
         if key[0] == 1:
             kw = config.kwargs
             return kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages
-    raise RuntimeError(f"fused-swiglu has tuned no one-row forward: {list(_swiglu_fwd_kernel.cache)}")
+    print(f"fused-swiglu's autotuner holds no one-row forward ({list(_swiglu_fwd_kernel.cache)}): 64 x 64, 4 warps")
+    return 64, 64, 4, 3
 
 
 def fused_norms(shipped, mlp_tile=None):
