@@ -187,6 +187,51 @@ def test_memory_of_the_weight_grad_modes(device):
         assert allocations.sizes == sizes, (mode, allocations.sizes)
 
 
+def test_leading_dims_int32_targets_and_ignore_index(helpers, device):
+    hidden, weight, target, bias = _inputs(30, 16, 120, torch.float32, device)
+    target = target.masked_fill(target == -100, 7).to(torch.int32)
+    check(helpers, hidden.view(5, 6, 16), weight, target.view(5, 6), bias, chunk_size=7, ignore_index=7,
+          reduction="none")  # fmt: skip
+
+
+def test_gradients_only_where_required(device):
+    hidden, weight, target, bias = _inputs(12, 8, 50, torch.float32, device)
+    weight.requires_grad_(True)
+    loss = linear_cross_entropy(hidden, weight, target, bias, chunk_size=4)
+    (grad,) = torch.autograd.grad(loss, weight)
+    w64 = weight.detach().double().requires_grad_(True)
+    (expected,) = torch.autograd.grad(linear_cross_entropy_reference(hidden, w64, target, bias)[0], w64)
+    assert_close_to_reference(grad, expected, name="dweight")
+    with torch.no_grad():
+        no_grad_loss = linear_cross_entropy(hidden, weight, target, bias, chunk_size=4)
+    assert torch.equal(no_grad_loss, loss.detach())
+
+
+# bf16: grad_weight from the exact mode's vocabulary pass; fp32: accumulated in the token pass.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_all_tokens_ignored(dtype, device):
+    hidden, weight, _, bias = _inputs(10, 8, 40, dtype, device)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    target = torch.full((10,), -100, device=device)
+    loss = linear_cross_entropy(hidden, weight, target, bias, chunk_size=4)
+    assert loss.isnan()
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    for grad in grads:
+        assert torch.equal(grad, torch.zeros_like(grad))
+    assert linear_cross_entropy(hidden, weight, target, bias, reduction="sum") == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_no_tokens(dtype, device):
+    hidden, weight, target, bias = _inputs(0, 8, 40, dtype, device)
+    weight.requires_grad_(True)
+    loss = linear_cross_entropy(hidden, weight, target, bias)
+    assert loss.isnan()
+    (grad,) = torch.autograd.grad(loss, weight)
+    assert torch.equal(grad, torch.zeros_like(grad))
+
+
 @pytest.mark.parametrize(
     "reduction, dtype, softcap, options",
     [("mean", torch.float32, 2.0, dict(label_smoothing=0.1, lse_square_scale=1e-3)),
