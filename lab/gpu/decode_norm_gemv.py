@@ -32,6 +32,33 @@ from fused_swiglu.kernels.activation import SILU, _swiglu
 
 
 @triton.jit
+def _row_rstd(h_ptr, res_ptr, res_out_ptr, K, eps, HAS_RESIDUAL: tl.constexpr, ROW: tl.constexpr):
+    """rsqrt(mean(r^2) + eps) of the row r = h + residual, from one whole-row load; program 0
+    writes r (rounded to the residual's dtype, the value the norm sees)."""
+    row = tl.arange(0, ROW)
+    row_in = row < K
+    r = tl.load(h_ptr + row, mask=row_in, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = r + tl.load(res_ptr + row, mask=row_in, other=0.0).to(tl.float32)
+        r = r.to(res_out_ptr.dtype.element_ty)
+        if tl.program_id(0) == 0:
+            tl.store(res_out_ptr + row, r, mask=row_in)
+        r = r.to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / K + eps)
+
+
+@triton.jit
+def _normalized(h_ptr, res_ptr, res_out_ptr, norm_w_ptr, kk, k_in, rstd, HAS_RESIDUAL: tl.constexpr):
+    """Elements kk of the normalized row, rounded to h's dtype as add_dropout_norm writes x (fp32)."""
+    x = tl.load(h_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        x = (x + tl.load(res_ptr + kk, mask=k_in, other=0.0).to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+        x = x.to(tl.float32)
+    x = x * rstd * tl.load(norm_w_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+    return x.to(h_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def _add_norm_gemv_kernel(
     h_ptr, res_ptr, res_out_ptr, norm_w_ptr, w_ptr, bias_ptr, c_ptr,
     stride_wn, N, K, eps,
@@ -44,17 +71,7 @@ def _add_norm_gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     w_next = tl.load(w_ptrs, mask=col_in[:, None] & (offs_k < K)[None, :], other=0.0)
-    # The whole row once: its sum of squares (program 0 writes r).
-    row = tl.arange(0, ROW)
-    row_in = row < K
-    r = tl.load(h_ptr + row, mask=row_in, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = r + tl.load(res_ptr + row, mask=row_in, other=0.0).to(tl.float32)
-        r = r.to(res_out_ptr.dtype.element_ty)
-        if pid == 0:
-            tl.store(res_out_ptr + row, r, mask=row_in)
-        r = r.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / K + eps)
+    rstd = _row_rstd(h_ptr, res_ptr, res_out_ptr, K, eps, HAS_RESIDUAL, ROW)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k in range(0, K, BLOCK_K):
         w = w_next
@@ -62,12 +79,7 @@ def _add_norm_gemv_kernel(
         k_in = kk < K
         nxt = kk + BLOCK_K
         w_next = tl.load(w_ptrs + (k + BLOCK_K), mask=col_in[:, None] & (nxt < K)[None, :], other=0.0)
-        x = tl.load(h_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            x = (x + tl.load(res_ptr + kk, mask=k_in, other=0.0).to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-            x = x.to(tl.float32)
-        x = x * rstd * tl.load(norm_w_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
-        x = x.to(h_ptr.dtype.element_ty).to(tl.float32)
+        x = _normalized(h_ptr, res_ptr, res_out_ptr, norm_w_ptr, kk, k_in, rstd, HAS_RESIDUAL)
         acc += w.to(tl.float32) * x[None, :]
     z = tl.sum(acc, 1)
     if HAS_BIAS:
@@ -87,27 +99,14 @@ def _add_norm_swiglu_kernel(
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
     offs_k = tl.arange(0, BLOCK_K)
-    row = tl.arange(0, ROW)
-    row_in = row < K
-    r = tl.load(h_ptr + row, mask=row_in, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = r + tl.load(res_ptr + row, mask=row_in, other=0.0).to(tl.float32)
-        r = r.to(res_out_ptr.dtype.element_ty)
-        if pid == 0:
-            tl.store(res_out_ptr + row, r, mask=row_in)
-        r = r.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / K + eps)
+    rstd = _row_rstd(h_ptr, res_ptr, res_out_ptr, K, eps, HAS_RESIDUAL, ROW)
     live = (tl.arange(0, BLOCK_M) == 0)[:, None]  # the tile's one real row
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
         kk = k + offs_k
         k_in = kk < K
-        x = tl.load(h_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            x = (x + tl.load(res_ptr + kk, mask=k_in, other=0.0).to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-            x = x.to(tl.float32)
-        x = (x * rstd * tl.load(norm_w_ptr + kk, mask=k_in, other=0.0).to(tl.float32)).to(h_ptr.dtype.element_ty)
+        x = _normalized(h_ptr, res_ptr, res_out_ptr, norm_w_ptr, kk, k_in, rstd, HAS_RESIDUAL)
         a = tl.where(live, x[None, :], 0.0).to(h_ptr.dtype.element_ty)
         w_offs = kk.to(tl.int64)[:, None] * stride_wk + cols[None, :]
         w_mask = k_in[:, None] & col_in[None, :]
